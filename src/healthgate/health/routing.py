@@ -1,0 +1,100 @@
+"""Consumer route choice (SPEC §2.3 "Failover").
+
+A front end in region R orders its backend service's PSC NEGs by
+``failoverPriority`` (lower first; a NEG without one comes after every NEG
+with one), then by locality (R's own region first), then by name. Then:
+
+* no route yet: the first NEG that is not UNHEALTHY;
+* the current NEG turned UNHEALTHY (or left the service, or its connection
+  was refused): the first NEG, in order, that is not UNHEALTHY - failover;
+* the current NEG is fine and failback is on: a NEG *before* it in the order
+  that is HEALTHY takes the traffic back - failback. UNKNOWN never moves
+  traffic: neither away (it is not a failure) nor back (it is not a recovery);
+* every NEG UNHEALTHY: FAIL_OPEN keeps using the first NEG in order,
+  FAIL_CLOSED refuses new connections.
+
+A NEG whose connection the service attachment did not accept is never a
+candidate, not even for FAIL_OPEN: no traffic may flow through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from healthgate.health.states import HealthState
+
+NO_PRIORITY = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    path: str
+    name: str
+    region: str
+    priority: int | None
+    state: HealthState
+    accepted: bool = True
+
+    def sort_key(self, local_region: str | None) -> tuple[int, int, str, str]:
+        prio = NO_PRIORITY if self.priority is None else self.priority
+        return (prio, 0 if self.region == local_region else 1, self.name, self.path)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteChoice:
+    target: str | None  # NEG path, or None (refuse)
+    mode: str  # "normal", "fail-open", "fail-closed", "none"
+    reason: str
+
+
+def order(candidates: Sequence[Candidate], local_region: str | None) -> list[Candidate]:
+    return sorted(candidates, key=lambda c: c.sort_key(local_region))
+
+
+def choose(
+    candidates: Sequence[Candidate],
+    local_region: str | None,
+    current: str | None,
+    failback: bool,
+    fail_open: bool,
+) -> RouteChoice:
+    ordered = [c for c in order(candidates, local_region) if c.accepted]
+    if not ordered:
+        refused = [c for c in candidates if not c.accepted]
+        why = "no backends" if not refused else "no backend's connection is accepted"
+        return RouteChoice(None, "none", why)
+    by_path = {c.path: c for c in ordered}
+    cur = by_path.get(current) if current else None
+
+    if cur is not None and cur.state is not HealthState.UNHEALTHY:
+        if failback:
+            for c in ordered:
+                if c.path == cur.path:
+                    break
+                if c.state is HealthState.HEALTHY:
+                    return RouteChoice(
+                        c.path, "normal", f"{c.name} ({c.region}) is HEALTHY again: failing back"
+                    )
+        return RouteChoice(cur.path, "normal", f"{cur.name} ({cur.region}) is {cur.state.name}")
+
+    for c in ordered:
+        if c.state is not HealthState.UNHEALTHY:
+            if cur is not None:
+                why = f"{cur.name} ({cur.region}) is UNHEALTHY: failing over to {c.name} ({c.region})"
+            elif current is not None:
+                why = f"the previous backend left the service: now {c.name} ({c.region})"
+            else:
+                why = f"{c.name} ({c.region}) is first by priority and locality and is {c.state.name}"
+            return RouteChoice(c.path, "normal", why)
+
+    if fail_open:
+        first = ordered[0]
+        return RouteChoice(
+            first.path,
+            "fail-open",
+            f"every backend is UNHEALTHY: whenAllUnhealthy FAIL_OPEN keeps {first.name} ({first.region})",
+        )
+    return RouteChoice(
+        None, "fail-closed", "every backend is UNHEALTHY: whenAllUnhealthy FAIL_CLOSED refuses traffic"
+    )

@@ -1,0 +1,124 @@
+"""States, probe results and the records the engine emits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+
+class HealthState(IntEnum):
+    UNKNOWN = 0
+    HEALTHY = 1
+    UNHEALTHY = 2
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Outcome(IntEnum):
+    """What one probe saw. Every failure is a value, never an exception."""
+
+    OK = 0
+    TIMEOUT = 1
+    REFUSED = 2
+    RESET = 3
+    STATUS = 4  # an HTTP status outside expectedStatusCodes, or gRPC not SERVING
+    TLS = 5
+    MALFORMED = 6
+    ERROR = 7  # any other socket error
+    SUSPECT = 8  # taken while the prober itself lagged: counts as no result at all
+    NOT_CHECKED = 9  # health check disabled
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    outcome: Outcome
+    latency: float = 0.0  # seconds from probe start to result
+    status: int = 0  # HTTP status, when there was one
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is Outcome.OK
+
+    def describe(self) -> str:
+        ms = f"{self.latency * 1000:.0f} ms"
+        match self.outcome:
+            case Outcome.OK:
+                return f"HTTP {self.status} in {ms}" if self.status else f"success in {ms}"
+            case Outcome.TIMEOUT:
+                return f"timeout after {self.latency:g} s"
+            case Outcome.REFUSED:
+                return "connection refused"
+            case Outcome.RESET:
+                return "connection reset"
+            case Outcome.STATUS:
+                return f"HTTP {self.status}" + (f" ({self.detail})" if self.detail else "")
+            case Outcome.TLS:
+                return "TLS handshake failed" + (f": {self.detail}" if self.detail else "")
+            case Outcome.MALFORMED:
+                return "malformed response" + (f": {self.detail}" if self.detail else "")
+            case Outcome.SUSPECT:
+                return "result discarded: the prober was overloaded"
+            case Outcome.NOT_CHECKED:
+                return "not checked (health check disabled)"
+            case _:
+                return "error" + (f": {self.detail}" if self.detail else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One state change of an endpoint, health source, composite or PSC NEG."""
+
+    time: float
+    project: str
+    region: str
+    kind: str  # Endpoint, HealthSource, CompositeHealthCheck, NetworkEndpointGroup
+    name: str
+    path: str
+    previous: HealthState
+    current: HealthState
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "time": self.time,
+            "project": self.project,
+            "region": self.region,
+            "kind": self.kind,
+            "name": self.name,
+            "path": self.path,
+            "from": self.previous.name,
+            "to": self.current.name,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RouteChange:
+    """A consumer front end starts sending new traffic somewhere else."""
+
+    time: float
+    project: str
+    frontend: str  # forwarding rule path
+    previous: str | None  # NEG path
+    current: str | None
+    mode: str  # "normal", "fail-open", "fail-closed"
+    reason: str
+    kind: str = field(default="Route")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "time": self.time,
+            "project": self.project,
+            "kind": self.kind,
+            "frontend": self.frontend,
+            "from": self.previous,
+            "to": self.current,
+            "mode": self.mode,
+            "reason": self.reason,
+        }
+
+
+Record = Transition | RouteChange

@@ -1,0 +1,1 @@
+"""Resource schemas, names and references, validation and manifests."""

@@ -1,0 +1,543 @@
+"""The resource kinds of SPEC §1, with their defaults, ranges and field rules.
+
+Each kind is a frozen pydantic model. Field names are snake_case in Python and
+camelCase on the wire (``checkIntervalSec``), with the two cloud spellings
+``IPAddress`` and ``IPProtocol`` kept as they are. Unknown fields are refused,
+so a typo in a manifest is an error instead of a silently ignored setting.
+
+Rules that involve one resource only live here (ranges, the ``requestPath``
+alphabet, "exactly one backend service"); rules across resources live in
+:mod:`healthgate.model.validation`.
+
+Every reference field is listed in the class's ``REFS`` table, so validation,
+the engine and the in-use check all walk references the same way.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from healthgate.model.names import (
+    GLOBAL,
+    KIND_TO_COLLECTION,
+    NAME_RULE,
+    ReferenceError_,
+    ResourcePath,
+    is_valid_name,
+    resolve_reference,
+)
+
+# The requestPath alphabet of SPEC §1: letters, digits and - / . % ? # & _ ; ~ ! ( ) * [ ] @ $ ^ : ' , +
+REQUEST_PATH_RE = re.compile(r"^/[A-Za-z0-9\-/.%?#&_;~!()*\[\]@$^:',+]{0,79}$")
+HOST_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-.]*[A-Za-z0-9])?$")
+STATUS_RE = re.compile(r"^([1-5][0-9][0-9])(?:-([1-5][0-9][0-9]))?$")
+PORT_RANGE_RE = re.compile(r"^([0-9]{1,5})(?:-([0-9]{1,5}))?$")
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+class Model(BaseModel):
+    """Base of every wire object: camelCase aliases, no unknown fields, frozen."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        populate_by_name=True,
+        alias_generator=to_camel,
+        str_strip_whitespace=True,
+    )
+
+    def to_wire(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def _normalise_ip(value: str) -> str:
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise ValueError(f"expected an IPv4 or IPv6 address, got {value!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Reference:
+    """One resolved reference: where it is written (field) and what it names."""
+
+    field: str
+    raw: str
+    target: ResourcePath | None
+    error: str | None = None
+
+
+class Resource(Model):
+    kind: str
+    name: str
+    project: str
+    region: str = GLOBAL
+    description: str = Field("", max_length=2048)
+
+    # "regional", "global" or both
+    SCOPES: ClassVar[frozenset[str]] = frozenset({"regional"})
+    # (python attribute, wire field, target collection); attribute may name a
+    # str, a list of str, or (for "backends") the list of Backend objects.
+    REFS: ClassVar[tuple[tuple[str, str, str], ...]] = ()
+
+    @field_validator("name", "project")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not is_valid_name(value):
+            raise ValueError(f"expected {NAME_RULE}, got {value!r}")
+        return value
+
+    @field_validator("region")
+    @classmethod
+    def _check_region(cls, value: str) -> str:
+        if value != GLOBAL and not is_valid_name(value):
+            raise ValueError(f"expected 'global' or a region name ({NAME_RULE}), got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _check_scope(self) -> Self:
+        scope = "global" if self.region == GLOBAL else "regional"
+        if scope not in self.SCOPES:
+            want = " or ".join(sorted(self.SCOPES))
+            raise ValueError(f"region: a {self.kind} must be {want}; got {self.region!r}")
+        return self
+
+    @property
+    def path(self) -> ResourcePath:
+        return ResourcePath(self.project, self.region, KIND_TO_COLLECTION[self.kind], self.name)
+
+    @property
+    def is_global(self) -> bool:
+        return self.region == GLOBAL
+
+    def references(self) -> Iterator[Reference]:
+        """Every reference this resource makes, resolved against its own path."""
+        me = self.path
+        for attr, wire, collection in self.REFS:
+            value = getattr(self, attr)
+            items: list[tuple[str, str]]
+            if value is None:
+                continue
+            if isinstance(value, str):
+                items = [(wire, value)]
+            elif attr == "backends":
+                items = [(f"backends[{i}].group", b.group) for i, b in enumerate(value)]
+            else:
+                items = [(f"{wire}[{i}]", v) for i, v in enumerate(value)]
+            for field, raw in items:
+                try:
+                    yield Reference(field, raw, resolve_reference(raw, me, collection))
+                except ReferenceError_ as exc:
+                    yield Reference(field, raw, None, str(exc))
+
+    def ref(self, attr: str) -> ResourcePath | None:
+        """The resolved target of a single-valued reference field (or the first
+        of a list, as for a health source's one backend service), or None."""
+        wire = next(w for a, w, _ in self.REFS if a == attr)
+        for r in self.references():
+            if r.field == wire or r.field.startswith(f"{wire}["):
+                return r.target
+        return None
+
+    def refs(self, attr: str) -> list[ResourcePath]:
+        """The resolved targets of a list-valued reference field (unresolvable ones skipped)."""
+        wire = next(w for a, w, _ in self.REFS if a == attr)
+        prefix = "backends[" if attr == "backends" else f"{wire}["
+        return [r.target for r in self.references() if r.field.startswith(prefix) and r.target]
+
+
+# --------------------------------------------------------------------- health checks
+
+
+class HealthCheck(Resource):
+    kind: Literal["HealthCheck"]
+    type: Literal["TCP", "HTTP", "HTTPS", "GRPC"]
+    port: Port | None = None
+    host: str | None = None
+    request_path: str = "/"
+    check_interval_sec: int = Field(2, ge=1, le=50)
+    timeout_sec: int = Field(3, ge=1, le=300)
+    healthy_threshold: int = Field(3, ge=2, le=10)
+    unhealthy_threshold: int = Field(3, ge=2, le=10)
+    expected_status_codes: list[str] = Field(default_factory=lambda: ["200"], min_length=1)
+    grpc_service_name: str | None = Field(None, max_length=1024)
+    enabled: bool = True
+
+    @field_validator("request_path")
+    @classmethod
+    def _check_request_path(cls, value: str) -> str:
+        if not REQUEST_PATH_RE.match(value):
+            raise ValueError(
+                "expected 1-80 characters starting with '/', made of letters, digits and "
+                f"- / . % ? # & _ ; ~ ! ( ) * [ ] @ $ ^ : ' , +; got {value!r}"
+            )
+        return value
+
+    @field_validator("host")
+    @classmethod
+    def _check_host(cls, value: str | None) -> str | None:
+        if value is not None and not HOST_RE.match(value):
+            raise ValueError(f"expected a host name or IP address, got {value!r}")
+        return value
+
+    @field_validator("expected_status_codes", mode="before")
+    @classmethod
+    def _status_codes_as_text(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
+        return value
+
+    @field_validator("expected_status_codes")
+    @classmethod
+    def _check_status_codes(cls, value: list[str]) -> list[str]:
+        for item in value:
+            m = STATUS_RE.match(item)
+            if not m or (m.group(2) and int(m.group(2)) < int(m.group(1))):
+                raise ValueError(
+                    f"expected status codes 100-599 or ranges like '200-299', got {item!r}"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _check_type_fields(self) -> Self:
+        if "request_path" in self.model_fields_set and self.type not in ("HTTP", "HTTPS"):
+            raise ValueError(f"requestPath: only HTTP and HTTPS checks have one, not {self.type}")
+        if "expected_status_codes" in self.model_fields_set and self.type not in (
+            "HTTP",
+            "HTTPS",
+        ):
+            raise ValueError(f"expectedStatusCodes: only HTTP and HTTPS checks have them")
+        if self.grpc_service_name is not None and self.type != "GRPC":
+            raise ValueError(f"grpcServiceName: only GRPC checks have one, not {self.type}")
+        return self
+
+    def status_ranges(self) -> tuple[tuple[int, int], ...]:
+        out = []
+        for item in self.expected_status_codes:
+            lo, _, hi = item.partition("-")
+            out.append((int(lo), int(hi or lo)))
+        return tuple(out)
+
+
+# --------------------------------------------------------------------- groups
+
+
+class NetworkEndpoint(Model):
+    ip_address: str
+    port: Port | None = None
+
+    _ip = field_validator("ip_address")(classmethod(lambda cls, v: _normalise_ip(v)))
+
+
+class NetworkEndpointGroup(Resource):
+    kind: Literal["NetworkEndpointGroup"]
+    network_endpoint_type: Literal["GCE_VM_IP_PORT", "GCE_VM_IP", "PRIVATE_SERVICE_CONNECT"]
+    endpoints: list[NetworkEndpoint] = Field(default_factory=list)
+    psc_target_service: str | None = None
+
+    @model_validator(mode="after")
+    def _check_type_fields(self) -> Self:
+        t = self.network_endpoint_type
+        if t == "PRIVATE_SERVICE_CONNECT":
+            if not self.psc_target_service:
+                raise ValueError("pscTargetService: required for PRIVATE_SERVICE_CONNECT")
+            if self.endpoints:
+                raise ValueError("endpoints: a PRIVATE_SERVICE_CONNECT group has no endpoints")
+        else:
+            if self.psc_target_service is not None:
+                raise ValueError(f"pscTargetService: only PRIVATE_SERVICE_CONNECT, not {t}")
+            seen: set[tuple[str, int | None]] = set()
+            for i, ep in enumerate(self.endpoints):
+                if t == "GCE_VM_IP_PORT" and ep.port is None:
+                    raise ValueError(f"endpoints[{i}].port: required for GCE_VM_IP_PORT")
+                if t == "GCE_VM_IP" and ep.port is not None:
+                    raise ValueError(
+                        f"endpoints[{i}].port: GCE_VM_IP endpoints have no port "
+                        "(it comes from the health check or forwarding rule)"
+                    )
+                key = (ep.ip_address, ep.port)
+                if key in seen:
+                    raise ValueError(f"endpoints[{i}]: duplicate endpoint {ep.ip_address}")
+                seen.add(key)
+        return self
+
+    # the pscTargetService may live in another project: resolved like any reference
+    REFS = (("psc_target_service", "pscTargetService", "serviceAttachments"),)
+
+
+class Instance(Model):
+    name: str
+    ip_address: str
+
+    _ip = field_validator("ip_address")(classmethod(lambda cls, v: _normalise_ip(v)))
+
+
+class NamedPort(Model):
+    name: str
+    port: Port
+
+
+class InstanceGroup(Resource):
+    kind: Literal["InstanceGroup"]
+    managed: bool = False
+    instances: list[Instance] = Field(default_factory=list)
+    named_ports: list[NamedPort] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique_instances(self) -> Self:
+        names: set[str] = set()
+        ips: set[str] = set()
+        for i, inst in enumerate(self.instances):
+            if inst.name in names:
+                raise ValueError(f"instances[{i}].name: duplicate instance {inst.name!r}")
+            if inst.ip_address in ips:
+                raise ValueError(f"instances[{i}].ipAddress: duplicate address {inst.ip_address}")
+            names.add(inst.name)
+            ips.add(inst.ip_address)
+        return self
+
+    @property
+    def serving_port(self) -> int | None:
+        """Instances serve on the first named port; without one the port comes
+        from the health check (probes) or the forwarding rule (traffic)."""
+        return self.named_ports[0].port if self.named_ports else None
+
+
+# --------------------------------------------------------------------- backend services
+
+
+class Backend(Model):
+    group: str
+    capacity_scaler: float | None = Field(None, ge=0.0, le=1.0)
+    failover_priority: int | None = Field(None, ge=0, le=1000)
+
+
+class FailoverPolicy(Model):
+    failback: bool = True
+    when_all_unhealthy: Literal["FAIL_OPEN", "FAIL_CLOSED"] = "FAIL_OPEN"
+
+
+Scheme = Literal["INTERNAL", "INTERNAL_MANAGED", "EXTERNAL", "EXTERNAL_MANAGED"]
+
+
+class BackendService(Resource):
+    kind: Literal["BackendService"]
+    load_balancing_scheme: Scheme
+    protocol: Literal["TCP", "UDP", "HTTP", "HTTPS"] = "HTTP"
+    health_checks: list[str] = Field(default_factory=list)
+    backends: list[Backend] = Field(default_factory=list)
+    failover_policy: FailoverPolicy | None = None
+
+    SCOPES = frozenset({"regional", "global"})
+    REFS = (
+        ("health_checks", "healthChecks", "healthChecks"),
+        ("backends", "backends", "networkEndpointGroups"),
+    )
+
+    @model_validator(mode="after")
+    def _check_scope_fields(self) -> Self:
+        if self.is_global:
+            if self.load_balancing_scheme not in ("EXTERNAL_MANAGED", "INTERNAL_MANAGED"):
+                raise ValueError(
+                    "loadBalancingScheme: a global (consumer) backend service is "
+                    f"EXTERNAL_MANAGED or INTERNAL_MANAGED, not {self.load_balancing_scheme}"
+                )
+            if self.health_checks:
+                raise ValueError(
+                    "healthChecks: a global backend service of PSC NEGs takes its health "
+                    "from the producers' composite health checks, not from a health check"
+                )
+        else:
+            if len(self.health_checks) != 1:
+                raise ValueError(
+                    "healthChecks: a regional backend service has exactly one health check, "
+                    f"got {len(self.health_checks)}"
+                )
+            if self.failover_policy is not None:
+                raise ValueError("failoverPolicy: only global backend services fail over")
+            for i, b in enumerate(self.backends):
+                if b.failover_priority is not None:
+                    raise ValueError(
+                        f"backends[{i}].failoverPriority: only global backend services fail over"
+                    )
+        return self
+
+    @property
+    def policy(self) -> FailoverPolicy:
+        return self.failover_policy or FailoverPolicy()
+
+    def references(self) -> Iterator[Reference]:
+        # backends of a regional service may be NEGs or instance groups: a
+        # reference to instanceGroups/x is resolved in that collection.
+        me = self.path
+        for ref in super().references():
+            if ref.error and ref.field.startswith("backends[") and "instanceGroups" in ref.raw:
+                try:
+                    yield Reference(
+                        ref.field, ref.raw, resolve_reference(ref.raw, me, "instanceGroups")
+                    )
+                    continue
+                except ReferenceError_ as exc:
+                    yield Reference(ref.field, ref.raw, None, str(exc))
+                    continue
+            yield ref
+
+
+# --------------------------------------------------------------------- composite health
+
+
+class HealthAggregationPolicy(Resource):
+    kind: Literal["HealthAggregationPolicy"]
+    healthy_percent_threshold: int = Field(60, ge=0, le=100)
+    min_healthy_threshold: int = Field(1, ge=0, le=1_000_000)
+    policy_type: Literal["BACKEND_SERVICE_POLICY"] = "BACKEND_SERVICE_POLICY"
+
+
+class HealthSource(Resource):
+    kind: Literal["HealthSource"]
+    source_type: Literal["BACKEND_SERVICE"] = "BACKEND_SERVICE"
+    sources: list[str]
+    health_aggregation_policy: str
+
+    REFS = (
+        ("sources", "sources", "backendServices"),
+        ("health_aggregation_policy", "healthAggregationPolicy", "healthAggregationPolicies"),
+    )
+
+    @field_validator("sources")
+    @classmethod
+    def _exactly_one(cls, value: list[str]) -> list[str]:
+        if len(value) != 1:
+            raise ValueError(
+                f"expected exactly one backend service per health source, got {len(value)}"
+            )
+        return value
+
+
+class CompositeHealthCheck(Resource):
+    kind: Literal["CompositeHealthCheck"]
+    health_sources: list[str] = Field(min_length=1, max_length=10)
+    health_destination: str
+    mode: Literal["ENFORCE", "DRY_RUN"] = "ENFORCE"
+
+    REFS = (
+        ("health_sources", "healthSources", "healthSources"),
+        ("health_destination", "healthDestination", "forwardingRules"),
+    )
+
+
+# --------------------------------------------------------------------- front ends
+
+
+class ForwardingRule(Resource):
+    kind: Literal["ForwardingRule"]
+    ip_address: str = Field(alias="IPAddress")
+    ports: list[Port] | None = Field(None, min_length=1, max_length=5)
+    port_range: str | None = None
+    ip_protocol: Literal["TCP", "UDP"] = Field("TCP", alias="IPProtocol")
+    load_balancing_scheme: Scheme
+    backend_service: str
+    data_plane_region: str | None = None
+
+    SCOPES = frozenset({"regional", "global"})
+    REFS = (("backend_service", "backendService", "backendServices"),)
+
+    _ip = field_validator("ip_address")(classmethod(lambda cls, v: _normalise_ip(v)))
+
+    @field_validator("port_range", mode="before")
+    @classmethod
+    def _port_range_text(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+    @field_validator("port_range")
+    @classmethod
+    def _check_port_range(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        m = PORT_RANGE_RE.match(value)
+        lo = int(m.group(1)) if m else 0
+        hi = int(m.group(2) or lo) if m else 0
+        if not m or not (1 <= lo <= hi <= 65535):
+            raise ValueError(f"expected a port or range like '8000-8010' in 1-65535, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _check_fields(self) -> Self:
+        if (self.ports is None) == (self.port_range is None):
+            raise ValueError("ports: give exactly one of ports or portRange")
+        if self.ports is not None and len(set(self.ports)) != len(self.ports):
+            raise ValueError("ports: duplicate port")
+        if self.data_plane_region is not None:
+            if not self.is_global:
+                raise ValueError("dataPlaneRegion: only global forwarding rules have one")
+            if not is_valid_name(self.data_plane_region):
+                raise ValueError(f"dataPlaneRegion: expected a region name ({NAME_RULE})")
+        return self
+
+    def port_list(self) -> list[int]:
+        if self.ports is not None:
+            return list(self.ports)
+        assert self.port_range is not None
+        lo, _, hi = self.port_range.partition("-")
+        return list(range(int(lo), int(hi or lo) + 1))
+
+
+class ConsumerAccept(Model):
+    project_id_or_num: str
+    connection_limit: int | None = Field(None, ge=0)
+
+
+class ServiceAttachment(Resource):
+    kind: Literal["ServiceAttachment"]
+    target_service: str
+    connection_preference: Literal["ACCEPT_AUTOMATIC", "ACCEPT_MANUAL"] = "ACCEPT_AUTOMATIC"
+    consumer_accept_lists: list[ConsumerAccept] = Field(default_factory=list)
+
+    REFS = (("target_service", "targetService", "forwardingRules"),)
+
+    @model_validator(mode="after")
+    def _check_accept(self) -> Self:
+        if self.consumer_accept_lists and self.connection_preference != "ACCEPT_MANUAL":
+            raise ValueError("consumerAcceptLists: only used with connectionPreference ACCEPT_MANUAL")
+        return self
+
+    def accepts(self, project: str) -> bool:
+        if self.connection_preference == "ACCEPT_AUTOMATIC":
+            return True
+        return any(a.project_id_or_num == project for a in self.consumer_accept_lists)
+
+
+AnyResource = (
+    HealthCheck
+    | NetworkEndpointGroup
+    | InstanceGroup
+    | BackendService
+    | HealthAggregationPolicy
+    | HealthSource
+    | CompositeHealthCheck
+    | ForwardingRule
+    | ServiceAttachment
+)
+
+KIND_CLASSES: dict[str, type[Resource]] = {
+    cls.model_fields["kind"].annotation.__args__[0]: cls  # type: ignore[union-attr]
+    for cls in (
+        HealthCheck,
+        NetworkEndpointGroup,
+        InstanceGroup,
+        BackendService,
+        HealthAggregationPolicy,
+        HealthSource,
+        CompositeHealthCheck,
+        ForwardingRule,
+        ServiceAttachment,
+    )
+}

@@ -1,0 +1,355 @@
+"""Validation: one resource (fields) and a whole set of resources (references).
+
+Every problem is an :class:`Issue` that names where it is - the document
+(its index and line in a manifest, and its kind and name) and the field path
+(``backends[0].group``) - and says what was expected. Validation never stops
+at the first problem: an operator fixing a manifest wants the whole list.
+
+The cross-resource rules are those of SPEC §1 "Validation":
+
+* references resolve, to the right collection, to a resource that exists;
+* a health source names exactly one backend service, and never a composite;
+* a backend service used as a health source is INTERNAL or INTERNAL_MANAGED;
+* a published (regional) service's backends are GCE_VM_IP_PORT / GCE_VM_IP
+  NEGs or instance groups; a global one's are PSC NEGs;
+* a composite has 1-10 sources; a forwarding rule is the destination of at
+  most one composite;
+* policy, source, composite and what they reference share project and region;
+* a resource that others reference cannot be deleted.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from healthgate.model.names import KIND_TO_COLLECTION, ResourcePath
+from healthgate.model.resources import (
+    KIND_CLASSES,
+    BackendService,
+    CompositeHealthCheck,
+    ForwardingRule,
+    HealthCheck,
+    HealthSource,
+    InstanceGroup,
+    NetworkEndpointGroup,
+    Resource,
+    ServiceAttachment,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Issue:
+    """One validation problem, located precisely."""
+
+    field: str
+    message: str
+    document: int | None = None  # 1-based index in a manifest
+    line: int | None = None
+    kind: str | None = None
+    name: str | None = None  # full path when known, else the bare name
+
+    def where(self) -> str:
+        parts = []
+        if self.document is not None:
+            at = f"document {self.document}"
+            if self.line is not None:
+                at += f" (line {self.line})"
+            parts.append(at)
+        if self.kind or self.name:
+            parts.append(f"{self.kind or '?'} {self.name or '?'}")
+        return ", ".join(parts)
+
+    def __str__(self) -> str:
+        where = self.where()
+        field = f"field {self.field}: " if self.field else ""
+        return f"{where}: {field}{self.message}" if where else f"{field}{self.message}"
+
+    def to_detail(self) -> dict[str, Any]:
+        detail: dict[str, Any] = {"field": self.field, "description": self.message}
+        if self.document is not None:
+            detail["document"] = self.document
+        if self.name is not None:
+            detail["resource"] = self.name
+        return detail
+
+
+class InvalidResources(ValueError):
+    """Raised with every issue found; nothing was applied."""
+
+    def __init__(self, issues: Sequence[Issue]) -> None:
+        self.issues = list(issues)
+        super().__init__("\n".join(str(i) for i in self.issues))
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    """A parsed resource and where it came from (for error messages)."""
+
+    resource: Resource
+    index: int | None = None
+    line: int | None = None
+
+    def issue(self, field: str, message: str) -> Issue:
+        r = self.resource
+        return Issue(field, message, self.index, self.line, r.kind, str(r.path))
+
+
+# ------------------------------------------------------------------ one resource
+
+
+def _loc_to_field(loc: Sequence[int | str]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def parse_resource(
+    data: Any, index: int | None = None, line: int | None = None
+) -> tuple[Resource | None, list[Issue]]:
+    """Turn one mapping into a resource, or into the list of what is wrong with it."""
+
+    def issue(field: str, message: str, kind: str | None = None, name: str | None = None) -> Issue:
+        return Issue(field, message, index, line, kind, name)
+
+    if not isinstance(data, Mapping):
+        return None, [issue("", f"expected a mapping with kind, name and project, got {type(data).__name__}")]
+    kind = data.get("kind")
+    name = data.get("name") if isinstance(data.get("name"), str) else None
+    if kind not in KIND_CLASSES:
+        known = ", ".join(KIND_CLASSES)
+        return None, [issue("kind", f"expected one of {known}, got {kind!r}", None, name)]
+    cls = KIND_CLASSES[kind]
+    try:
+        return cls.model_validate(dict(data)), []
+    except ValidationError as exc:
+        issues = []
+        for err in exc.errors(include_url=False):
+            field = _loc_to_field(err["loc"])
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            # model-level rules say which field they are about as "field: message"
+            head, sep, rest = msg.partition(": ")
+            if sep and not field and head.replace(".", "").replace("[", "").replace("]", "").isalnum():
+                field, msg = head, rest
+            if err["type"] == "extra_forbidden":
+                msg = "unknown field"
+            elif err["type"] == "missing":
+                msg = "required field is missing"
+            elif "input" in err and err["type"] not in ("value_error",):
+                msg = f"{msg} (got {err['input']!r})"
+            issues.append(issue(field, msg, kind, name))
+        return None, issues
+
+
+# ------------------------------------------------------------------ a set of resources
+
+
+PUBLISHABLE_NEG_TYPES = ("GCE_VM_IP_PORT", "GCE_VM_IP")
+
+
+def validate_documents(documents: Sequence[Document]) -> list[Issue]:
+    """Every cross-resource rule over the complete set of resources."""
+    issues: list[Issue] = []
+    by_path: dict[ResourcePath, Document] = {}
+    for doc in documents:
+        path = doc.resource.path
+        if path in by_path:
+            issues.append(doc.issue("name", f"duplicate resource {path} (also document {by_path[path].index})"))
+            continue
+        by_path[path] = doc
+
+    def get(path: ResourcePath | None) -> Resource | None:
+        doc = by_path.get(path) if path else None
+        return doc.resource if doc else None
+
+    destinations: dict[ResourcePath, list[Document]] = defaultdict(list)
+    source_services: set[ResourcePath] = set()
+
+    for doc in by_path.values():
+        res = doc.resource
+        # 1. every reference resolves and exists
+        for ref in res.references():
+            if ref.target is None:
+                message = ref.error or "unresolvable reference"
+                if isinstance(res, HealthSource) and "compositeHealthChecks" in ref.raw:
+                    message = (
+                        "a composite health state is never a health source: "
+                        "a health source points at a backend service"
+                    )
+                issues.append(doc.issue(ref.field, message))
+            elif ref.target not in by_path:
+                issues.append(doc.issue(ref.field, f"reference to missing resource {ref.target}"))
+
+        if isinstance(res, HealthSource):
+            _check_same_scope(doc, issues)
+            bs_path = res.ref("sources")
+            if bs_path:
+                source_services.add(bs_path)
+        elif isinstance(res, CompositeHealthCheck):
+            _check_same_scope(doc, issues)
+            dest = res.ref("health_destination")
+            if dest:
+                destinations[dest].append(doc)
+            seen: set[ResourcePath] = set()
+            for i, src in enumerate(res.refs("health_sources")):
+                if src in seen:
+                    issues.append(doc.issue(f"healthSources[{i}]", f"duplicate health source {src}"))
+                seen.add(src)
+        elif isinstance(res, BackendService):
+            _check_backend_groups(doc, get, issues)
+        elif isinstance(res, ForwardingRule):
+            _check_forwarding_rule(doc, get(res.ref("backend_service")), issues)
+        elif isinstance(res, ServiceAttachment):
+            target = res.ref("target_service")
+            if target and (target.project, target.region) != (res.project, res.region):
+                issues.append(doc.issue("targetService", "must be a forwarding rule in the attachment's own project and region"))
+            fr = get(target)
+            if isinstance(fr, ForwardingRule) and fr.is_global:
+                issues.append(doc.issue("targetService", "must be a regional (producer) forwarding rule"))
+
+    # a backend service used as a health source is INTERNAL or INTERNAL_MANAGED
+    for doc in by_path.values():
+        res = doc.resource
+        if isinstance(res, HealthSource):
+            bs = get(res.ref("sources"))
+            if isinstance(bs, BackendService) and bs.load_balancing_scheme not in ("INTERNAL", "INTERNAL_MANAGED"):
+                issues.append(
+                    doc.issue(
+                        "sources[0]",
+                        f"backend service {bs.path} has loadBalancingScheme "
+                        f"{bs.load_balancing_scheme}; a health source needs INTERNAL or INTERNAL_MANAGED",
+                    )
+                )
+            if isinstance(bs, BackendService) and bs.is_global:
+                issues.append(doc.issue("sources[0]", "a health source names a regional backend service"))
+
+    for dest, docs in destinations.items():
+        if len(docs) > 1:
+            names = ", ".join(str(d.resource.path) for d in docs)
+            for d in docs:
+                issues.append(
+                    d.issue("healthDestination", f"forwarding rule {dest} is the destination of more than one composite health check ({names})")
+                )
+        fr = get(dest)
+        if isinstance(fr, ForwardingRule) and fr.is_global:
+            for d in docs:
+                issues.append(d.issue("healthDestination", "must be a regional (producer) forwarding rule"))
+    return issues
+
+
+def _check_same_scope(doc: Document, issues: list[Issue]) -> None:
+    res = doc.resource
+    for ref in res.references():
+        t = ref.target
+        if t and (t.project, t.region) != (res.project, res.region):
+            issues.append(
+                doc.issue(
+                    ref.field,
+                    f"{t} is in project {t.project!r} region {t.region!r}; composite health "
+                    f"resources and what they reference must share project {res.project!r} "
+                    f"and region {res.region!r}",
+                )
+            )
+
+
+def _check_backend_groups(doc: Document, get: Any, issues: list[Issue]) -> None:
+    bs = doc.resource
+    assert isinstance(bs, BackendService)
+    hc = get(bs.ref("health_checks"))
+    seen_endpoints: dict[tuple[str, int | None], str] = {}
+    for i, b in enumerate(bs.backends):
+        field = f"backends[{i}].group"
+        ref = next(r for r in bs.references() if r.field == field)
+        group = get(ref.target)
+        if group is None:
+            continue  # reported as a missing reference
+        if bs.is_global:
+            if not (isinstance(group, NetworkEndpointGroup) and group.network_endpoint_type == "PRIVATE_SERVICE_CONNECT"):
+                issues.append(doc.issue(field, "a global backend service's backends are PRIVATE_SERVICE_CONNECT network endpoint groups"))
+            continue
+        if (group.project, group.region) != (bs.project, bs.region):
+            issues.append(doc.issue(field, "a regional backend service's groups are in its own project and region"))
+        if isinstance(group, NetworkEndpointGroup):
+            if group.network_endpoint_type not in PUBLISHABLE_NEG_TYPES:
+                issues.append(
+                    doc.issue(field, f"a published service's backends are GCE_VM_IP_PORT or GCE_VM_IP groups or instance groups, not {group.network_endpoint_type}")
+                )
+                continue
+            addrs = [(e.ip_address, e.port) for e in group.endpoints]
+            port_less = group.network_endpoint_type == "GCE_VM_IP"
+        elif isinstance(group, InstanceGroup):
+            port = group.serving_port
+            addrs = [(inst.ip_address, port) for inst in group.instances]
+            port_less = port is None
+        else:
+            continue
+        if port_less and isinstance(hc, HealthCheck) and hc.port is None and addrs:
+            issues.append(
+                doc.issue(
+                    "healthChecks[0]",
+                    f"health check {hc.path} has no port, and the endpoints of {group.path} have none either",
+                )
+            )
+        for addr in addrs:
+            if addr in seen_endpoints:
+                ip, port = addr
+                issues.append(doc.issue(field, f"endpoint {ip}:{port} is also in {seen_endpoints[addr]}"))
+            else:
+                seen_endpoints[addr] = str(group.path)
+
+
+def _check_forwarding_rule(doc: Document, bs: Resource | None, issues: list[Issue]) -> None:
+    fr = doc.resource
+    assert isinstance(fr, ForwardingRule)
+    if not isinstance(bs, BackendService):
+        return
+    if bs.is_global != fr.is_global:
+        scope = "global" if fr.is_global else "regional"
+        issues.append(doc.issue("backendService", f"a {scope} forwarding rule points at a {scope} backend service"))
+    elif not fr.is_global and (bs.project, bs.region) != (fr.project, fr.region):
+        issues.append(doc.issue("backendService", "must be in the forwarding rule's own project and region"))
+    want = "UDP" if bs.protocol == "UDP" else "TCP"
+    if fr.ip_protocol != want:
+        issues.append(doc.issue("IPProtocol", f"backend service protocol {bs.protocol} needs IPProtocol {want}"))
+
+
+# ------------------------------------------------------------------ deletion
+
+
+def referrers(resources: Iterable[Resource]) -> dict[ResourcePath, list[tuple[ResourcePath, str]]]:
+    """Who references whom: target -> [(referrer, field)]."""
+    out: dict[ResourcePath, list[tuple[ResourcePath, str]]] = defaultdict(list)
+    for res in resources:
+        for ref in res.references():
+            if ref.target is not None:
+                out[ref.target].append((res.path, ref.field))
+    return out
+
+
+def check_delete(remaining: Iterable[Resource], deleted: Iterable[ResourcePath]) -> list[Issue]:
+    """Issues for each deleted resource that a *remaining* resource still references."""
+    users = referrers(remaining)
+    issues = []
+    for path in deleted:
+        for who, field in users.get(path, ()):
+            issues.append(
+                Issue(
+                    "",
+                    f"{path} is in use: {who} references it in field {field}",
+                    kind=path.kind,
+                    name=str(path),
+                )
+            )
+    return issues
+
+
+def collection_of(kind: str) -> str:
+    return KIND_TO_COLLECTION[kind]
