@@ -1,0 +1,5 @@
+import sys
+
+from healthgate.cli.main import main
+
+sys.exit(main())

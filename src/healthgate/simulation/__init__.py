@@ -1,0 +1,1 @@
+"""What-if planning: run the pure engine in virtual time against a scenario."""
