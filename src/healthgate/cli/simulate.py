@@ -33,8 +33,12 @@ def windows(resources: Sequence[Resource], scenario: Scenario) -> list[dict[str,
             out.append(
                 {
                     "healthCheck": str(r.path),
-                    "failureWindowSec": failure_window(r.timeout_sec, r.check_interval_sec, r.unhealthy_threshold),
-                    "refusedWindowSec": failure_window(0, r.check_interval_sec, r.unhealthy_threshold),
+                    "failureWindowSec": failure_window(
+                        r.timeout_sec, r.check_interval_sec, r.unhealthy_threshold
+                    ),
+                    "refusedWindowSec": failure_window(
+                        0, r.check_interval_sec, r.unhealthy_threshold
+                    ),
                     "successWindowSec": success_window(
                         scenario.response_time, r.check_interval_sec, r.healthy_threshold
                     ),
@@ -49,16 +53,24 @@ def to_json(result: SimulationResult, resources: Sequence[Resource], scenario: S
         "timeline": [r.to_dict() for r in result.records],
         "probes": result.probes,
         "windows": windows(resources, scenario),
-        "finalRoutes": {k: {"target": v.target, "mode": v.mode, "reason": v.reason} for k, v in routes.items()},
+        "finalRoutes": {
+            k: {"target": v.target, "mode": v.mode, "reason": v.reason} for k, v in routes.items()
+        },
     }
     return json.dumps(doc, indent=2)
 
 
-def to_table(result: SimulationResult, resources: Sequence[Resource], scenario: Scenario, endpoints: bool) -> str:
+def to_table(
+    result: SimulationResult, resources: Sequence[Resource], scenario: Scenario, endpoints: bool
+) -> str:
     rows = []
     for rec in result.records:
         rows.append(_row(rec))
-    shown = [r for r, rec in zip(rows, result.records, strict=True) if endpoints or rec.kind != "Endpoint"]
+    shown = [
+        r
+        for r, rec in zip(rows, result.records, strict=True)
+        if endpoints or rec.kind != "Endpoint"
+    ]
     out = [table(["TIME", "KIND", "RESOURCE", "CHANGE", "REASON"], shown)]
     out.append("")
     out.append("Detection windows (SPEC §2.1, from the first failing or passing probe):")
@@ -69,7 +81,9 @@ def to_table(result: SimulationResult, resources: Sequence[Resource], scenario: 
         )
     moves = [r for r in result.records if isinstance(r, RouteChange)]
     out.append("")
-    out.append(f"{result.probes} probes simulated over {scenario.duration:g} s; {len(moves)} route changes.")
+    out.append(
+        f"{result.probes} probes simulated over {scenario.duration:g} s; {len(moves)} route changes."
+    )
     return "\n".join(out)
 
 
@@ -80,4 +94,10 @@ def _row(rec: Record) -> list[str]:
         if rec.kind == "Endpoint":
             res = _short(rec.path).replace("/endpoints/", " ")
         return [t, rec.kind, res, f"{rec.previous.name} -> {rec.current.name}", rec.reason]
-    return [t, "Route", _short(rec.frontend), f"{_short(rec.previous)} -> {_short(rec.current)}", rec.reason]
+    return [
+        t,
+        "Route",
+        _short(rec.frontend),
+        f"{_short(rec.previous)} -> {_short(rec.current)}",
+        rec.reason,
+    ]

@@ -33,7 +33,7 @@ Records are returned to the caller, which logs, stores and streams them.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -136,7 +136,7 @@ class ApplyResult:
 
 
 class _Aggregate:
-    __slots__ = ("check", "healthy", "hthr", "path", "slots", "total", "uthr", "unknown")
+    __slots__ = ("check", "healthy", "hthr", "path", "slots", "total", "unknown", "uthr")
 
     def __init__(self, path: ResourcePath, check: HealthCheck) -> None:
         self.path = path
@@ -243,7 +243,9 @@ class HealthEngine:
             reason = _reason_for_endpoint(new, ok, agg.hthr, result.describe())
         else:
             reason = _reason_for_endpoint(new, fail, agg.uthr, result.describe())
-        records: list[Record] = [self._endpoint_transition(now, agg, key, _STATES[old], new, reason)]
+        records: list[Record] = [
+            self._endpoint_transition(now, agg, key, _STATES[old], new, reason)
+        ]
         sources = self._sources_by_bs.get(agg.path)
         if sources:
             self._propagate(now, records, sources=sources)
@@ -260,7 +262,9 @@ class HealthEngine:
     ) -> Transition:
         p = agg.path
         name = f"{key[0]}:{key[1]}" if key[1] is not None else key[0]
-        return Transition(now, p.project, p.region, "Endpoint", name, f"{p}/endpoints/{name}", old, new, reason)
+        return Transition(
+            now, p.project, p.region, "Endpoint", name, f"{p}/endpoints/{name}", old, new, reason
+        )
 
     # ------------------------------------------------------------------ propagation
 
@@ -282,7 +286,7 @@ class HealthEngine:
         dirty_a: dict[str, _Node] = {n.path: n for n in attachments}
         for node in dirty_c.values():
             if self._eval_composite(now, node, records):
-                dest = node.resource.ref("health_destination")  # type: ignore[attr-defined]
+                dest = node.resource.ref("health_destination")
                 for a in self._attachments_by_fr.get(str(dest), ()):
                     dirty_a[a.path] = a
         dirty_n: dict[str, _Node] = {n.path: n for n in negs}
@@ -302,7 +306,13 @@ class HealthEngine:
             self._publish_routes()
 
     def _set(
-        self, now: float, node: _Node, kind: str, state: HealthState, reason: str, records: list[Record]
+        self,
+        now: float,
+        node: _Node,
+        kind: str,
+        state: HealthState,
+        reason: str,
+        records: list[Record],
     ) -> bool:
         old = node.state
         node.reason = reason
@@ -311,7 +321,9 @@ class HealthEngine:
         node.state = state
         node.since = now
         r = node.resource
-        records.append(Transition(now, r.project, r.region, kind, r.name, node.path, old, state, reason))
+        records.append(
+            Transition(now, r.project, r.region, kind, r.name, node.path, old, state, reason)
+        )
         return True
 
     def _eval_source(self, now: float, node: _Node, records: list[Record]) -> bool:
@@ -321,7 +333,9 @@ class HealthEngine:
         agg_id = self._agg_ids.get(bs) if bs else None
         policy = self._policies.get(str(res.ref("health_aggregation_policy")))
         if agg_id is None or policy is None:
-            return self._set(now, node, "HealthSource", UNKNOWN, "backend service or policy missing", records)
+            return self._set(
+                now, node, "HealthSource", UNKNOWN, "backend service or policy missing", records
+            )
         agg = self._aggs[agg_id]
         assert agg is not None
         state, reason = evaluate(policy, agg.total, agg.healthy, agg.unknown)
@@ -350,12 +364,18 @@ class HealthEngine:
         assert isinstance(res, ServiceAttachment)
         comp = self._composite_by_destination.get(str(res.ref("target_service")))
         if comp is None:
-            state, reason = UNKNOWN, "no composite health check has this attachment's forwarding rule as destination"
+            state, reason = (
+                UNKNOWN,
+                "no composite health check has this attachment's forwarding rule as destination",
+            )
         elif comp.resource.mode == "DRY_RUN":  # type: ignore[attr-defined]
             state = UNKNOWN
             reason = f"composite {comp.resource.name} is in DRY_RUN mode (evaluated {comp.state.name}); delivers UNKNOWN"
         else:
-            state, reason = comp.delivered, f"composite health of the published service is {comp.delivered.name}"
+            state, reason = (
+                comp.delivered,
+                f"composite health of the published service is {comp.delivered.name}",
+            )
         changed = state is not node.state
         node.state, node.reason = state, reason
         return changed
@@ -379,7 +399,9 @@ class HealthEngine:
                 state, reason = att.state, f"{att_path}: {att.reason}"
         accepted_changed = node.extra is not accepted
         node.extra = accepted
-        return self._set(now, node, "NetworkEndpointGroup", state, reason, records) or accepted_changed
+        return (
+            self._set(now, node, "NetworkEndpointGroup", state, reason, records) or accepted_changed
+        )
 
     def _eval_route(self, now: float, node: _Node, records: list[Record]) -> bool:
         fr = node.resource
@@ -395,7 +417,14 @@ class HealthEngine:
                     continue
                 prio[neg.path] = b.failover_priority
                 candidates.append(
-                    Candidate(neg.path, neg_path.name, neg_path.region, b.failover_priority, neg.state, neg.extra is not False)
+                    Candidate(
+                        neg.path,
+                        neg_path.name,
+                        neg_path.region,
+                        b.failover_priority,
+                        neg.state,
+                        neg.extra is not False,
+                    )
                 )
         policy = bs.policy if isinstance(bs, BackendService) else None
         prev: Route | None = node.extra  # type: ignore[assignment]
@@ -408,15 +437,30 @@ class HealthEngine:
         )
         if prev is not None and prev.target == choice.target and prev.mode == choice.mode:
             if prev.reason != choice.reason:
-                node.extra = Route(prev.frontend, prev.target, prev.attachment, prev.mode, choice.reason, prev.since)
+                node.extra = Route(
+                    prev.frontend,
+                    prev.target,
+                    prev.attachment,
+                    prev.mode,
+                    choice.reason,
+                    prev.since,
+                )
             return False
         attachment = None
         if choice.target is not None:
-            neg = self._negs[choice.target].resource
-            attachment = str(neg.ref("psc_target_service"))
+            target_neg = self._negs[choice.target].resource
+            attachment = str(target_neg.ref("psc_target_service"))
         node.extra = Route(node.path, choice.target, attachment, choice.mode, choice.reason, now)
         records.append(
-            RouteChange(now, fr.project, node.path, prev.target if prev else None, choice.target, choice.mode, choice.reason)
+            RouteChange(
+                now,
+                fr.project,
+                node.path,
+                prev.target if prev else None,
+                choice.target,
+                choice.mode,
+                choice.reason,
+            )
         )
         return True
 
@@ -455,26 +499,32 @@ class HealthEngine:
             for p, r in new.items()
             if isinstance(r, HealthAggregationPolicy)
         }
-        kinds: list[tuple[dict[str, _Node], type[Resource]]] = [
-            (self._sources, HealthSource),
-            (self._composites, CompositeHealthCheck),
-            (self._attachments, ServiceAttachment),
-        ]
-        touched: dict[int, list[_Node]] = {}
-        for nodes, cls in kinds:
-            touched[id(nodes)] = self._sync_nodes(nodes, new, changed, lambda r, c=cls: isinstance(r, c))
+        touched_sources = self._sync_nodes(
+            self._sources, new, changed, lambda r: isinstance(r, HealthSource)
+        )
+        touched_composites = self._sync_nodes(
+            self._composites, new, changed, lambda r: isinstance(r, CompositeHealthCheck)
+        )
+        touched_attachments = self._sync_nodes(
+            self._attachments, new, changed, lambda r: isinstance(r, ServiceAttachment)
+        )
         touched_negs = self._sync_nodes(
             self._negs,
             new,
             changed,
-            lambda r: isinstance(r, NetworkEndpointGroup) and r.network_endpoint_type == "PRIVATE_SERVICE_CONNECT",
+            lambda r: (
+                isinstance(r, NetworkEndpointGroup)
+                and r.network_endpoint_type == "PRIVATE_SERVICE_CONNECT"
+            ),
         )
+        routes_before = set(self._routes)
         route_nodes_touched = self._sync_nodes(
             self._routes, new, changed, lambda r: isinstance(r, ForwardingRule) and r.is_global
         )
+        routes_removed = bool(routes_before - set(self._routes))
         self._reindex()
 
-        for n in touched[id(self._sources)]:
+        for n in touched_sources:
             dirty_sources[n.path] = n
         for p in changed:
             if p.collection == "healthAggregationPolicies":
@@ -494,13 +544,13 @@ class HealthEngine:
             now,
             result.records,
             sources=list(dirty_sources.values()),
-            composites=touched[id(self._composites)],
-            attachments=touched[id(self._attachments)],
+            composites=touched_composites,
+            attachments=touched_attachments,
             negs=touched_negs,
             routes=list(dirty_routes.values()),
         )
-        if route_nodes_touched and not any(isinstance(r, RouteChange) for r in result.records):
-            self._publish_routes()  # a front end was removed
+        if routes_removed:
+            self._publish_routes()  # a front end is gone: no snapshot may still carry it
         return result
 
     def _sync_nodes(
@@ -508,16 +558,15 @@ class HealthEngine:
         nodes: dict[str, _Node],
         new: Mapping[ResourcePath, Resource],
         changed: set[ResourcePath],
-        want: object,
+        want: Callable[[Resource], bool],
     ) -> list[_Node]:
         touched = []
-        pred = want  # callable
-        for p in list(nodes):
-            if ResourcePath.parse(p) not in new:
-                del nodes[p]
+        for key in list(nodes):
+            if ResourcePath.parse(key) not in new:
+                del nodes[key]
         for p in changed:
             r = new.get(p)
-            if r is None or not pred(r):  # type: ignore[operator]
+            if r is None or not want(r):
                 continue
             node = nodes.get(str(p))
             if node is None:
@@ -535,7 +584,9 @@ class HealthEngine:
             bs = n.resource.ref("sources")
             if bs:
                 self._sources_by_bs.setdefault(bs, []).append(n)
-            self._sources_by_policy.setdefault(str(n.resource.ref("health_aggregation_policy")), []).append(n)
+            self._sources_by_policy.setdefault(
+                str(n.resource.ref("health_aggregation_policy")), []
+            ).append(n)
         self._composites_by_source = {}
         self._composite_by_destination = {}
         for n in self._composites.values():
@@ -547,12 +598,15 @@ class HealthEngine:
             self._attachments_by_fr.setdefault(str(n.resource.ref("target_service")), []).append(n)
         self._negs_by_attachment = {}
         for n in self._negs.values():
-            self._negs_by_attachment.setdefault(str(n.resource.ref("psc_target_service")), []).append(n)
+            self._negs_by_attachment.setdefault(
+                str(n.resource.ref("psc_target_service")), []
+            ).append(n)
         self._routes_by_neg = {}
         for n in self._routes.values():
-            bs = self._resources.get(n.resource.ref("backend_service"))  # type: ignore[arg-type]
-            if isinstance(bs, BackendService):
-                for neg in bs.refs("backends"):
+            gbs_path = n.resource.ref("backend_service")
+            gbs = self._resources.get(gbs_path) if gbs_path else None
+            if isinstance(gbs, BackendService):
+                for neg in gbs.refs("backends"):
                     self._routes_by_neg.setdefault(str(neg), []).append(n)
 
     def _endpoints_of(self, bs: BackendService) -> dict[EndpointKey, None]:
@@ -587,7 +641,11 @@ class HealthEngine:
             assert agg_or_none is not None
             agg = agg_or_none
             old_check = agg.check
-            agg.check, agg.hthr, agg.uthr = check, check.healthy_threshold, check.unhealthy_threshold
+            agg.check, agg.hthr, agg.uthr = (
+                check,
+                check.healthy_threshold,
+                check.unhealthy_threshold,
+            )
 
         desired = self._endpoints_of(bs)
         for key in [k for k in agg.slots if k not in desired]:
@@ -600,7 +658,11 @@ class HealthEngine:
             # every kept endpoint changes meaning: disabled = HEALTHY "not checked",
             # re-enabled = UNKNOWN until probes say otherwise
             target = HEALTHY if not enabled else UNKNOWN
-            reason = "not checked (health check disabled)" if not enabled else "health check enabled: waiting for probes"
+            reason = (
+                "not checked (health check disabled)"
+                if not enabled
+                else "health check enabled: waiting for probes"
+            )
             for key, slot in agg.slots.items():
                 before = self._force_state(now, agg, slot, target)
                 if before is not target:
@@ -626,9 +688,7 @@ class HealthEngine:
             else:
                 agg.healthy += 1
 
-    def _force_state(
-        self, now: float, agg: _Aggregate, slot: int, new: HealthState
-    ) -> HealthState:
+    def _force_state(self, now: float, agg: _Aggregate, slot: int, new: HealthState) -> HealthState:
         """Set an endpoint's state outside the threshold machine; returns the old one."""
         old = self._state[slot]
         if old == new:
@@ -736,10 +796,24 @@ class HealthEngine:
             elif state is UNKNOWN:
                 reason = f"{self._ok[slot]} of {agg.hthr} successes, {self._fail[slot]} of {agg.uthr} failures so far"
             elif state is HEALTHY:
-                reason = _reason_for_endpoint(state, self._ok[slot], agg.hthr, last.describe() if last else "-")
+                reason = _reason_for_endpoint(
+                    state, self._ok[slot], agg.hthr, last.describe() if last else "-"
+                )
             else:
-                reason = _reason_for_endpoint(state, self._fail[slot], agg.uthr, last.describe() if last else "-")
-            out.append(EndpointStatus(ip, port, state, self._since[slot], last, last_time if last_time >= 0 else None, reason))
+                reason = _reason_for_endpoint(
+                    state, self._fail[slot], agg.uthr, last.describe() if last else "-"
+                )
+            out.append(
+                EndpointStatus(
+                    ip,
+                    port,
+                    state,
+                    self._since[slot],
+                    last,
+                    last_time if last_time >= 0 else None,
+                    reason,
+                )
+            )
         return out
 
     def counts(self, backend_service: ResourcePath) -> tuple[int, int, int] | None:

@@ -62,7 +62,9 @@ def evaluate(
             why.append(f"< healthyPercentThreshold {policy.healthy_percent}%")
         if unknown:
             counts += f", {unknown} unknown"
-            return HealthState.UNHEALTHY, f"{counts}: even if all turn healthy, " + " and ".join(why)
+            return HealthState.UNHEALTHY, f"{counts}: even if all turn healthy, " + " and ".join(
+                why
+            )
         return HealthState.UNHEALTHY, f"{counts} " + " and ".join(why)
     return HealthState.UNKNOWN, (
         f"{counts}, {unknown} unknown: the policy ({policy.describe()}) "

@@ -81,11 +81,15 @@ def choose(
     for c in ordered:
         if c.state is not HealthState.UNHEALTHY:
             if cur is not None:
-                why = f"{cur.name} ({cur.region}) is UNHEALTHY: failing over to {c.name} ({c.region})"
+                why = (
+                    f"{cur.name} ({cur.region}) is UNHEALTHY: failing over to {c.name} ({c.region})"
+                )
             elif current is not None:
                 why = f"the previous backend left the service: now {c.name} ({c.region})"
             else:
-                why = f"{c.name} ({c.region}) is first by priority and locality and is {c.state.name}"
+                why = (
+                    f"{c.name} ({c.region}) is first by priority and locality and is {c.state.name}"
+                )
             return RouteChoice(c.path, "normal", why)
 
     if fail_open:
@@ -96,5 +100,7 @@ def choose(
             f"every backend is UNHEALTHY: whenAllUnhealthy FAIL_OPEN keeps {first.name} ({first.region})",
         )
     return RouteChoice(
-        None, "fail-closed", "every backend is UNHEALTHY: whenAllUnhealthy FAIL_CLOSED refuses traffic"
+        None,
+        "fail-closed",
+        "every backend is UNHEALTHY: whenAllUnhealthy FAIL_CLOSED refuses traffic",
     )

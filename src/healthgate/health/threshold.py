@@ -35,7 +35,7 @@ def step(
     unhealthy_threshold: int,
 ) -> tuple[HealthState, int, int]:
     """One probe result in; the new (state, success run, failure run) out."""
-    if outcome == Outcome.OK or outcome == Outcome.NOT_CHECKED:
+    if outcome in (Outcome.OK, Outcome.NOT_CHECKED):
         ok_run = min(ok_run + 1, RUN_CAP)
         if state != HEALTHY and ok_run >= healthy_threshold:
             state = HEALTHY

@@ -47,7 +47,7 @@ def is_valid_name(name: str) -> bool:
     return bool(NAME_RE.match(name))
 
 
-class ReferenceError_(ValueError):  # noqa: N801 - avoid shadowing the builtin ReferenceError
+class ReferenceError_(ValueError):
     """A reference string that cannot be parsed or points at the wrong collection."""
 
 

@@ -214,7 +214,7 @@ class HealthCheck(Resource):
             "HTTP",
             "HTTPS",
         ):
-            raise ValueError(f"expectedStatusCodes: only HTTP and HTTPS checks have them")
+            raise ValueError("expectedStatusCodes: only HTTP and HTTPS checks have them")
         if self.grpc_service_name is not None and self.type != "GRPC":
             raise ValueError(f"grpcServiceName: only GRPC checks have one, not {self.type}")
         return self
@@ -506,7 +506,9 @@ class ServiceAttachment(Resource):
     @model_validator(mode="after")
     def _check_accept(self) -> Self:
         if self.consumer_accept_lists and self.connection_preference != "ACCEPT_MANUAL":
-            raise ValueError("consumerAcceptLists: only used with connectionPreference ACCEPT_MANUAL")
+            raise ValueError(
+                "consumerAcceptLists: only used with connectionPreference ACCEPT_MANUAL"
+            )
         return self
 
     def accepts(self, project: str) -> bool:

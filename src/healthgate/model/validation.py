@@ -121,12 +121,15 @@ def parse_resource(
         return Issue(field, message, index, line, kind, name)
 
     if not isinstance(data, Mapping):
-        return None, [issue("", f"expected a mapping with kind, name and project, got {type(data).__name__}")]
+        return None, [
+            issue("", f"expected a mapping with kind, name and project, got {type(data).__name__}")
+        ]
     kind = data.get("kind")
     name = data.get("name") if isinstance(data.get("name"), str) else None
     if kind not in KIND_CLASSES:
         known = ", ".join(KIND_CLASSES)
-        return None, [issue("kind", f"expected one of {known}, got {kind!r}", None, name)]
+        given = kind if isinstance(kind, str) else None
+        return None, [issue("kind", f"expected one of {known}, got {kind!r}", given, name)]
     cls = KIND_CLASSES[kind]
     try:
         return cls.model_validate(dict(data)), []
@@ -137,7 +140,11 @@ def parse_resource(
             msg = str(err["msg"]).removeprefix("Value error, ")
             # model-level rules say which field they are about as "field: message"
             head, sep, rest = msg.partition(": ")
-            if sep and not field and head.replace(".", "").replace("[", "").replace("]", "").isalnum():
+            if (
+                sep
+                and not field
+                and head.replace(".", "").replace("[", "").replace("]", "").isalnum()
+            ):
                 field, msg = head, rest
             if err["type"] == "extra_forbidden":
                 msg = "unknown field"
@@ -162,7 +169,11 @@ def validate_documents(documents: Sequence[Document]) -> list[Issue]:
     for doc in documents:
         path = doc.resource.path
         if path in by_path:
-            issues.append(doc.issue("name", f"duplicate resource {path} (also document {by_path[path].index})"))
+            issues.append(
+                doc.issue(
+                    "name", f"duplicate resource {path} (also document {by_path[path].index})"
+                )
+            )
             continue
         by_path[path] = doc
 
@@ -201,7 +212,9 @@ def validate_documents(documents: Sequence[Document]) -> list[Issue]:
             seen: set[ResourcePath] = set()
             for i, src in enumerate(res.refs("health_sources")):
                 if src in seen:
-                    issues.append(doc.issue(f"healthSources[{i}]", f"duplicate health source {src}"))
+                    issues.append(
+                        doc.issue(f"healthSources[{i}]", f"duplicate health source {src}")
+                    )
                 seen.add(src)
         elif isinstance(res, BackendService):
             _check_backend_groups(doc, get, issues)
@@ -210,17 +223,27 @@ def validate_documents(documents: Sequence[Document]) -> list[Issue]:
         elif isinstance(res, ServiceAttachment):
             target = res.ref("target_service")
             if target and (target.project, target.region) != (res.project, res.region):
-                issues.append(doc.issue("targetService", "must be a forwarding rule in the attachment's own project and region"))
+                issues.append(
+                    doc.issue(
+                        "targetService",
+                        "must be a forwarding rule in the attachment's own project and region",
+                    )
+                )
             fr = get(target)
             if isinstance(fr, ForwardingRule) and fr.is_global:
-                issues.append(doc.issue("targetService", "must be a regional (producer) forwarding rule"))
+                issues.append(
+                    doc.issue("targetService", "must be a regional (producer) forwarding rule")
+                )
 
     # a backend service used as a health source is INTERNAL or INTERNAL_MANAGED
     for doc in by_path.values():
         res = doc.resource
         if isinstance(res, HealthSource):
             bs = get(res.ref("sources"))
-            if isinstance(bs, BackendService) and bs.load_balancing_scheme not in ("INTERNAL", "INTERNAL_MANAGED"):
+            if isinstance(bs, BackendService) and bs.load_balancing_scheme not in (
+                "INTERNAL",
+                "INTERNAL_MANAGED",
+            ):
                 issues.append(
                     doc.issue(
                         "sources[0]",
@@ -229,19 +252,26 @@ def validate_documents(documents: Sequence[Document]) -> list[Issue]:
                     )
                 )
             if isinstance(bs, BackendService) and bs.is_global:
-                issues.append(doc.issue("sources[0]", "a health source names a regional backend service"))
+                issues.append(
+                    doc.issue("sources[0]", "a health source names a regional backend service")
+                )
 
     for dest, docs in destinations.items():
         if len(docs) > 1:
             names = ", ".join(str(d.resource.path) for d in docs)
             for d in docs:
                 issues.append(
-                    d.issue("healthDestination", f"forwarding rule {dest} is the destination of more than one composite health check ({names})")
+                    d.issue(
+                        "healthDestination",
+                        f"forwarding rule {dest} is the destination of more than one composite health check ({names})",
+                    )
                 )
         fr = get(dest)
         if isinstance(fr, ForwardingRule) and fr.is_global:
             for d in docs:
-                issues.append(d.issue("healthDestination", "must be a regional (producer) forwarding rule"))
+                issues.append(
+                    d.issue("healthDestination", "must be a regional (producer) forwarding rule")
+                )
     return issues
 
 
@@ -265,22 +295,38 @@ def _check_backend_groups(doc: Document, get: Any, issues: list[Issue]) -> None:
     assert isinstance(bs, BackendService)
     hc = get(bs.ref("health_checks"))
     seen_endpoints: dict[tuple[str, int | None], str] = {}
-    for i, b in enumerate(bs.backends):
+    group_refs = {r.field: r for r in bs.references() if r.field.startswith("backends[")}
+    for i in range(len(bs.backends)):
         field = f"backends[{i}].group"
-        ref = next(r for r in bs.references() if r.field == field)
+        ref = group_refs[field]
         group = get(ref.target)
         if group is None:
             continue  # reported as a missing reference
         if bs.is_global:
-            if not (isinstance(group, NetworkEndpointGroup) and group.network_endpoint_type == "PRIVATE_SERVICE_CONNECT"):
-                issues.append(doc.issue(field, "a global backend service's backends are PRIVATE_SERVICE_CONNECT network endpoint groups"))
+            if not (
+                isinstance(group, NetworkEndpointGroup)
+                and group.network_endpoint_type == "PRIVATE_SERVICE_CONNECT"
+            ):
+                issues.append(
+                    doc.issue(
+                        field,
+                        "a global backend service's backends are PRIVATE_SERVICE_CONNECT network endpoint groups",
+                    )
+                )
             continue
         if (group.project, group.region) != (bs.project, bs.region):
-            issues.append(doc.issue(field, "a regional backend service's groups are in its own project and region"))
+            issues.append(
+                doc.issue(
+                    field, "a regional backend service's groups are in its own project and region"
+                )
+            )
         if isinstance(group, NetworkEndpointGroup):
             if group.network_endpoint_type not in PUBLISHABLE_NEG_TYPES:
                 issues.append(
-                    doc.issue(field, f"a published service's backends are GCE_VM_IP_PORT or GCE_VM_IP groups or instance groups, not {group.network_endpoint_type}")
+                    doc.issue(
+                        field,
+                        f"a published service's backends are GCE_VM_IP_PORT or GCE_VM_IP groups or instance groups, not {group.network_endpoint_type}",
+                    )
                 )
                 continue
             addrs = [(e.ip_address, e.port) for e in group.endpoints]
@@ -301,7 +347,9 @@ def _check_backend_groups(doc: Document, get: Any, issues: list[Issue]) -> None:
         for addr in addrs:
             if addr in seen_endpoints:
                 ip, port = addr
-                issues.append(doc.issue(field, f"endpoint {ip}:{port} is also in {seen_endpoints[addr]}"))
+                issues.append(
+                    doc.issue(field, f"endpoint {ip}:{port} is also in {seen_endpoints[addr]}")
+                )
             else:
                 seen_endpoints[addr] = str(group.path)
 
@@ -313,12 +361,22 @@ def _check_forwarding_rule(doc: Document, bs: Resource | None, issues: list[Issu
         return
     if bs.is_global != fr.is_global:
         scope = "global" if fr.is_global else "regional"
-        issues.append(doc.issue("backendService", f"a {scope} forwarding rule points at a {scope} backend service"))
+        issues.append(
+            doc.issue(
+                "backendService", f"a {scope} forwarding rule points at a {scope} backend service"
+            )
+        )
     elif not fr.is_global and (bs.project, bs.region) != (fr.project, fr.region):
-        issues.append(doc.issue("backendService", "must be in the forwarding rule's own project and region"))
+        issues.append(
+            doc.issue("backendService", "must be in the forwarding rule's own project and region")
+        )
     want = "UDP" if bs.protocol == "UDP" else "TCP"
     if fr.ip_protocol != want:
-        issues.append(doc.issue("IPProtocol", f"backend service protocol {bs.protocol} needs IPProtocol {want}"))
+        issues.append(
+            doc.issue(
+                "IPProtocol", f"backend service protocol {bs.protocol} needs IPProtocol {want}"
+            )
+        )
 
 
 # ------------------------------------------------------------------ deletion

@@ -46,7 +46,9 @@ def _group_ips(resources: Sequence[Resource], sel: Selector) -> set[str] | None:
     return ips
 
 
-def select(targets: Sequence[ProbeTarget], resources: Sequence[Resource], sel: Selector) -> list[ProbeTarget]:
+def select(
+    targets: Sequence[ProbeTarget], resources: Sequence[Resource], sel: Selector
+) -> list[ProbeTarget]:
     group_ips = _group_ips(resources, sel)
     out = []
     for t in targets:
@@ -139,7 +141,9 @@ def simulate(resources: Sequence[Resource], scenario: Scenario) -> SimulationRes
             heapq.heappush(queue, (now + res.latency, _END, seq, slot, (payload, res)))
             seq += 1
         else:
-            target, res = payload  # type: ignore[misc]
+            assert isinstance(payload, tuple)
+            target: ProbeTarget = payload[0]
+            res = payload[1]
             result.probes += 1
             result.records.extend(engine.on_result(now, slot, res))
             nxt = now + target.check.check_interval_sec

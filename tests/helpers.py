@@ -1,0 +1,94 @@
+"""Builders shared by the tests: worlds as plain dicts, turned into resources."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from healthgate.health.engine import HealthEngine
+from healthgate.health.states import Outcome, ProbeResult, Record
+from healthgate.model.resources import Resource
+from healthgate.model.validation import (
+    Document,
+    InvalidResources,
+    Issue,
+    parse_resource,
+    validate_documents,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "two-regions.yaml"
+
+OK = ProbeResult(Outcome.OK, 0.01, 200)
+TIMEOUT = ProbeResult(Outcome.TIMEOUT, 3.0)
+REFUSED = ProbeResult(Outcome.REFUSED, 0.0)
+
+
+def example_dicts() -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d]
+
+
+def find(
+    dicts: list[dict[str, Any]],
+    kind: str,
+    name: str,
+    region: str | None = None,
+    project: str | None = None,
+) -> dict[str, Any]:
+    for d in dicts:
+        if (
+            d["kind"] == kind
+            and d["name"] == name
+            and (region is None or d.get("region") == region)
+            and (project is None or d["project"] == project)
+        ):
+            return d
+    raise KeyError((kind, name, region))
+
+
+def documents(dicts: Iterable[dict[str, Any]]) -> list[Document]:
+    docs, issues = [], []
+    for i, d in enumerate(dicts, 1):
+        res, problems = parse_resource(copy.deepcopy(d), i)
+        issues.extend(problems)
+        if res is not None:
+            docs.append(Document(res, i))
+    if issues:
+        raise InvalidResources(issues)
+    return docs
+
+
+def issues_of(dicts: Iterable[dict[str, Any]]) -> list[Issue]:
+    """Every issue, field-level or cross-resource."""
+    try:
+        docs = documents(dicts)
+    except InvalidResources as exc:
+        return exc.issues
+    return validate_documents(docs)
+
+
+def resources(dicts: Iterable[dict[str, Any]]) -> list[Resource]:
+    docs = documents(dicts)
+    problems = validate_documents(docs)
+    assert not problems, problems
+    return [d.resource for d in docs]
+
+
+def feed(
+    engine: HealthEngine, now: float, result: ProbeResult, ip_prefix: str = "", times: int = 1
+) -> list[Record]:
+    """Give every endpoint whose address starts with ip_prefix the same result."""
+    out: list[Record] = []
+    targets = [t for t in engine.targets() if t.ip.startswith(ip_prefix)]
+    for _ in range(times):
+        for t in targets:
+            out.extend(engine.on_result(now, t.slot, result))
+    return out
+
+
+def non_endpoint(records: Iterable[Record]) -> list[Record]:
+    return [r for r in records if r.kind != "Endpoint"]

@@ -1,0 +1,86 @@
+"""The offline commands: validate and simulate, exit codes and output."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from healthgate.cli.main import main
+from tests.helpers import ROOT
+
+EXAMPLE = str(ROOT / "examples" / "two-regions.yaml")
+SCENARIO = str(ROOT / "examples" / "scenario-us-east1-hangs.yaml")
+
+
+def test_validate_ok(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "-f", EXAMPLE]) == 0
+    assert "valid (20 resources" in capsys.readouterr().out
+
+
+def test_validate_lists_every_error_and_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    text = (
+        Path(EXAMPLE)
+        .read_text()
+        .replace("checkIntervalSec: 2", "checkIntervalSec: 99")
+        .replace("minHealthyThreshold: 3", "minHealthyThreshold: -3")
+    )
+    bad.write_text(text)
+    assert main(["validate", "-f", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "2 errors" in err
+    assert "document 1 (line 5), HealthCheck http-8080: field checkIntervalSec" in err
+    assert "HealthAggregationPolicy strict: field minHealthyThreshold" in err
+
+
+def test_missing_file_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "-f", "/nonexistent.yaml"]) == 1
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_usage_error_exits_2() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "healthgate", "validate"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "-f/--file" in proc.stderr
+
+
+def test_simulate_table_shows_failover_and_failback(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "-f", EXAMPLE, "--scenario", SCENARIO, "--no-endpoints"]) == 0
+    out = capsys.readouterr().out
+    lines = [ln for ln in out.splitlines() if ln.strip().split("  ")[0:1] and "Route" in ln]
+    assert len(lines) == 2
+    assert "web/us-east1/shop-us -> web/europe-west1/shop-eu" in lines[0]
+    assert "web/europe-west1/shop-eu -> web/us-east1/shop-us" in lines[1]
+    assert "hang 13 s" in out
+
+
+def test_simulate_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "-f", EXAMPLE, "--scenario", SCENARIO, "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    routes = [r for r in doc["timeline"] if r["kind"] == "Route"]
+    assert [r["to"].rsplit("/", 1)[1] for r in routes] == ["shop-eu", "shop-us"]
+    # us-east1 hangs at t=30 with probes every ~2 s: traffic moves within the
+    # worst-case detection time (window 13 s + one interval)
+    assert 30 + 13 <= routes[0]["time"] <= 30 + 13 + 2
+    assert doc["finalRoutes"]["projects/web/global/forwardingRules/shop-frontend"][
+        "target"
+    ].endswith("shop-us")
+
+
+def test_simulate_bad_scenario_names_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "s.yaml"
+    bad.write_text("duration: 10\nevents:\n  - at: 1\n    fault: explode\n")
+    assert main(["simulate", "-f", EXAMPLE, "--scenario", str(bad)]) == 1
+    assert "field events.0.fault" in capsys.readouterr().err
