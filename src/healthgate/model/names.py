@@ -17,7 +17,7 @@ referrer is global).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 GLOBAL: Final = "global"
@@ -59,6 +59,15 @@ class ResourcePath:
     region: str
     collection: str
     name: str
+    # the text form, computed once: paths are dictionary keys on hot paths
+    text: str = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.region == GLOBAL:
+            text = f"projects/{self.project}/global/{self.collection}/{self.name}"
+        else:
+            text = f"projects/{self.project}/regions/{self.region}/{self.collection}/{self.name}"
+        object.__setattr__(self, "text", text)
 
     @property
     def is_global(self) -> bool:
@@ -69,9 +78,7 @@ class ResourcePath:
         return COLLECTION_TO_KIND[self.collection]
 
     def __str__(self) -> str:
-        if self.is_global:
-            return f"projects/{self.project}/global/{self.collection}/{self.name}"
-        return f"projects/{self.project}/regions/{self.region}/{self.collection}/{self.name}"
+        return self.text
 
     @property
     def short(self) -> str:

@@ -19,6 +19,7 @@ import ipaddress
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -69,6 +70,7 @@ def _normalise_ip(value: str) -> str:
 class Reference:
     """One resolved reference: where it is written (field) and what it names."""
 
+    attr: str
     field: str
     raw: str
     target: ResourcePath | None
@@ -110,7 +112,7 @@ class Resource(Model):
             raise ValueError(f"region: a {self.kind} must be {want}; got {self.region!r}")
         return self
 
-    @property
+    @cached_property
     def path(self) -> ResourcePath:
         return ResourcePath(self.project, self.region, KIND_TO_COLLECTION[self.kind], self.name)
 
@@ -120,6 +122,23 @@ class Resource(Model):
 
     def references(self) -> Iterator[Reference]:
         """Every reference this resource makes, resolved against its own path."""
+        return iter(self.resolved_references)
+
+    @cached_property
+    def resolved_references(self) -> tuple[Reference, ...]:
+        # resources are frozen, so their references are resolved once
+        return tuple(self._resolve_references())
+
+    @cached_property
+    def reference_targets(self) -> dict[str, list[ResourcePath]]:
+        """attribute -> resolved targets (unresolvable ones left out)."""
+        out: dict[str, list[ResourcePath]] = {attr: [] for attr, _, _ in self.REFS}
+        for ref in self.resolved_references:
+            if ref.target is not None:
+                out[ref.attr].append(ref.target)
+        return out
+
+    def _resolve_references(self) -> Iterator[Reference]:
         me = self.path
         for attr, wire, collection in self.REFS:
             value = getattr(self, attr)
@@ -134,24 +153,19 @@ class Resource(Model):
                 items = [(f"{wire}[{i}]", v) for i, v in enumerate(value)]
             for field, raw in items:
                 try:
-                    yield Reference(field, raw, resolve_reference(raw, me, collection))
+                    yield Reference(attr, field, raw, resolve_reference(raw, me, collection))
                 except ReferenceError_ as exc:
-                    yield Reference(field, raw, None, str(exc))
+                    yield Reference(attr, field, raw, None, str(exc))
 
     def ref(self, attr: str) -> ResourcePath | None:
         """The resolved target of a single-valued reference field (or the first
         of a list, as for a health source's one backend service), or None."""
-        wire = next(w for a, w, _ in self.REFS if a == attr)
-        for r in self.references():
-            if r.field == wire or r.field.startswith(f"{wire}["):
-                return r.target
-        return None
+        targets = self.reference_targets[attr]
+        return targets[0] if targets else None
 
     def refs(self, attr: str) -> list[ResourcePath]:
         """The resolved targets of a list-valued reference field (unresolvable ones skipped)."""
-        wire = next(w for a, w, _ in self.REFS if a == attr)
-        prefix = "backends[" if attr == "backends" else f"{wire}["
-        return [r.target for r in self.references() if r.field.startswith(prefix) and r.target]
+        return self.reference_targets[attr]
 
 
 # --------------------------------------------------------------------- health checks
@@ -374,20 +388,18 @@ class BackendService(Resource):
     def policy(self) -> FailoverPolicy:
         return self.failover_policy or FailoverPolicy()
 
-    def references(self) -> Iterator[Reference]:
+    def _resolve_references(self) -> Iterator[Reference]:
         # backends of a regional service may be NEGs or instance groups: a
         # reference to instanceGroups/x is resolved in that collection.
         me = self.path
-        for ref in super().references():
+        for ref in super()._resolve_references():
             if ref.error and ref.field.startswith("backends[") and "instanceGroups" in ref.raw:
                 try:
-                    yield Reference(
-                        ref.field, ref.raw, resolve_reference(ref.raw, me, "instanceGroups")
-                    )
-                    continue
+                    target = resolve_reference(ref.raw, me, "instanceGroups")
+                    yield Reference(ref.attr, ref.field, ref.raw, target)
                 except ReferenceError_ as exc:
-                    yield Reference(ref.field, ref.raw, None, str(exc))
-                    continue
+                    yield Reference(ref.attr, ref.field, ref.raw, None, str(exc))
+                continue
             yield ref
 
 

@@ -1,0 +1,35 @@
+"""The benchmarks keep working: run them tiny (no timing is asserted here)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.helpers import ROOT
+
+
+def test_engine_bench_runs_small(tmp_path: Path) -> None:
+    out = tmp_path / "engine.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "engine.py"),
+            "--sizes",
+            "2000",
+            "--results",
+            "20000",
+            "--flips",
+            "50",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads(out.read_text())
+    assert row["endpoints"] == 2000
+    assert row["cascades"] == 50  # every first failure of a 100 % policy cascades to the route
+    assert "results/s vs goal" in proc.stdout
