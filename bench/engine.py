@@ -9,7 +9,9 @@ then feeds probe results into the pure engine. Nothing here touches a socket.
     python bench/engine.py --sizes 10000 --json bench/results/engine.json
 
 Prints, per size:
-* build: seconds to validate the resources (pydantic) and to load the engine;
+* build: seconds to validate the resources (pydantic) and to load the engine
+  (the load is timed while tracemalloc counts memory, which slows it about
+  1.5-2x: without it, loading costs ~15 us per endpoint);
 * memory: engine bytes per endpoint (tracemalloc: what the engine allocated,
   not the resource specs) and the whole process's RSS growth per endpoint;
 * ingest: probe results per second in steady state (no flips), one core;

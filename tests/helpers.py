@@ -92,3 +92,17 @@ def feed(
 
 def non_endpoint(records: Iterable[Record]) -> list[Record]:
     return [r for r in records if r.kind != "Endpoint"]
+
+
+def run_async(coro: Any, timeout: float = 60.0) -> Any:
+    """Run a coroutine on a fresh uvloop event loop, bounded in time."""
+    import asyncio
+
+    import uvloop
+
+    async def bounded() -> Any:
+        async with asyncio.timeout(timeout):
+            return await coro
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(bounded())

@@ -1,0 +1,203 @@
+"""One probe, start to finish, under one hard deadline.
+
+:meth:`Prober.probe` runs connect, TLS handshake, request and response under a
+single ``asyncio.timeout(timeoutSec)`` and always returns a
+:class:`ProbeResult`; no socket error escapes. The mapping is:
+
+=============================  =================
+what happened                  outcome
+=============================  =================
+connected (TCP) / expected     OK
+status (HTTP) / SERVING (gRPC)
+deadline passed                TIMEOUT
+RST on connect                 REFUSED
+RST after connect              RESET
+other status / not SERVING     STATUS
+TLS handshake failed           TLS
+not HTTP, head too large,      MALFORMED
+closed mid-response
+anything else (unreachable..)  ERROR
+=============================  =================
+
+HTTP(S) probes open a fresh connection per probe by default: each probe then
+meets what a new client meets (accept queue, handshake). With
+``keepalive=True`` the connection is kept between probes of the same key and
+reused, as Envoy does; a reused connection that turns out to be closed before
+any byte of the answer is retried once on a fresh connection within the same
+deadline, so a server's idle timeout is never mistaken for a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from dataclasses import dataclass
+from typing import Any
+
+from healthgate.health.states import Outcome, ProbeResult
+from healthgate.probes.http import HttpHead, HttpProbeProtocol, build_request
+from healthgate.probes.spec import ProbeSpec
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSettings:
+    keepalive: bool = False  # HTTP(S): reuse one connection per endpoint
+    verify_tls: bool = False  # HTTPS: verify certificates (with ca_file, or the system store)
+    ca_file: str | None = None
+    max_head_bytes: int = 8192  # status line + headers
+    max_body_bytes: int = 65536  # a kept-alive response's body must fit, or the connection closes
+
+
+class _TcpConnectProtocol(asyncio.Protocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
+
+
+def _tcp_factory() -> asyncio.Protocol:
+    return _TcpConnectProtocol()
+
+
+class Prober:
+    def __init__(self, settings: ProbeSettings | None = None) -> None:
+        self.settings = settings or ProbeSettings()
+        self._idle: dict[Any, tuple[asyncio.Transport, HttpProbeProtocol]] = {}
+        self._tls_plain = self._tls_context(verify=False, check_hostname=False)
+        self._tls_verify_host = self._tls_context(verify=True, check_hostname=True)
+        self._tls_verify = self._tls_context(verify=True, check_hostname=False)
+        self._grpc: Any = None  # created on first gRPC probe (grpcio is heavy to import)
+
+    def _tls_context(self, verify: bool, check_hostname: bool) -> ssl.SSLContext:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        if verify:
+            ctx.check_hostname = check_hostname
+            ctx.verify_mode = ssl.CERT_REQUIRED
+            if self.settings.ca_file:
+                ctx.load_verify_locations(self.settings.ca_file)
+            else:
+                ctx.load_default_certs()
+        else:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+
+    async def probe(self, spec: ProbeSpec, key: Any = None) -> ProbeResult:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        try:
+            async with asyncio.timeout(spec.timeout):
+                if spec.type == "TCP":
+                    transport, _ = await loop.create_connection(_tcp_factory, spec.ip, spec.port)
+                    transport.close()
+                    return ProbeResult(Outcome.OK, loop.time() - start)
+                if spec.type in ("HTTP", "HTTPS"):
+                    return await self._http(loop, spec, key, start)
+                if spec.type == "GRPC":
+                    return await self._grpc_probe(spec, key, start)
+                return ProbeResult(Outcome.ERROR, 0.0, 0, f"unknown check type {spec.type}")
+        except TimeoutError:
+            self.forget(key)
+            return ProbeResult(Outcome.TIMEOUT, loop.time() - start)
+        except ConnectionRefusedError:
+            return ProbeResult(Outcome.REFUSED, loop.time() - start)
+        except ConnectionResetError:
+            return ProbeResult(Outcome.RESET, loop.time() - start)
+        except ssl.SSLError as exc:
+            return ProbeResult(Outcome.TLS, loop.time() - start, 0, exc.reason or str(exc))
+        except OSError as exc:
+            return ProbeResult(Outcome.ERROR, loop.time() - start, 0, exc.strerror or str(exc))
+
+    async def _http(
+        self, loop: asyncio.AbstractEventLoop, spec: ProbeSpec, key: Any, start: float
+    ) -> ProbeResult:
+        settings = self.settings
+        keepalive = settings.keepalive and key is not None
+        request = build_request(spec.path, spec.host or spec.ip, keepalive)
+        idle = self._idle.pop(key, None) if keepalive else None
+        if idle is not None:
+            transport, proto = idle
+            if not proto.closed and not transport.is_closing():
+                fut: asyncio.Future[HttpHead] = loop.create_future()
+                proto.restart(fut, request)
+                try:
+                    head = await fut
+                except BaseException:
+                    transport.close()
+                    raise
+                if head.error not in ("closed", "reset") or proto.got_bytes:
+                    return self._finish(spec, key, head, transport, proto, loop.time() - start)
+                transport.close()  # stale kept-alive connection: retry once, fresh
+            else:
+                transport.close()
+        fut = loop.create_future()
+        max_head, max_body = settings.max_head_bytes, settings.max_body_bytes
+        tls: ssl.SSLContext | None = None
+        if spec.type == "HTTPS":
+            if not settings.verify_tls:
+                tls = self._tls_plain
+            else:
+                tls = self._tls_verify_host if spec.host else self._tls_verify
+        transport, proto = await loop.create_connection(
+            lambda: HttpProbeProtocol(fut, max_head, max_body),
+            spec.ip,
+            spec.port,
+            ssl=tls,
+            server_hostname=(spec.host or "") if tls else None,
+        )
+        try:
+            proto.transport = transport
+            transport.write(request)
+            head = await fut
+        except BaseException:
+            transport.close()
+            raise
+        return self._finish(
+            spec, key if keepalive else None, head, transport, proto, loop.time() - start
+        )
+
+    def _finish(
+        self,
+        spec: ProbeSpec,
+        key: Any,
+        head: HttpHead,
+        transport: asyncio.Transport,
+        proto: HttpProbeProtocol,
+        latency: float,
+    ) -> ProbeResult:
+        if key is not None and head.reusable and not proto.closed:
+            self._idle[key] = (transport, proto)
+        else:
+            transport.close()
+        if head.error == "reset":
+            return ProbeResult(Outcome.RESET, latency)
+        if head.error == "closed":
+            return ProbeResult(Outcome.RESET, latency, 0, "closed without an answer")
+        if head.error:
+            return ProbeResult(Outcome.MALFORMED, latency, 0, head.error)
+        if spec.expects(head.status):
+            return ProbeResult(Outcome.OK, latency, head.status)
+        return ProbeResult(Outcome.STATUS, latency, head.status, "not in expectedStatusCodes")
+
+    async def _grpc_probe(self, spec: ProbeSpec, key: Any, start: float) -> ProbeResult:
+        if self._grpc is None:
+            from healthgate.probes.grpc import GrpcHealthProber
+
+            self._grpc = GrpcHealthProber()
+        result: ProbeResult = await self._grpc.probe(spec, key, start)
+        return result
+
+    def forget(self, key: Any) -> None:
+        """Drop any state kept for ``key`` (a kept-alive connection, a gRPC channel)."""
+        if key is None:
+            return
+        idle = self._idle.pop(key, None)
+        if idle is not None:
+            idle[0].close()
+        if self._grpc is not None:
+            self._grpc.forget(key)
+
+    async def close(self) -> None:
+        for transport, _ in self._idle.values():
+            transport.close()
+        self._idle.clear()
+        if self._grpc is not None:
+            await self._grpc.close()

@@ -1,0 +1,1 @@
+"""Wiring: the pieces assembled into running services (serve, demo)."""

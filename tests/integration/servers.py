@@ -1,0 +1,163 @@
+"""Real servers on loopback that misbehave on purpose, for probe tests."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import struct
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def read_head(reader: asyncio.StreamReader) -> bytes:
+    return await reader.readuntil(b"\r\n\r\n")
+
+
+def respond(status: int, body: bytes = b"ok", extra: bytes = b"") -> Handler:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:  # keep-alive: answer every request on the connection
+                head = await read_head(reader)
+                writer.write(
+                    b"HTTP/1.1 %d X\r\nContent-Length: %d\r\n%s\r\n%s"
+                    % (status, len(body), extra, body)
+                )
+                await writer.drain()
+                if b"connection: close" in head.lower():
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    return handler
+
+
+async def hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Accept, read the request, never answer."""
+    try:
+        await read_head(reader)
+        await asyncio.sleep(3600)
+    except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+        pass
+    finally:
+        writer.close()
+
+
+async def endless_headers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        await read_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\n")
+        for i in range(1_000_000):  # bounded: stops when the client goes away
+            writer.write(b"X-Header-%d: %s\r\n" % (i, b"y" * 100))
+            await writer.drain()
+    except (ConnectionError, asyncio.CancelledError):
+        pass
+    finally:
+        writer.close()
+
+
+async def huge_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        await read_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000000\r\n\r\n")
+        chunk = b"z" * 65536
+        for _ in range(16_000):  # up to ~1 GB, bounded; stops when the client goes away
+            writer.write(chunk)
+            await writer.drain()
+    except (ConnectionError, asyncio.CancelledError):
+        pass
+    finally:
+        writer.close()
+
+
+async def reset_mid_response(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await read_head(reader)
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-")
+    await writer.drain()
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+async def not_http(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await read_head(reader)
+    writer.write(b"SSH-2.0-OpenSSH_9.2\r\n\r\n")
+    await writer.drain()
+    writer.close()
+
+
+async def close_at_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    writer.close()
+
+
+class Server:
+    """An asyncio server on 127.0.0.1 with a free port."""
+
+    def __init__(
+        self, handler: Handler, tls: ssl.SSLContext | None = None, host: str = "127.0.0.1"
+    ) -> None:
+        self.handler = handler
+        self.tls = tls
+        self.host = host
+        self.port = 0
+        self.connections = 0
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def __aenter__(self) -> Server:
+        async def counted(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            self.connections += 1
+            task = asyncio.current_task()
+            assert task is not None
+            self._tasks.add(task)
+            try:
+                await self.handler(r, w)
+            finally:
+                self._tasks.discard(task)
+
+        self._server = await asyncio.start_server(counted, self.host, 0, ssl=self.tls)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port with nothing listening (connects are refused)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class FullBacklog:
+    """A listener that never accepts, with its accept queue filled: new SYNs are
+    dropped, so a connect never completes (the handshake-never-completes case)."""
+
+    def __init__(self) -> None:
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(0)
+        self.port = self.listener.getsockname()[1]
+        self.fillers: list[socket.socket] = []
+
+    def __enter__(self) -> FullBacklog:
+        for _ in range(4):  # the queue holds backlog + 1; extra connects just hang in SYN_SENT
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", self.port))
+            self.fillers.append(s)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for s in self.fillers:
+            s.close()
+        self.listener.close()

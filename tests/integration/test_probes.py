@@ -1,0 +1,310 @@
+"""Every probe type and every outcome, against real servers on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from typing import Any
+
+import pytest
+import trustme
+
+from healthgate.health.states import Outcome, ProbeResult
+from healthgate.probes.prober import Prober, ProbeSettings
+from healthgate.probes.spec import ProbeSpec
+from tests.helpers import run_async
+from tests.integration import servers
+from tests.integration.servers import FullBacklog, Server, free_port
+
+
+def spec(kind: str, port: int, timeout: float = 1.0, **kw: Any) -> ProbeSpec:
+    return ProbeSpec(type=kind, ip="127.0.0.1", port=port, timeout=timeout, interval=1.0, **kw)
+
+
+def probe_once(
+    handler: servers.Handler | None,
+    kind: str = "HTTP",
+    settings: ProbeSettings | None = None,
+    **kw: Any,
+) -> ProbeResult:
+    async def go() -> ProbeResult:
+        prober = Prober(settings)
+        try:
+            if handler is None:
+                return await prober.probe(spec(kind, free_port(), **kw))
+            async with Server(handler) as srv:
+                return await prober.probe(spec(kind, srv.port, **kw))
+        finally:
+            await prober.close()
+
+    result: ProbeResult = run_async(go())
+    return result
+
+
+@pytest.mark.parametrize(
+    ("handler", "kind", "kw", "outcome", "status", "detail"),
+    [
+        (servers.respond(200), "HTTP", {}, Outcome.OK, 200, ""),
+        (servers.respond(200), "TCP", {}, Outcome.OK, 0, ""),
+        (None, "HTTP", {}, Outcome.REFUSED, 0, ""),
+        (None, "TCP", {}, Outcome.REFUSED, 0, ""),
+        (servers.respond(503), "HTTP", {}, Outcome.STATUS, 503, "not in expectedStatusCodes"),
+        (servers.respond(204), "HTTP", {"status_ranges": ((200, 299),)}, Outcome.OK, 204, ""),
+        (
+            servers.respond(302),
+            "HTTP",
+            {"status_ranges": ((200, 299), (301, 302))},
+            Outcome.OK,
+            302,
+            "",
+        ),
+        (servers.respond(404), "HTTP", {"status_ranges": ((200, 299),)}, Outcome.STATUS, 404, ""),
+        (servers.reset_mid_response, "HTTP", {}, Outcome.RESET, 0, ""),
+        (servers.not_http, "HTTP", {}, Outcome.MALFORMED, 0, "bad status line"),
+        (servers.close_at_once, "HTTP", {}, Outcome.RESET, 0, ""),
+        (servers.endless_headers, "HTTP", {}, Outcome.MALFORMED, 0, "larger than 8192 bytes"),
+        (
+            servers.huge_body,
+            "HTTP",
+            {},
+            Outcome.OK,
+            200,
+            "",
+        ),  # the head decides; the body is never read
+    ],
+)
+def test_http_and_tcp_outcomes(
+    handler: Any, kind: str, kw: dict[str, Any], outcome: Outcome, status: int, detail: str
+) -> None:
+    result = probe_once(handler, kind, **kw)
+    assert result.outcome is outcome, result
+    assert result.status == status
+    assert detail in result.detail
+    assert 0 <= result.latency < 1.0
+
+
+def test_accepts_and_never_answers_times_out_at_the_deadline() -> None:
+    result = probe_once(servers.hang, "HTTP", timeout=0.3)
+    assert result.outcome is Outcome.TIMEOUT
+    assert 0.3 <= result.latency < 0.6
+
+
+def test_tcp_check_cannot_see_a_hung_server() -> None:
+    # documented limitation: the kernel completes the handshake for a hung process
+    assert probe_once(servers.hang, "TCP", timeout=0.3).outcome is Outcome.OK
+
+
+@pytest.mark.parametrize("kind", ["TCP", "HTTP"])
+def test_handshake_that_never_completes_times_out(kind: str) -> None:
+    async def go() -> ProbeResult:
+        prober = Prober()
+        with FullBacklog() as backlog:
+            return await prober.probe(spec(kind, backlog.port, timeout=0.3))
+
+    result = run_async(go())
+    assert result.outcome is Outcome.TIMEOUT
+    assert 0.3 <= result.latency < 0.6
+
+
+def test_endless_headers_do_not_hold_memory_or_time() -> None:
+    result = probe_once(servers.endless_headers, "HTTP", timeout=2.0)
+    assert result.outcome is Outcome.MALFORMED
+    assert result.latency < 0.5
+
+
+def test_request_carries_path_and_host() -> None:
+    seen: list[bytes] = []
+
+    async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await servers.read_head(reader))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        writer.close()
+
+    assert (
+        probe_once(record, "HTTP", path="/healthz?full=1", host="web.internal").outcome
+        is Outcome.OK
+    )
+    assert seen[0].startswith(b"GET /healthz?full=1 HTTP/1.1\r\nHost: web.internal\r\n")
+    seen.clear()
+    assert probe_once(record, "HTTP").outcome is Outcome.OK
+    assert b"\r\nHost: 127.0.0.1\r\n" in seen[0]
+
+
+# ------------------------------------------------------------------ HTTPS
+
+
+@pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+def tls_server_context(
+    ca: trustme.CA, names: list[str], sni_seen: list[str | None]
+) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ca.issue_cert(*names).configure_cert(ctx)
+
+    def on_sni(sock: Any, name: str | None, _ctx: Any) -> None:
+        sni_seen.append(name)
+
+    ctx.sni_callback = on_sni
+    return ctx
+
+
+def https_probe(
+    ctx: ssl.SSLContext, settings: ProbeSettings | None = None, **kw: Any
+) -> ProbeResult:
+    async def go() -> ProbeResult:
+        prober = Prober(settings)
+        try:
+            async with Server(servers.respond(200), tls=ctx) as srv:
+                return await prober.probe(spec("HTTPS", srv.port, **kw))
+        finally:
+            await prober.close()
+
+    result: ProbeResult = run_async(go())
+    return result
+
+
+def test_https_self_signed_is_accepted_by_default_and_sni_is_the_host(ca: trustme.CA) -> None:
+    sni: list[str | None] = []
+    ctx = tls_server_context(ca, ["web.internal"], sni)
+    result = https_probe(ctx, host="web.internal")
+    assert result.outcome is Outcome.OK and result.status == 200
+    assert sni == ["web.internal"]  # checked on the server side
+
+
+def test_https_without_host_sends_no_sni(ca: trustme.CA) -> None:
+    sni: list[str | None] = []
+    assert https_probe(tls_server_context(ca, ["web.internal"], sni)).outcome is Outcome.OK
+    assert sni == [None]
+
+
+def test_https_verification_with_a_ca_bundle(ca: trustme.CA, tmp_path: Any) -> None:
+    bundle = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(bundle))
+    verify = ProbeSettings(verify_tls=True, ca_file=str(bundle))
+    ok = https_probe(tls_server_context(ca, ["web.internal"], []), verify, host="web.internal")
+    assert ok.outcome is Outcome.OK
+    wrong_name = https_probe(
+        tls_server_context(ca, ["other.internal"], []), verify, host="web.internal"
+    )
+    assert wrong_name.outcome is Outcome.TLS
+    untrusted = https_probe(
+        tls_server_context(trustme.CA(), ["web.internal"], []), verify, host="web.internal"
+    )
+    assert untrusted.outcome is Outcome.TLS and "CERTIFICATE_VERIFY_FAILED" in untrusted.detail
+
+
+def test_https_against_plain_http_is_a_tls_failure() -> None:
+    async def bad_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(100)  # a TLS ClientHello is not HTTP: answer 400, as web servers do
+        writer.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    result = probe_once(bad_request, "HTTPS")
+    assert result.outcome is Outcome.TLS, result
+
+
+# ------------------------------------------------------------------ keep-alive
+
+
+def test_keepalive_reuses_one_connection_and_survives_server_idle_close() -> None:
+    async def go() -> tuple[list[ProbeResult], int, list[ProbeResult], int]:
+        prober = Prober(ProbeSettings(keepalive=True))
+        async with Server(servers.respond(200)) as srv:
+            s = spec("HTTP", srv.port)
+            results = [await prober.probe(s, key=1) for _ in range(5)]
+            conns = srv.connections
+        # the server went away and came back on another port: a new spec, a new connection
+        async with Server(servers.respond(200)) as srv2:
+            s2 = spec("HTTP", srv2.port)
+            prober.forget(1)
+            again = [await prober.probe(s2, key=1) for _ in range(3)]
+            conns2 = srv2.connections
+        await prober.close()
+        return results, conns, again, conns2
+
+    results, conns, again, conns2 = run_async(go())
+    assert [r.outcome for r in results] == [Outcome.OK] * 5
+    assert conns == 1
+    assert [r.outcome for r in again] == [Outcome.OK] * 3 and conns2 == 1
+
+
+def test_keepalive_retries_a_stale_connection_once() -> None:
+    closing: list[asyncio.StreamWriter] = []
+
+    async def answer_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await servers.read_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        closing.append(writer)  # idle timeout: the server closes after one answer
+        writer.close()
+
+    async def go() -> list[ProbeResult]:
+        prober = Prober(ProbeSettings(keepalive=True))
+        async with Server(answer_once) as srv:
+            s = spec("HTTP", srv.port)
+            out = []
+            for _ in range(3):
+                out.append(await prober.probe(s, key="k"))
+                await asyncio.sleep(
+                    0.05
+                )  # let the server's FIN arrive: that is the scenario under test
+        await prober.close()
+        return out
+
+    assert [r.outcome for r in run_async(go())] == [Outcome.OK] * 3
+
+
+# ------------------------------------------------------------------ gRPC
+
+
+def grpc_probe(service: str, status: Any) -> ProbeResult:
+    import grpc
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    async def go() -> ProbeResult:
+        server = grpc.aio.server()
+        servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
+        health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await servicer.set("shop.Web", status)
+        await server.start()
+        prober = Prober()
+        try:
+            return await prober.probe(
+                spec("GRPC", port, timeout=2.0, grpc_service=service), key="g"
+            )
+        finally:
+            await prober.close()
+            await server.stop(None)
+
+    _ = health_pb2
+    result: ProbeResult = run_async(go())
+    return result
+
+
+def test_grpc_outcomes() -> None:
+    from grpc_health.v1 import health_pb2
+
+    serving = health_pb2.HealthCheckResponse.SERVING
+    not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+    assert grpc_probe("shop.Web", serving).outcome is Outcome.OK
+    r = grpc_probe("shop.Web", not_serving)
+    assert (r.outcome, r.detail) == (Outcome.STATUS, "NOT_SERVING")
+    r = grpc_probe("shop.Unknown", serving)
+    assert r.outcome is Outcome.STATUS and "unknown service" in r.detail
+
+
+def test_grpc_refused() -> None:
+    async def go() -> ProbeResult:
+        prober = Prober()
+        try:
+            return await prober.probe(spec("GRPC", free_port(), timeout=1.0))
+        finally:
+            await prober.close()
+
+    r = run_async(go())
+    assert r.outcome in (Outcome.REFUSED, Outcome.ERROR) and "UNAVAILABLE" in r.detail
