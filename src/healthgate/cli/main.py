@@ -73,6 +73,60 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import logging
+
+    import uvloop
+
+    from healthgate.probes.prober import ProbeSettings
+    from healthgate.runtime.control import ControlError
+    from healthgate.runtime.server import ServeSettings, run_server
+
+    configure_logging(args.log_level)
+    settings = ServeSettings(
+        db=args.db,
+        listen=args.listen,
+        manifests=args.file or [],
+        tokens_file=args.tokens,
+        log_retention=args.log_retention,
+        failure_log_rate=args.probe_failure_log_rate,
+        probe=ProbeSettings(
+            keepalive=args.keepalive_probes, verify_tls=args.verify_tls, ca_file=args.ca_file
+        ),
+    )
+    try:
+        uvloop.run(run_server(settings))
+    except ControlError as exc:
+        print(f"healthgate serve: {exc.message}", file=sys.stderr)
+        for issue in exc.details:
+            print(f"  - {issue}", file=sys.stderr)
+        return EXIT_REFUSED
+    except (ValueError, OSError) as exc:
+        logging.getLogger("healthgate.serve").error("%s", exc)
+        print(f"healthgate serve: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
+
+
+def configure_logging(level: str) -> None:
+    """Transitions as JSON lines on stdout; everything else as text on stderr."""
+    import logging
+
+    root = logging.getLogger()
+    root.setLevel(level.upper())
+    err = logging.StreamHandler(sys.stderr)
+    err.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(err)
+    transitions = logging.getLogger("healthgate.transitions")
+    transitions.propagate = False
+    transitions.setLevel(logging.INFO)
+    out = logging.StreamHandler(sys.stdout)
+    out.setFormatter(logging.Formatter("%(message)s"))
+    transitions.addHandler(out)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="healthgate",
@@ -84,6 +138,87 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="check a manifest offline (no server needed)")
     p.add_argument("-f", "--file", required=True, help="manifest (YAML, one resource per document)")
     p.set_defaults(func=cmd_validate)
+
+    from healthgate.cli import client
+
+    p = sub.add_parser("serve", help="run the API, store, probes and engine in one process")
+    p.add_argument("--db", default="./healthgate.db", help="SQLite file (default ./healthgate.db)")
+    p.add_argument(
+        "--listen", default="127.0.0.1:7400", help="API address HOST:PORT (default 127.0.0.1:7400)"
+    )
+    p.add_argument(
+        "-f", "--file", action="append", help="apply this manifest at start-up (repeatable)"
+    )
+    p.add_argument(
+        "--tokens", help="YAML list of {token, project, role}; required to listen beyond loopback"
+    )
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-retention",
+        type=int,
+        default=100_000,
+        help="transition records kept (default 100000)",
+    )
+    p.add_argument(
+        "--probe-failure-log-rate",
+        type=float,
+        default=1.0,
+        help="probe-failure log lines per second (0: none)",
+    )
+    p.add_argument(
+        "--keepalive-probes",
+        action="store_true",
+        help="keep HTTP(S) probe connections alive between probes",
+    )
+    p.add_argument("--verify-tls", action="store_true", help="verify HTTPS probe certificates")
+    p.add_argument("--ca-file", help="CA bundle for --verify-tls")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("apply", help="create or update the resources of a manifest, atomically")
+    p.add_argument("-f", "--file", required=True)
+    p.add_argument("--dry-run", action="store_true", help="print the plan; change nothing")
+    client.add_client_options(p)
+    p.set_defaults(func=lambda a: client.run_client(client.cmd_apply, a))
+
+    p = sub.add_parser(
+        "delete", help="delete the resources of a manifest (atomically), or one resource"
+    )
+    p.add_argument("-f", "--file")
+    p.add_argument("kind", nargs="?")
+    p.add_argument("name", nargs="?")
+    p.add_argument("--dry-run", action="store_true")
+    client.add_client_options(p)
+    p.set_defaults(func=lambda a: client.run_client(client.cmd_delete, a))
+
+    p = sub.add_parser("get", help="list resources of a kind, or get one")
+    p.add_argument("kind")
+    p.add_argument("name", nargs="?")
+    p.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+    client.add_client_options(p)
+    p.set_defaults(func=lambda a: client.run_client(client.cmd_get, a))
+
+    p = sub.add_parser("describe", help="a resource's fields, state, and why (the reason tree)")
+    p.add_argument("kind")
+    p.add_argument("name")
+    client.add_client_options(p)
+    p.set_defaults(func=lambda a: client.run_client(client.cmd_describe, a))
+
+    p = sub.add_parser("health", help="every endpoint's state, last probe and reason")
+    p.add_argument("backend_service", metavar="BACKEND_SERVICE")
+    p.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+    client.add_client_options(p)
+    p.set_defaults(func=lambda a: client.run_client(client.cmd_health, a))
+
+    p = sub.add_parser("events", help="the transition log")
+    p.add_argument("--follow", action="store_true", help="keep printing new transitions")
+    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    p.add_argument("--kind")
+    p.add_argument("--resource", help="a resource path or prefix")
+    p.add_argument("--state", help="only transitions to this state")
+    p.add_argument("--since", help="only the last DURATION (30s, 10m, 2h)")
+    p.add_argument("--limit", type=int, default=1000)
+    client.add_client_options(p)
+    p.set_defaults(func=lambda a: client.run_client(client.cmd_events, a))
 
     p = sub.add_parser("simulate", help="replay a what-if scenario in virtual time")
     p.add_argument("-f", "--file", required=True, help="manifest")

@@ -132,6 +132,7 @@ class ApplyResult:
     records: list[Record] = field(default_factory=list)
     added: list[ProbeTarget] = field(default_factory=list)  # new probe work
     removed: list[int] = field(default_factory=list)  # slots no longer probed
+    removed_paths: list[str] = field(default_factory=list)  # their endpoint paths
     changed: list[ProbeTarget] = field(default_factory=list)  # same slot, new check
 
 
@@ -162,6 +163,23 @@ class _Node:
         self.reason = "not evaluated yet"
         self.since = 0.0
         self.extra: object = None  # NEG: accepted flag; route: Route
+
+
+def endpoint_name(ip: str, port: int | None) -> str:
+    """``ip:port``, ``[v6]:port`` or the bare address; see :func:`parse_endpoint_name`."""
+    if port is None:
+        return ip
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+def parse_endpoint_name(name: str) -> EndpointKey:
+    if name.startswith("["):
+        ip, _, port = name[1:].partition("]:")
+        return ip, int(port)
+    if name.count(":") == 1:
+        ip, _, port = name.partition(":")
+        return ip, int(port)
+    return name, None
 
 
 def _reason_for_endpoint(state: HealthState, runs: int, threshold: int, last: str) -> str:
@@ -261,7 +279,7 @@ class HealthEngine:
         reason: str,
     ) -> Transition:
         p = agg.path
-        name = f"{key[0]}:{key[1]}" if key[1] is not None else key[0]
+        name = endpoint_name(*key)
         return Transition(
             now, p.project, p.region, "Endpoint", name, f"{p}/endpoints/{name}", old, new, reason
         )
@@ -652,6 +670,7 @@ class HealthEngine:
             slot = agg.slots.pop(key)
             self._free_slot(agg, slot)
             result.removed.append(slot)
+            result.removed_paths.append(f"{path}/endpoints/{endpoint_name(*key)}")
         enabled = check.enabled
         toggled = old_check is not None and old_check.enabled != enabled
         if toggled:
@@ -705,9 +724,10 @@ class HealthEngine:
         agg_id = self._agg_ids.pop(path)
         agg = self._aggs[agg_id]
         assert agg is not None
-        for slot in agg.slots.values():
+        for key, slot in agg.slots.items():
             self._free_slot(agg, slot)
             result.removed.append(slot)
+            result.removed_paths.append(f"{path}/endpoints/{endpoint_name(*key)}")
         self._aggs[agg_id] = None
         self._free_aggs.append(agg_id)
 
@@ -746,6 +766,69 @@ class HealthEngine:
         self._last_detail.pop(slot, None)
         self._free.append(slot)
 
+    # ------------------------------------------------------------------ restarts
+
+    def restore(
+        self,
+        now: float,
+        endpoints: Mapping[str, tuple[HealthState, float]],
+        nodes: Mapping[str, tuple[HealthState, str, float]],
+        routes: Mapping[str, Route],
+    ) -> list[Record]:
+        """Resume from persisted states (fail static across restarts).
+
+        ``endpoints`` maps endpoint paths, ``nodes`` source / composite / NEG
+        paths, ``routes`` front-end paths to what was last known. Entries for
+        things that no longer exist are ignored. Everything is then
+        re-evaluated once: only real differences produce records.
+        """
+        for path, (state, since) in endpoints.items():
+            bs_text, _, name = path.rpartition("/endpoints/")
+            try:
+                ip, port = parse_endpoint_name(name)
+                slot = self.slot_of(ResourcePath.parse(bs_text), ip, port)
+            except ValueError:
+                continue
+            if slot is None:
+                continue
+            agg = self._aggs[self._agg[slot]]
+            assert agg is not None
+            if agg.check.enabled:
+                self._force_state(since, agg, slot, state)
+                self._since[slot] = since
+        for table in (self._sources, self._composites, self._negs):
+            for path, node in table.items():
+                if path in nodes:
+                    node.state, node.reason, node.since = nodes[path]
+                    if table is self._composites:
+                        mode = getattr(node.resource, "mode", "ENFORCE")
+                        node.delivered = UNKNOWN if mode == "DRY_RUN" else node.state
+        for fr_path, route in routes.items():
+            route_node = self._routes.get(fr_path)
+            if route_node is None:
+                continue
+            if route.target is None:
+                route_node.extra = route
+            elif route.target in self._negs:
+                att = str(self._negs[route.target].resource.ref("psc_target_service"))
+                route_node.extra = Route(
+                    fr_path, route.target, att, route.mode, route.reason, route.since
+                )
+        for att_node in self._attachments.values():
+            self._eval_attachment(att_node)
+        records: list[Record] = []
+        self._propagate(
+            now,
+            records,
+            sources=list(self._sources.values()),
+            composites=list(self._composites.values()),
+            attachments=list(self._attachments.values()),
+            negs=list(self._negs.values()),
+            routes=list(self._routes.values()),
+        )
+        self._publish_routes()
+        return records
+
     # ------------------------------------------------------------------ queries
 
     @property
@@ -770,6 +853,13 @@ class HealthEngine:
         agg_id = self._agg_ids.get(backend_service)
         agg = self._aggs[agg_id] if agg_id is not None else None
         return agg.slots.get((ip, port)) if agg else None
+
+    def endpoint_path(self, slot: int) -> str:
+        key = self._key[slot]
+        agg = self._aggs[self._agg[slot]]
+        if key is None or agg is None:
+            return f"(free slot {slot})"
+        return f"{agg.path}/endpoints/{endpoint_name(*key)}"
 
     def endpoint_state(self, slot: int) -> HealthState:
         return _STATES[self._state[slot]]
@@ -821,6 +911,19 @@ class HealthEngine:
         agg_id = self._agg_ids.get(backend_service)
         agg = self._aggs[agg_id] if agg_id is not None else None
         return (agg.total, agg.healthy, agg.unknown) if agg else None
+
+    def backend_services(self) -> list[ResourcePath]:
+        return list(self._agg_ids)
+
+    def node_states(self) -> Iterator[tuple[str, NodeStatus]]:
+        """(kind, status) of every source, composite and PSC NEG."""
+        for kind, table in (
+            ("HealthSource", self._sources),
+            ("CompositeHealthCheck", self._composites),
+            ("NetworkEndpointGroup", self._negs),
+        ):
+            for node in table.values():
+                yield kind, NodeStatus(node.path, node.state, node.reason, node.since)
 
     def node_status(self, path: ResourcePath | str) -> NodeStatus | None:
         key = str(path)

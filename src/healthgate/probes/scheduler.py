@@ -118,9 +118,14 @@ class ProbeScheduler:
     # ------------------------------------------------------------------ control
 
     def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._expected_tick = self._loop.time() + self.settings.lag_check_interval
-        self._lag_handle = self._loop.call_at(self._expected_tick, self._lag_tick)
+        """Begin probing (inside the event loop). Keys added before now start
+        here, spread over their first interval."""
+        self._loop = loop = asyncio.get_running_loop()
+        self._expected_tick = loop.time() + self.settings.lag_check_interval
+        self._lag_handle = loop.call_at(self._expected_tick, self._lag_tick)
+        for key, entry in self._entries.items():
+            if entry.handle is None and not entry.in_flight:
+                self._arm(loop, key, entry, loop.time() + self._rng.uniform(0, entry.spec.interval))
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -130,19 +135,21 @@ class ProbeScheduler:
         return self._in_flight
 
     def upsert(self, key: Hashable, spec: ProbeSpec) -> None:
-        """Start probing ``key``, or change how it is probed."""
-        loop = self._require_loop()
+        """Start probing ``key``, or change how it is probed. Before
+        :meth:`start`, keys are only recorded."""
+        loop = self._loop
         entry = self._entries.get(key)
         if entry is None:
             entry = self._entries[key] = _Entry(spec)
-            self._arm(loop, key, entry, loop.time() + self._rng.uniform(0, spec.interval))
+            if loop is not None:
+                self._arm(loop, key, entry, loop.time() + self._rng.uniform(0, spec.interval))
             return
         if entry.spec == spec:
             return
         entry.spec = spec
         entry.generation += 1
         self.prober.forget(key)
-        if not entry.in_flight:  # otherwise the probe in flight re-arms on completion
+        if loop is not None and not entry.in_flight:  # a probe in flight re-arms on completion
             if entry.handle is not None:
                 entry.handle.cancel()
             self._arm(loop, key, entry, loop.time() + self._rng.uniform(0, spec.interval))

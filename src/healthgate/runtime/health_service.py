@@ -10,12 +10,13 @@ publishes is read by the data plane.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from collections.abc import Callable, Hashable, Iterable
 
 from healthgate.health.engine import ApplyResult, HealthEngine, ProbeTarget, RouteTable
-from healthgate.health.states import ProbeResult, Record
+from healthgate.health.states import Outcome, ProbeResult, Record
 from healthgate.model.resources import Resource
 from healthgate.probes.prober import Prober, ProbeSettings
 from healthgate.probes.scheduler import ProbeScheduler, SchedulerSettings
@@ -25,6 +26,48 @@ log = logging.getLogger("healthgate.health")
 
 RecordListener = Callable[[list[Record]], None]
 
+PROBE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class ProbeStats:
+    """A probe-duration histogram by outcome: one list increment per probe."""
+
+    def __init__(self) -> None:
+        self.buckets: dict[Outcome, list[int]] = {}
+        self.sums: dict[Outcome, float] = {}
+
+    def observe(self, result: ProbeResult) -> None:
+        counts = self.buckets.get(result.outcome)
+        if counts is None:
+            counts = self.buckets[result.outcome] = [0] * (len(PROBE_BUCKETS) + 1)
+            self.sums[result.outcome] = 0.0
+        counts[bisect.bisect_left(PROBE_BUCKETS, result.latency)] += 1
+        self.sums[result.outcome] += result.latency
+
+
+class FailureLogLimiter:
+    """Log probe failures at most ``rate`` per second (0: never), so a dead
+    region does not flood the log; the count of suppressed lines is reported."""
+
+    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = rate
+        self.clock = clock
+        self.tokens = rate
+        self.last = clock()
+        self.suppressed = 0
+
+    def allow(self) -> bool:
+        if self.rate <= 0:
+            return False
+        now = self.clock()
+        self.tokens = min(self.rate, self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        self.suppressed += 1
+        return False
+
 
 class HealthService:
     def __init__(
@@ -33,15 +76,29 @@ class HealthService:
         scheduler_settings: SchedulerSettings | None = None,
         clock: Callable[[], float] = time.time,
         engine: HealthEngine | None = None,
+        failure_log_rate: float = 0.0,
     ) -> None:
         self.engine = engine or HealthEngine()
         self.clock = clock
         self.scheduler = ProbeScheduler(Prober(probe_settings), self._on_result, scheduler_settings)
         self._listeners: list[RecordListener] = []
+        self._forget_listeners: list[Callable[[list[str]], None]] = []
         self.results = 0
+        self.mute = False  # while loading from the store: the initial evaluation is not news
+        self.probe_stats = ProbeStats()
+        self.failure_log = FailureLogLimiter(failure_log_rate)
 
     def subscribe(self, listener: RecordListener) -> None:
         self._listeners.append(listener)
+
+    def on_forget(self, listener: Callable[[list[str]], None]) -> None:
+        """Called with resource or endpoint paths whose persisted state is obsolete."""
+        self._forget_listeners.append(listener)
+
+    def forget_states(self, paths: list[str]) -> None:
+        if paths:
+            for listener in self._forget_listeners:
+                listener(paths)
 
     def start(self) -> None:
         """Must run inside the event loop."""
@@ -56,7 +113,7 @@ class HealthService:
             self.scheduler.remove(slot)
         for target in (*result.added, *result.changed):
             self.scheduler.upsert(target.slot, self.spec_of(target))
-        self._emit(result.records)
+        self.emit(result.records)
         return result
 
     @staticmethod
@@ -69,12 +126,20 @@ class HealthService:
     def _on_result(self, key: Hashable, _loop_time: float, result: ProbeResult) -> None:
         assert isinstance(key, int)
         self.results += 1
+        self.probe_stats.observe(result)
+        if not result.ok and self.failure_log.rate and self.failure_log.allow():
+            log.info(
+                "probe failed: endpoint slot %d: %s (%d lines suppressed so far)",
+                key,
+                result.describe(),
+                self.failure_log.suppressed,
+            )
         records = self.engine.on_result(self.clock(), key, result)
         if records:
-            self._emit(records)
+            self.emit(records)
 
-    def _emit(self, records: list[Record]) -> None:
-        if not records:
+    def emit(self, records: list[Record]) -> None:
+        if not records or self.mute:
             return
         for listener in self._listeners:
             try:

@@ -1,0 +1,1 @@
+"""The REST API under /v1/, its errors and its access rules."""

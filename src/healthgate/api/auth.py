@@ -1,0 +1,120 @@
+"""Access: who may read and write what.
+
+Bound to loopback (the default), the API needs no credentials: whoever can
+reach it is on the machine. Bound anywhere else, every request needs
+``Authorization: Bearer TOKEN``; each token is bound to one project (or ``*``)
+and one role:
+
+========  ==========================================================
+admin     everything, every project
+producer  read and write every kind in its project; its events
+consumer  read its project; write only consumer kinds (PSC NEGs,
+          global backend services and forwarding rules); events of
+          its own PSC NEGs and front ends only
+viewer    read its project and its events
+========  ==========================================================
+
+A consumer therefore never sees a producer's backends, sources or
+composites: they live in the producer's project. What reaches the consumer is
+the state of its own PSC NEGs, whose reasons name the attachment and the
+published service's state, not the producer's internals.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+Role = Literal["admin", "producer", "consumer", "viewer"]
+CONSUMER_EVENT_KINDS = ("NetworkEndpointGroup", "Route")
+
+
+class TokenEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    token: str = Field(min_length=16)
+    project: str
+    role: Role
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    project: str  # "*" for every project
+    role: Role
+
+    def can_read(self, project: str) -> bool:
+        return self.project in ("*", project)
+
+    def can_write(self, project: str, kind: str, is_global: bool, psc: bool) -> bool:
+        if not self.can_read(project) or self.role == "viewer":
+            return False
+        if self.role == "consumer":
+            return (is_global and kind in ("BackendService", "ForwardingRule")) or psc
+        return True
+
+    def event_kinds(self) -> tuple[str, ...] | None:
+        return CONSUMER_EVENT_KINDS if self.role == "consumer" else None
+
+
+ANONYMOUS_ADMIN = Principal("*", "admin")
+
+
+class AccessError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        self.code = code
+        self.message = message
+        super().__init__(message)
+
+
+class Access:
+    def __init__(self, tokens: list[TokenEntry] | None, open_access: bool) -> None:
+        self.tokens = tokens or []
+        self.open = open_access
+
+    @classmethod
+    def for_listen(cls, host: str, tokens_file: str | None) -> Access:
+        tokens = load_tokens(tokens_file) if tokens_file else None
+        if tokens:
+            return cls(tokens, open_access=False)
+        if not is_loopback(host):
+            raise ValueError(
+                f"--listen {host} is not a loopback address: give --tokens FILE "
+                "(bearer tokens bound to a project and role) to serve beyond this machine"
+            )
+        return cls(None, open_access=True)
+
+    def authenticate(self, authorization: str | None) -> Principal:
+        if self.open:
+            return ANONYMOUS_ADMIN
+        if not authorization or not authorization.lower().startswith("bearer "):
+            raise AccessError(401, "missing bearer token (Authorization: Bearer TOKEN)")
+        presented = authorization[7:].strip()
+        for entry in self.tokens:
+            if hmac.compare_digest(entry.token, presented):
+                return Principal(entry.project, entry.role)
+        raise AccessError(401, "unknown bearer token")
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost",):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def load_tokens(path: str | Path) -> list[TokenEntry]:
+    """A YAML list of ``{token, project, role}``."""
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or []
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a list of {{token, project, role}}")
+    try:
+        return [TokenEntry.model_validate(item) for item in data]
+    except ValidationError as exc:
+        raise ValueError(f"{path}: {exc}") from None

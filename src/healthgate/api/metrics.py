@@ -1,0 +1,141 @@
+"""Prometheus metrics, read from the engine at scrape time.
+
+Nothing is counted on the probe path except a probe-duration histogram (an
+array increment). Label sets are bounded: outcomes are a fixed set, states
+and transition kinds too, and per-endpoint series stop at
+``MAX_ENDPOINT_SERIES`` (the per-backend-service counts are always complete).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from healthgate.health.states import Outcome
+from healthgate.runtime.health_service import PROBE_BUCKETS, HealthService
+from healthgate.runtime.recorder import TransitionRecorder
+
+MAX_ENDPOINT_SERIES = 10_000
+STATE_VALUE = {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}
+
+
+class EngineCollector(Collector):
+    def __init__(self, health: HealthService, recorder: TransitionRecorder) -> None:
+        self.health = health
+        self.recorder = recorder
+
+    def collect(self) -> Iterator[Metric]:
+        engine = self.health.engine
+        stats = self.health.probe_stats
+        hist = HistogramMetricFamily(
+            "healthgate_probe_duration_seconds",
+            "Probe duration, connect to verdict, by outcome",
+            labels=["outcome"],
+        )
+        for outcome in Outcome:
+            buckets = stats.buckets.get(outcome)
+            if buckets is None:
+                continue
+            cumulative, acc = [], 0
+            for bound, n in zip((*PROBE_BUCKETS, float("inf")), buckets, strict=True):
+                acc += n
+                cumulative.append(("+Inf" if bound == float("inf") else repr(bound), acc))
+            hist.add_metric([outcome.name], cumulative, stats.sums[outcome])
+        yield hist
+
+        ep_gauge = GaugeMetricFamily(
+            "healthgate_endpoint_probe_success",
+            "1 if the endpoint's last probe succeeded, else 0",
+            labels=["backend_service", "endpoint"],
+        )
+        bs_gauge = GaugeMetricFamily(
+            "healthgate_backend_service_endpoints",
+            "Endpoints of a backend service by state",
+            labels=["backend_service", "state"],
+        )
+        series = 0
+        for path in engine.backend_services():
+            counts = engine.counts(path)
+            if counts is None:
+                continue
+            total, healthy, unknown = counts
+            name = str(path)
+            bs_gauge.add_metric([name, "HEALTHY"], healthy)
+            bs_gauge.add_metric([name, "UNKNOWN"], unknown)
+            bs_gauge.add_metric([name, "UNHEALTHY"], total - healthy - unknown)
+            if series >= MAX_ENDPOINT_SERIES:
+                continue
+            for ep in engine.endpoints(path):
+                if ep.last_result is None or series >= MAX_ENDPOINT_SERIES:
+                    continue
+                label = f"{ep.ip}:{ep.port}" if ep.port else ep.ip
+                ep_gauge.add_metric([name, label], 1.0 if ep.last_result.ok else 0.0)
+                series += 1
+        yield ep_gauge
+        yield bs_gauge
+
+        state_gauge = GaugeMetricFamily(
+            "healthgate_health_state",
+            "State of sources, composites and PSC NEGs (0 UNKNOWN, 1 HEALTHY, 2 UNHEALTHY)",
+            labels=["kind", "path"],
+        )
+        for kind, node in engine.node_states():
+            state_gauge.add_metric([kind, node.path], STATE_VALUE[node.state.name])
+        yield state_gauge
+
+        routes = GaugeMetricFamily(
+            "healthgate_route_info",
+            "Where each consumer front end sends new traffic (1 per front end)",
+            labels=["frontend", "target", "mode"],
+        )
+        for route in engine.route_table().routes.values():
+            routes.add_metric([route.frontend, route.target or "", route.mode], 1)
+        yield routes
+
+        transitions = CounterMetricFamily(
+            "healthgate_transitions",
+            "State transitions logged, by kind and new state",
+            labels=["kind", "to"],
+        )
+        for (kind, to), n in sorted(self.recorder.counts.items()):
+            transitions.add_metric([kind, to], n)
+        yield transitions
+
+        sched = self.health.scheduler.stats
+        yield CounterMetricFamily(
+            "healthgate_probes_started", "Probes started", value=sched.started
+        )
+        yield CounterMetricFamily(
+            "healthgate_probes_late",
+            "Probes started more than 10 ms after their due time",
+            value=sched.late_starts,
+        )
+        yield CounterMetricFamily(
+            "healthgate_probes_suspect",
+            "Probe timeouts discarded because the prober lagged",
+            value=sched.suspect,
+        )
+        yield GaugeMetricFamily(
+            "healthgate_probes_in_flight",
+            "Probes running now",
+            value=self.health.scheduler.in_flight,
+        )
+        yield GaugeMetricFamily(
+            "healthgate_prober_max_lag_seconds",
+            "Largest event-loop lag seen by the prober",
+            value=sched.max_lag,
+        )
+
+
+def render_metrics(health: HealthService, recorder: TransitionRecorder) -> str:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(EngineCollector(health, recorder))
+    return generate_latest(registry).decode()

@@ -1,0 +1,86 @@
+"""Plans: what applying or deleting a set of documents would change.
+
+Pure functions over resource sets, so ``apply --dry-run`` and the real apply
+compute exactly the same thing, and the store only executes the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from healthgate.model.names import ResourcePath
+from healthgate.model.resources import Resource
+from healthgate.model.validation import Document, Issue, check_delete, validate_documents
+
+
+@dataclass(slots=True)
+class Plan:
+    create: list[ResourcePath] = field(default_factory=list)
+    update: list[ResourcePath] = field(default_factory=list)
+    unchanged: list[ResourcePath] = field(default_factory=list)
+    delete: list[ResourcePath] = field(default_factory=list)
+    result: dict[ResourcePath, Resource] = field(default_factory=dict)  # the world after
+    issues: list[Issue] = field(default_factory=list)
+
+    @property
+    def changes(self) -> int:
+        return len(self.create) + len(self.update) + len(self.delete)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "create": [str(p) for p in self.create],
+            "update": [str(p) for p in self.update],
+            "unchanged": [str(p) for p in self.unchanged],
+            "delete": [str(p) for p in self.delete],
+        }
+
+
+def plan_apply(current: Mapping[ResourcePath, Resource], documents: Sequence[Document]) -> Plan:
+    """Create or replace every document; validate the whole resulting world."""
+    plan = Plan(result=dict(current))
+    seen: set[ResourcePath] = set()
+    for doc in documents:
+        path = doc.resource.path
+        if path in seen:
+            continue  # reported by validate_documents as a duplicate
+        seen.add(path)
+        old = current.get(path)
+        if old is None:
+            plan.create.append(path)
+        elif old == doc.resource:
+            plan.unchanged.append(path)
+        else:
+            plan.update.append(path)
+        plan.result[path] = doc.resource
+    # validate the new world, with the documents (for locations) first
+    by_path = {d.resource.path: d for d in documents}
+    world = [by_path.get(p) or Document(r) for p, r in plan.result.items()]
+    plan.issues = validate_documents(world) + _duplicates(documents)
+    return plan
+
+
+def plan_delete(current: Mapping[ResourcePath, Resource], paths: Sequence[ResourcePath]) -> Plan:
+    plan = Plan(result=dict(current))
+    for path in paths:
+        if path in current:
+            plan.delete.append(path)
+            del plan.result[path]
+        else:
+            plan.issues.append(Issue("", f"{path} not found", kind=path.kind, name=str(path)))
+    plan.issues += check_delete(plan.result.values(), plan.delete)
+    return plan
+
+
+def _duplicates(documents: Sequence[Document]) -> list[Issue]:
+    seen: dict[ResourcePath, Document] = {}
+    out = []
+    for doc in documents:
+        path = doc.resource.path
+        if path in seen:
+            out.append(
+                doc.issue("name", f"duplicate resource {path} (also document {seen[path].index})")
+            )
+        seen[path] = doc
+    return out

@@ -1,0 +1,161 @@
+"""Transitions leave the engine here: log lines, store, live subscribers.
+
+Every record is written at once as one JSON line on the ``healthgate.transitions``
+logger (time, project, region, kind, name, from, to, reason), then persisted
+in batches by a background task: appended to the transition log and folded
+into the last-known states that a restart resumes from. Live subscribers
+(``events --follow``, the dashboard) receive each record with its log id after
+it is stored, so a reconnecting client can resume from ``Last-Event-ID``
+without gaps.
+
+Persistence is off the probe path: the engine never waits for the disk. A
+crash can lose the last batch of *transitions* (never an acknowledged resource
+write); on restart the engine resumes from the states before it and the
+probes re-establish the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from healthgate.health.states import Record
+from healthgate.runtime.control import encode_record_states
+from healthgate.store.base import Store
+
+log = logging.getLogger("healthgate.recorder")
+transition_log = logging.getLogger("healthgate.transitions")
+
+Event = tuple[int, dict[str, Any]]
+
+
+def iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def log_line(record: dict[str, Any]) -> str:
+    line = {
+        "time": iso(record["time"]),
+        "project": record["project"],
+        "region": record.get("region", "global"),
+        "kind": record["kind"],
+        "name": record.get("name") or str(record.get("frontend", "")).rsplit("/", 1)[-1],
+        "from": record["from"],
+        "to": record["to"],
+        "reason": record["reason"],
+    }
+    return json.dumps(line, separators=(",", ":"))
+
+
+class TransitionRecorder:
+    def __init__(
+        self, store: Store, retention: int = 100_000, subscriber_queue: int = 10_000
+    ) -> None:
+        self.store = store
+        self.retention = retention
+        self.subscriber_queue = subscriber_queue
+        self._pending: list[dict[str, Any]] = []
+        self._pending_states: dict[str, Any] = {}
+        self._pending_deletes: list[str] = []
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._subscribers: set[asyncio.Queue[Event | None]] = set()
+        self.counts: dict[tuple[str, str], int] = {}
+        self.last_id = 0
+        self._since_trim = 0
+
+    # -- inputs (called on the event loop, never block)
+
+    def on_records(self, records: Sequence[Record]) -> None:
+        dicts = [r.to_dict() for r in records]
+        for d in dicts:
+            transition_log.info(log_line(d))
+            key = (d["kind"], str(d["to"]))
+            self.counts[key] = self.counts.get(key, 0) + 1
+        self._pending.extend(dicts)
+        self._pending_states.update(encode_record_states(records))
+        self._kick()
+
+    def on_forget(self, paths: Sequence[str]) -> None:
+        for p in paths:
+            if "/endpoints/" in p:
+                self._pending_deletes.append("endpoint/" + p)
+            else:
+                self._pending_deletes += [
+                    "node/" + p,
+                    "route/" + p,
+                    "endpoint/" + p + "/endpoints/",
+                ]
+        self._kick()
+
+    def _kick(self) -> None:
+        self._idle.clear()
+        self._wake.set()
+
+    # -- the writer
+
+    async def run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending or self._pending_states or self._pending_deletes:
+                batch, self._pending = self._pending, []
+                states, self._pending_states = self._pending_states, {}
+                deletes, self._pending_deletes = self._pending_deletes, []
+                try:
+                    ids = await asyncio.to_thread(self._write, batch, states, deletes)
+                except Exception:
+                    log.exception("could not persist %d transitions; will retry", len(batch))
+                    self._pending[:0] = batch
+                    states.update(self._pending_states)
+                    self._pending_states = states
+                    self._pending_deletes[:0] = deletes
+                    await asyncio.sleep(1.0)
+                    continue
+                for event_id, record in zip(ids, batch, strict=True):
+                    self._broadcast((event_id, record))
+            self._idle.set()
+
+    def _write(
+        self, batch: list[dict[str, Any]], states: dict[str, Any], deletes: list[str]
+    ) -> list[int]:
+        ids: list[int] = list(self.store.append_log(batch)) if batch else []
+        if states or deletes:
+            self.store.save_states(states, deletes)
+        if ids:
+            self.last_id = ids[-1]
+        self._since_trim += len(batch)
+        if self._since_trim >= 1000:
+            self._since_trim = 0
+            self.store.trim_log(self.retention)
+        return ids
+
+    async def flush(self) -> None:
+        """Wait until everything received so far is stored."""
+        await self._idle.wait()
+
+    # -- live subscribers
+
+    def subscribe(self) -> asyncio.Queue[Event | None]:
+        queue: asyncio.Queue[Event | None] = asyncio.Queue(self.subscriber_queue)
+        self._subscribers.add(queue)
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue[Event | None]) -> None:
+        self._subscribers.discard(queue)
+
+    def _broadcast(self, event: Event) -> None:
+        for queue in list(self._subscribers):
+            try:
+                queue.put_nowait(event)
+            except asyncio.QueueFull:
+                # a subscriber that cannot keep up is cut off; it resumes by id
+                self._subscribers.discard(queue)
+                while not queue.empty():
+                    queue.get_nowait()
+                queue.put_nowait(None)

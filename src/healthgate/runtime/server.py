@@ -1,0 +1,188 @@
+"""``healthgate serve``: store, engine, probes, API (and data plane) in one process.
+
+Start-up order matters for fail static: the store is read, the engine is
+rebuilt from it *and resumed from the last known states* before any probe
+runs or any listener opens, so a restart neither fails traffic over nor fails
+it back to a region that was down. Manifests given with ``-f`` are then
+applied like ``healthgate apply``. Shutdown stops accepting, stops probing,
+flushes the transition log and closes the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from healthgate.api.app import ApiSettings, ApiState, create_app
+from healthgate.api.auth import Access
+from healthgate.model.manifest import parse_manifest
+from healthgate.model.validation import InvalidResources
+from healthgate.probes.prober import ProbeSettings
+from healthgate.probes.scheduler import SchedulerSettings
+from healthgate.runtime.control import ControlError, ControlPlane
+from healthgate.runtime.health_service import HealthService
+from healthgate.runtime.recorder import TransitionRecorder
+from healthgate.store.sqlite import SqliteStore
+
+log = logging.getLogger("healthgate.serve")
+
+
+@dataclass(slots=True)
+class ServeSettings:
+    db: str = "./healthgate.db"
+    listen: str = "127.0.0.1:7400"
+    manifests: list[str] = field(default_factory=list)
+    tokens_file: str | None = None
+    log_retention: int = 100_000
+    failure_log_rate: float = 1.0  # probe-failure log lines per second (0: none)
+    probe: ProbeSettings = field(default_factory=ProbeSettings)
+    scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
+    api: ApiSettings = field(default_factory=ApiSettings)
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--listen expects HOST:PORT, got {text!r}")
+    return (host.strip("[]") or "127.0.0.1"), int(port)
+
+
+class _QuietUvicorn(uvicorn.Server):
+    """uvicorn without its own signal handling: the runtime owns the signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+    def install_signal_handlers(self) -> None:
+        return None
+
+
+class Server:
+    def __init__(self, settings: ServeSettings) -> None:
+        self.settings = settings
+        self.host, self.port = parse_listen(settings.listen)
+        self.access = Access.for_listen(self.host, settings.tokens_file)
+        self.store: SqliteStore | None = None
+        self.health: HealthService | None = None
+        self.control: ControlPlane | None = None
+        self.recorder: TransitionRecorder | None = None
+        self.api_state: ApiState | None = None
+        self._uvicorn: _QuietUvicorn | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._stopping = asyncio.Event()
+        self.on_started: list[Callable[[], Any]] = []
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def start(self) -> None:
+        s = self.settings
+        Path(s.db).parent.mkdir(parents=True, exist_ok=True)
+        self.store = store = SqliteStore(s.db)
+        self.health = health = HealthService(
+            s.probe, s.scheduler, failure_log_rate=s.failure_log_rate
+        )
+        self.recorder = recorder = TransitionRecorder(store, retention=s.log_retention)
+        health.subscribe(recorder.on_records)
+        health.on_forget(recorder.on_forget)
+        self.control = control = ControlPlane(store, health)
+        self._tasks.append(asyncio.create_task(recorder.run(), name="recorder"))
+
+        count = await control.load()
+        log.info("loaded %d resources from %s", count, s.db)
+        for manifest in s.manifests:
+            await self._apply_file(manifest)
+
+        health.start()
+        self.api_state = ApiState(control, health, recorder, store, self.access, s.api)
+        app = create_app(self.api_state)
+        config = uvicorn.Config(
+            app,
+            host=self.host,
+            port=self.port,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            loop="none",
+            timeout_graceful_shutdown=2,
+        )
+        self._uvicorn = _QuietUvicorn(config)
+        self._tasks.append(asyncio.create_task(self._uvicorn.serve(), name="api"))
+        while not self._uvicorn.started:
+            if self._tasks[-1].done():
+                self._tasks[-1].result()  # raises why the API could not start
+                raise RuntimeError(f"the API could not listen on {self.settings.listen}")
+            await asyncio.sleep(0.01)
+        if self.port == 0:  # an ephemeral port was asked for: report the real one
+            servers = getattr(self._uvicorn, "servers", [])
+            if servers:
+                self.port = servers[0].sockets[0].getsockname()[1]
+        for callback in self.on_started:
+            result = callback()
+            if asyncio.iscoroutine(result):
+                await result
+        self.api_state.ready = True
+        log.info("healthgate serving on %s (store %s)", self.url, s.db)
+
+    async def _apply_file(self, manifest: str) -> None:
+        assert self.control is not None
+        try:
+            docs = parse_manifest(Path(manifest).read_text(encoding="utf-8"))
+            outcome = await self.control.apply(docs)
+        except InvalidResources as exc:
+            raise ControlError(400, f"{manifest}: invalid manifest", exc.issues) from None
+        plan = outcome.plan
+        log.info(
+            "%s: %d created, %d updated, %d unchanged",
+            manifest,
+            len(plan.create),
+            len(plan.update),
+            len(plan.unchanged),
+        )
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    async def serve_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.request_stop)
+        await self._stopping.wait()
+
+    async def stop(self) -> None:
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+        if self.health is not None:
+            await self.health.close()
+        if self.recorder is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.recorder.flush(), 5)
+        for task in self._tasks:
+            if task.get_name() == "api":
+                with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                    await asyncio.wait_for(task, 5)
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.store is not None:
+            self.store.close()
+
+
+async def run_server(settings: ServeSettings) -> None:
+    server = Server(settings)
+    try:
+        await server.start()
+        await server.serve_forever()
+    finally:
+        await server.stop()

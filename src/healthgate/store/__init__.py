@@ -1,0 +1,1 @@
+"""The store: revisioned documents, engine states and the transition log."""
