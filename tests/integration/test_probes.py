@@ -86,7 +86,7 @@ def test_http_and_tcp_outcomes(
 def test_accepts_and_never_answers_times_out_at_the_deadline() -> None:
     result = probe_once(servers.hang, "HTTP", timeout=0.3)
     assert result.outcome is Outcome.TIMEOUT
-    assert 0.3 <= result.latency < 0.6
+    assert 0.295 <= result.latency < 0.6  # timers fire to the millisecond
 
 
 def test_tcp_check_cannot_see_a_hung_server() -> None:
@@ -103,7 +103,7 @@ def test_handshake_that_never_completes_times_out(kind: str) -> None:
 
     result = run_async(go())
     assert result.outcome is Outcome.TIMEOUT
-    assert 0.3 <= result.latency < 0.6
+    assert 0.295 <= result.latency < 0.6  # timers fire to the millisecond
 
 
 def test_endless_headers_do_not_hold_memory_or_time() -> None:

@@ -27,17 +27,20 @@ class Switchable:
         self.mode = "ok"
         self.delay = 0.0
         self.starts: list[float] = []  # loop time of each probe's arrival
+        self.served: list[tuple[float, str]] = []  # (arrival, what that probe got)
         self.ends: list[float] = []
         self.open = 0
         self.max_open = 0
 
     async def handler(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         loop = asyncio.get_running_loop()
-        self.starts.append(loop.time())
+        start = loop.time()
+        self.starts.append(start)
         self.open += 1
         self.max_open = max(self.max_open, self.open)
         try:
             await reader.readuntil(b"\r\n\r\n")
+            self.served.append((start, f"{self.mode}/{self.delay}"))
             if self.mode == "hang":
                 await reader.read(1)  # until the prober gives up and closes
                 return
@@ -115,15 +118,15 @@ def test_real_time_windows_match_the_formula_and_probes_never_overlap() -> None:
             became[HealthState.HEALTHY].clear()
 
             ep.mode = "hang"
-            switched = loop.time()
+            switched = t_hang = loop.time()
             await asyncio.wait_for(became[HealthState.UNHEALTHY].wait(), 10)
-            first_failing = next(t for t in ep.starts if t >= switched)
+            first_failing = next(t for t, got in ep.served if got.startswith("hang"))
             fail_window = changes[-1].time - first_failing
 
             ep.mode, ep.delay = "ok", 0.2
             switched = loop.time()
             await asyncio.wait_for(became[HealthState.HEALTHY].wait(), 10)
-            first_passing = next(t for t in ep.starts if t >= switched)
+            first_passing = next(t for t, got in ep.served if got == "ok/0.2")
             ok_window = changes[-1].time - first_passing
             await service.close()
             gaps = [b - a for a, b in zip(ep.ends, ep.starts[1:], strict=False)]
@@ -132,6 +135,9 @@ def test_real_time_windows_match_the_formula_and_probes_never_overlap() -> None:
                 "ok": ok_window,
                 "max_open": ep.max_open,
                 "min_gap": min(gaps),
+                "suspect": service.scheduler.stats.suspect,
+                "starts": [round(t - t_hang, 3) for t in ep.starts[-10:]],
+                "changes": [(round(c.time - t_hang, 3), c.current.name) for c in changes],
             }
 
     got = run_async(go())
