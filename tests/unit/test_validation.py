@@ -399,6 +399,11 @@ def test_bad_yaml_says_where() -> None:
         parse_manifest("kind: HealthCheck\n  bad: [\n")
 
 
+def test_unreadable_yaml_is_an_error_not_a_crash() -> None:
+    with pytest.raises(InvalidResources, match="not valid YAML"):
+        parse_manifest("kind: HealthCheck\x00\x01")
+
+
 def test_manifest_size_limit() -> None:
     with pytest.raises(InvalidResources, match="the limit is 10"):
         parse_manifest("x" * 100, ManifestLimits(max_bytes=10))

@@ -83,13 +83,19 @@ class GlobalCollection(StrEnum):
 
 
 COLLECTION_KIND = {c: k for k, c in KIND_TO_COLLECTION.items()}
+MAX_PAGE = 5000
+
+Auth = Annotated[str | None, Header(alias="Authorization")]
+IfMatch = Annotated[str | None, Header(alias="If-Match")]
+PageToken = Annotated[str | None, Query(alias="pageToken", max_length=63)]
+MaxResults = Annotated[int, Query(alias="maxResults", ge=1, le=MAX_PAGE)]
+FingerprintQ = Annotated[str | None, Query(max_length=32)]
 
 
 @dataclass(frozen=True, slots=True)
 class ApiSettings:
     max_body_bytes: int = 1024 * 1024
     max_manifest_bytes: int = 16 * 1024 * 1024
-    max_page: int = 5000
     stream_keepalive: float = 15.0
 
 
@@ -356,12 +362,6 @@ def create_app(state: ApiState) -> FastAPI:
             [path], fingerprints={path: fingerprint} if fingerprint else None
         )
         return {"deleted": str(path)}
-
-    Auth = Annotated[str | None, Header(alias="Authorization")]
-    IfMatch = Annotated[str | None, Header(alias="If-Match")]
-    PageToken = Annotated[str | None, Query(alias="pageToken", max_length=63)]
-    MaxResults = Annotated[int, Query(alias="maxResults", ge=1, le=s.max_page)]
-    FingerprintQ = Annotated[str | None, Query(max_length=32)]
 
     # ------------------------------------------------------------------ regional resources
 

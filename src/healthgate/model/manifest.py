@@ -39,9 +39,10 @@ def parse_manifest(text: str, limits: ManifestLimits | None = None) -> list[Docu
         )
     documents: list[Document] = []
     issues: list[Issue] = []
-    loader = yaml.SafeLoader(text)
     index = 0
+    loader: yaml.SafeLoader | None = None
     try:
+        loader = yaml.SafeLoader(text)  # reads (and may reject) the stream at once
         while loader.check_node():
             node = loader.get_node()
             index += 1
@@ -65,7 +66,8 @@ def parse_manifest(text: str, limits: ManifestLimits | None = None) -> list[Docu
         problem = getattr(exc, "problem", None) or str(exc)
         raise InvalidResources([Issue("", f"not valid YAML{at}: {problem}")]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if issues:
         raise InvalidResources(issues)
     return documents

@@ -222,13 +222,14 @@ class HealthCheck(Resource):
 
     @model_validator(mode="after")
     def _check_type_fields(self) -> Self:
-        if "request_path" in self.model_fields_set and self.type not in ("HTTP", "HTTPS"):
+        # the defaults are accepted everywhere, so what GET returns can be PUT back
+        http = self.type in ("HTTP", "HTTPS")
+        if self.request_path != "/" and not http:
             raise ValueError(f"requestPath: only HTTP and HTTPS checks have one, not {self.type}")
-        if "expected_status_codes" in self.model_fields_set and self.type not in (
-            "HTTP",
-            "HTTPS",
-        ):
-            raise ValueError("expectedStatusCodes: only HTTP and HTTPS checks have them")
+        if self.expected_status_codes != ["200"] and not http:
+            raise ValueError(
+                f"expectedStatusCodes: only HTTP and HTTPS checks have them, not {self.type}"
+            )
         if self.grpc_service_name is not None and self.type != "GRPC":
             raise ValueError(f"grpcServiceName: only GRPC checks have one, not {self.type}")
         return self

@@ -142,10 +142,12 @@ class ControlPlane:
             if plan.issues:
                 raise ControlError(400, "invalid resources", plan.issues)
             expect = self._expectations(fingerprints or {})
-            if dry_run:
-                self._check_expectations(expect)
-                return ApplyOutcome(plan)
             changed = plan.create + plan.update
+            if dry_run or not changed:
+                # a stale fingerprint is refused even when nothing would change
+                self._check_expectations(expect)
+            if dry_run:
+                return ApplyOutcome(plan)
             txn = Txn(
                 puts={RESOURCE_PREFIX + str(p): plan.result[p].to_wire() for p in changed},
                 expect=expect,
