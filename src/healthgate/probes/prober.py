@@ -65,6 +65,7 @@ class Prober:
         self._tls_verify_host = self._tls_context(verify=True, check_hostname=True)
         self._tls_verify = self._tls_context(verify=True, check_hostname=False)
         self._grpc: Any = None  # created on first gRPC probe (grpcio is heavy to import)
+        self._requests: dict[tuple[str, str, bool], bytes] = {}  # one per endpoint and path
 
     def _tls_context(self, verify: bool, check_hostname: bool) -> ssl.SSLContext:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
@@ -111,7 +112,12 @@ class Prober:
     ) -> ProbeResult:
         settings = self.settings
         keepalive = settings.keepalive and key is not None
-        request = build_request(spec.path, spec.host or spec.ip, keepalive)
+        request_key = (spec.path, spec.host or spec.ip, keepalive)
+        request = self._requests.get(request_key)
+        if request is None:
+            if len(self._requests) > 200_000:
+                self._requests.clear()
+            request = self._requests[request_key] = build_request(*request_key)
         idle = self._idle.pop(key, None) if keepalive else None
         if idle is not None:
             transport, proto = idle

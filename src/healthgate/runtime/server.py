@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 from collections.abc import Callable, Iterator
@@ -133,6 +134,12 @@ class Server:
             if asyncio.iscoroutine(result):
                 await result
         self.api_state.ready = True
+        # Everything built so far lives as long as the process: move it out of
+        # the collector's sight, so that collections stay short and never delay
+        # probes (the probe path allocates, and full collections would rescan
+        # every resource model each time).
+        gc.collect()
+        gc.freeze()
         log.info("healthgate serving on %s (store %s)", self.url, s.db)
 
     async def _apply_file(self, manifest: str) -> None:

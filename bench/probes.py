@@ -1,0 +1,314 @@
+"""Health-check cost, side by side: HAProxy vs `healthgate serve`, same endpoints.
+
+    python bench/probes.py                       # 1,000 and 10,000 endpoints, TCP and HTTP, at 1 s
+    python bench/probes.py --counts 1000 --checks http --duration 20
+
+One backend process (bench/backends.py) holds N endpoints on 127.0.0.1 and is
+pinned to core 1; the checker under test is pinned to core 0. Each checker
+checks every endpoint every second for a warm-up and then --duration seconds:
+
+* HAProxy (Debian package, foreground, nbthread 1): `check inter 1000`, HTTP
+  checks with `option httpchk GET /healthz`, TCP checks plain;
+* healthgate serve (the whole process: API, store, engine, scheduler) with a
+  manifest of one NEG of N endpoints and a health check at interval 1 s;
+  fresh connections, and for HTTP also --keepalive-probes.
+
+CPU is utime+stime of the checker process from /proc/PID/stat; checks are
+counted by the kernel's TCP ActiveOpens (every connect) for HAProxy and by
+healthgate's own probe counter (keep-alive probes open no connections).
+"On time" is healthgate's share of probes started within 10 ms of due.
+
+Printed: checks/s, CPU us per check, the ratio to HAProxy (lower is better
+for healthgate), and the goals of issue 5: fresh <= 0.8x, keep-alive <= 0.5x,
+10k endpoints at 1 s with >= 99 % on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def active_opens() -> int:
+    rows = [
+        line.split()
+        for line in Path("/proc/net/snmp").read_text().splitlines()
+        if line.startswith("Tcp:")
+    ]
+    return int(rows[1][rows[0].index("ActiveOpens")])
+
+
+def pinned(cmd: list[str], cpu: int) -> list[str]:
+    return ["taskset", "-c", str(cpu), *cmd] if shutil.which("taskset") else cmd
+
+
+class Proc:
+    def __init__(self, cmd: list[str], log: Path) -> None:
+        self.log = open(log, "wb")  # noqa: SIM115 - lives as long as the process
+        self.p = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(15)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait(15)
+        self.log.close()
+
+
+def wait_until(pred: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.1)
+    raise TimeoutError(what)
+
+
+def measure(pid: int, warmup: float, duration: float, counter: Any) -> tuple[float, int]:
+    time.sleep(warmup)
+    c0, n0, t0 = cpu_seconds(pid), counter(), time.monotonic()
+    time.sleep(duration)
+    c1, n1, t1 = cpu_seconds(pid), counter(), time.monotonic()
+    return c1 - c0, int((n1 - n0) * duration / (t1 - t0))
+
+
+def run_haproxy(
+    count: int, base: int, check: str, work: Path, warmup: float, duration: float
+) -> dict[str, Any]:
+    lines = [
+        "global",
+        "  nbthread 1",
+        "  maxconn 4000",
+        "defaults",
+        "  mode http" if check == "http" else "  mode tcp",
+        "  timeout connect 1s",
+        "  timeout client 10s",
+        "  timeout server 10s",
+        "  timeout check 1s",
+        "frontend fe",
+        "  bind 127.0.0.1:18999",
+        "  default_backend be",
+        "backend be",
+    ]
+    if check == "http":
+        lines += ["  option httpchk GET /healthz", "  http-check expect status 200"]
+    lines.append("  default-server check inter 1000ms fall 3 rise 3")
+    lines += [f"  server s{i} 127.0.0.1:{base + i}" for i in range(count)]
+    cfg = work / "haproxy.cfg"
+    cfg.write_text("\n".join(lines) + "\n")
+    proc = Proc(pinned(["haproxy", "-db", "-f", str(cfg)], 0), work / "haproxy.log")
+    try:
+        cpu, checks = measure(proc.p.pid, warmup, duration, active_opens)
+    finally:
+        proc.stop()
+    return {"checker": "haproxy", "cpu": cpu, "checks": checks}
+
+
+def run_healthgate(
+    count: int, base: int, check: str, keepalive: bool, work: Path, warmup: float, duration: float
+) -> dict[str, Any]:
+    docs = [
+        {
+            "kind": "HealthCheck",
+            "project": "bench",
+            "region": "r1",
+            "name": "hc",
+            "type": check.upper(),
+            "checkIntervalSec": 1,
+            "timeoutSec": 1,
+            **({"requestPath": "/healthz"} if check == "http" else {}),
+        },
+        {
+            "kind": "NetworkEndpointGroup",
+            "project": "bench",
+            "region": "r1",
+            "name": "neg",
+            "networkEndpointType": "GCE_VM_IP_PORT",
+            "endpoints": [{"ipAddress": "127.0.0.1", "port": base + i} for i in range(count)],
+        },
+        {
+            "kind": "BackendService",
+            "project": "bench",
+            "region": "r1",
+            "name": "bs",
+            "loadBalancingScheme": "INTERNAL",
+            "healthChecks": ["hc"],
+            "backends": [{"group": "neg"}],
+        },
+    ]
+    manifest = work / "bench.yaml"
+    manifest.write_text(yaml.safe_dump_all(docs))
+    db = work / f"hg-{check}-{keepalive}.db"
+    port = 17400
+    cmd = [
+        sys.executable,
+        "-m",
+        "healthgate",
+        "serve",
+        "--db",
+        str(db),
+        "--listen",
+        f"127.0.0.1:{port}",
+        "-f",
+        str(manifest),
+        "--probe-failure-log-rate",
+        "0",
+        "--log-level",
+        "warning",
+    ]
+    if keepalive:
+        cmd.append("--keepalive-probes")
+    proc = Proc(pinned(cmd, 0), work / "healthgate.log")
+    url = f"http://127.0.0.1:{port}"
+
+    def metric(name: str) -> float:
+        for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        return 0.0
+
+    try:
+        wait_until(lambda: _ready(url), 60, "healthgate ready")
+        late0 = metric("healthgate_probes_late_total")
+        started0 = metric("healthgate_probes_started_total")
+        cpu, checks = measure(
+            proc.p.pid, warmup, duration, lambda: metric("healthgate_probes_started_total")
+        )
+        late = metric("healthgate_probes_late_total") - late0
+        started = metric("healthgate_probes_started_total") - started0
+        outcomes = {
+            line.split("{")[1].split("}")[0]: float(line.split()[1])
+            for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines()
+            if line.startswith("healthgate_probe_duration_seconds_count")
+        }
+    finally:
+        proc.stop()
+    return {
+        "checker": "healthgate" + (" keep-alive" if keepalive else ""),
+        "cpu": cpu,
+        "checks": checks,
+        "late_share": late / started if started else None,
+        "outcomes": outcomes,
+    }
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--counts", default="1000,10000")
+    ap.add_argument("--checks", default="tcp,http")
+    ap.add_argument("--warmup", type=float, default=5.0)
+    ap.add_argument("--duration", type=float, default=15.0)
+    ap.add_argument("--base-port", type=int, default=21000)
+    ap.add_argument("--json", help="write the rows here too")
+    args = ap.parse_args()
+    if not shutil.which("haproxy"):
+        print("haproxy is not installed: apt-get install -y haproxy", file=sys.stderr)
+        return 2
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for count in (int(c) for c in args.counts.split(",")):
+            backend = Proc(
+                pinned(
+                    [
+                        sys.executable,
+                        str(HERE / "backends.py"),
+                        "--count",
+                        str(count),
+                        "--base-port",
+                        str(args.base_port),
+                    ],
+                    1,
+                ),
+                work / "backends.log",
+            )
+            try:
+                wait_until(
+                    lambda: b"ready" in (work / "backends.log").read_bytes(), 120, "backends ready"
+                )
+                for check in args.checks.split(","):
+                    runs = [
+                        run_haproxy(count, args.base_port, check, work, args.warmup, args.duration),
+                        run_healthgate(
+                            count, args.base_port, check, False, work, args.warmup, args.duration
+                        ),
+                    ]
+                    if check == "http":
+                        runs.append(
+                            run_healthgate(
+                                count, args.base_port, check, True, work, args.warmup, args.duration
+                            )
+                        )
+                    base = runs[0]
+                    base_us = base["cpu"] / max(base["checks"], 1) * 1e6
+                    for r in runs:
+                        us = r["cpu"] / max(r["checks"], 1) * 1e6
+                        row = {
+                            "endpoints": count,
+                            "check": check,
+                            **r,
+                            "checks_per_s": r["checks"] / args.duration,
+                            "cpu_us_per_check": us,
+                            "ratio_to_haproxy": us / base_us,
+                            "cpu_percent": 100 * r["cpu"] / args.duration,
+                        }
+                        rows.append(row)
+                        print(json.dumps(row), file=sys.stderr, flush=True)
+            finally:
+                backend.stop()
+    print(
+        f"{'endpoints':>9} {'check':>5} {'checker':<22} {'checks/s':>9} {'CPU %':>6} {'us/check':>9} {'x HAProxy':>9} {'on time':>8}"
+    )
+    for r in rows:
+        on_time = f"{100 * (1 - r['late_share']):.2f}%" if r.get("late_share") is not None else "-"
+        print(
+            f"{r['endpoints']:>9,} {r['check']:>5} {r['checker']:<22} {r['checks_per_s']:>9.0f} {r['cpu_percent']:>6.1f} "
+            f"{r['cpu_us_per_check']:>9.1f} {r['ratio_to_haproxy']:>9.2f} {on_time:>8}"
+        )
+    print(
+        "\ngoals: fresh connections <= 0.80x HAProxy CPU per check; keep-alive HTTP <= 0.50x; "
+        "10,000 endpoints at 1 s with >= 99 % of probes on time"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
