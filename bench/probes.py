@@ -216,6 +216,12 @@ def run_healthgate(
     }
 
 
+def _backend_ready(backend: Proc, log: Path) -> bool:
+    if backend.p.poll() is not None:
+        raise RuntimeError(f"the backend process failed:\n{log.read_text()[-2000:]}")
+    return b"\nready\n" in b"\n" + log.read_bytes()
+
+
 def _ready(url: str) -> bool:
     try:
         return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
