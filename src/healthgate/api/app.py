@@ -109,6 +109,7 @@ class ApiState:
     settings: ApiSettings = field(default_factory=ApiSettings)
     ready: bool = False
     extra_metrics: list[Callable[[], str]] = field(default_factory=list)
+    dataplane_status: Callable[[], dict[str, dict[str, object]]] | None = None
 
 
 class ApplyRequest(BaseModel):
@@ -254,29 +255,11 @@ def create_app(state: ApiState) -> FastAPI:
                 }
             return None
         if isinstance(res, ForwardingRule):
-            if res.is_global:
-                route = engine.route_table().routes.get(str(path))
-                if route is None:
-                    return None
-                return {
-                    "route": {
-                        "target": route.target,
-                        "mode": route.mode,
-                        "reason": route.reason,
-                        "since": iso(route.since),
-                    }
-                }
-            dest = engine.destination_state(path)
-            if dest is None:
-                return {
-                    "healthState": "UNKNOWN",
-                    "reason": "no composite health check has this rule as destination",
-                }
-            return {
-                "healthState": dest.state.name,
-                "reason": dest.reason,
-                "lastChange": iso(dest.since),
-            }
+            listener = state.dataplane_status().get(str(path)) if state.dataplane_status else None
+            status = _fr_status(res)
+            if status is not None and listener is not None:
+                status["listener"] = listener
+            return status
         node = engine.node_status(path)
         if node is None or res.kind in ("ServiceAttachment",):
             return None
@@ -284,6 +267,34 @@ def create_app(state: ApiState) -> FastAPI:
             "healthState": node.state.name,
             "reason": node.reason,
             "lastChange": iso(node.since),
+        }
+
+    def _fr_status(res: ForwardingRule) -> dict[str, Any] | None:
+        engine = state.health.engine
+        path = res.path
+        if res.is_global:
+            route = engine.route_table().routes.get(str(path))
+            if route is None:
+                return None
+            return {
+                "route": {
+                    "target": route.target,
+                    "mode": route.mode,
+                    "reason": route.reason,
+                    "since": iso(route.since),
+                    "fallbacks": list(route.fallbacks),
+                }
+            }
+        dest = engine.destination_state(path)
+        if dest is None:
+            return {
+                "healthState": "UNKNOWN",
+                "reason": "no composite health check has this rule as destination",
+            }
+        return {
+            "healthState": dest.state.name,
+            "reason": dest.reason,
+            "lastChange": iso(dest.since),
         }
 
     def body_to_document(body: Any, path: ResourcePath) -> tuple[Document, str | None]:

@@ -78,6 +78,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     import uvloop
 
+    from healthgate.dataplane.http import HttpSettings
+    from healthgate.dataplane.manager import DataPlaneSettings
     from healthgate.probes.prober import ProbeSettings
     from healthgate.runtime.control import ControlError
     from healthgate.runtime.server import ServeSettings, run_server
@@ -92,6 +94,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         failure_log_rate=args.probe_failure_log_rate,
         probe=ProbeSettings(
             keepalive=args.keepalive_probes, verify_tls=args.verify_tls, ca_file=args.ca_file
+        ),
+        dataplane=DataPlaneSettings(
+            enabled=not args.no_dataplane,
+            http=HttpSettings(per_try_timeout=args.per_try_timeout),
         ),
     )
     try:
@@ -172,6 +178,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--verify-tls", action="store_true", help="verify HTTPS probe certificates")
     p.add_argument("--ca-file", help="CA bundle for --verify-tls")
+    p.add_argument(
+        "--no-dataplane", action="store_true", help="open no listeners (control plane only)"
+    )
+    p.add_argument(
+        "--per-try-timeout",
+        type=float,
+        default=2.0,
+        help="HTTP front ends: seconds to the first response byte before a retry in the next region",
+    )
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("apply", help="create or update the resources of a manifest, atomically")

@@ -39,7 +39,7 @@ from types import MappingProxyType
 
 from healthgate.health.composite import combine
 from healthgate.health.policy import PolicyParams, evaluate
-from healthgate.health.routing import Candidate, choose
+from healthgate.health.routing import Candidate, choose, order
 from healthgate.health.states import (
     HealthState,
     Outcome,
@@ -117,6 +117,9 @@ class Route:
     mode: str
     reason: str
     since: float
+    # attachments to try next, in failover order, for a request the target
+    # could not serve (only NEGs that are accepted and not UNHEALTHY)
+    fallbacks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +128,7 @@ class RouteTable:
 
     version: int
     routes: Mapping[str, Route]
+    published: float = 0.0  # the engine time (``now``) it was published at
 
 
 @dataclass(slots=True)
@@ -137,7 +141,17 @@ class ApplyResult:
 
 
 class _Aggregate:
-    __slots__ = ("check", "healthy", "hthr", "path", "slots", "total", "unknown", "uthr")
+    __slots__ = (
+        "check",
+        "healthy",
+        "healthy_cache",
+        "hthr",
+        "path",
+        "slots",
+        "total",
+        "unknown",
+        "uthr",
+    )
 
     def __init__(self, path: ResourcePath, check: HealthCheck) -> None:
         self.path = path
@@ -148,6 +162,7 @@ class _Aggregate:
         self.healthy = 0
         self.unknown = 0
         self.slots: dict[EndpointKey, int] = {}
+        self.healthy_cache: tuple[EndpointKey, ...] | None = None
 
 
 class _Node:
@@ -227,6 +242,7 @@ class HealthEngine:
 
         self._route_version = 0
         self._route_table = RouteTable(0, MappingProxyType({}))
+        self._now = 0.0
 
     # ------------------------------------------------------------------ hot path
 
@@ -255,6 +271,7 @@ class HealthEngine:
         self._since[slot] = now
         agg.healthy += (new == HEALTHY) - (old == HEALTHY)
         agg.unknown += (new == UNKNOWN) - (old == UNKNOWN)
+        agg.healthy_cache = None
         key = self._key[slot]
         assert key is not None
         if new == HEALTHY:
@@ -296,6 +313,7 @@ class HealthEngine:
         negs: Iterable[_Node] = (),
         routes: Iterable[_Node] = (),
     ) -> None:
+        self._now = now
         dirty_c: dict[str, _Node] = {n.path: n for n in composites}
         for node in sources:
             if self._eval_source(now, node, records):
@@ -453,8 +471,13 @@ class HealthEngine:
             policy.failback if policy else True,
             (policy.when_all_unhealthy == "FAIL_OPEN") if policy else True,
         )
+        fallbacks = tuple(
+            self._attachment_of(c.path)
+            for c in order(candidates, fr.data_plane_region)
+            if c.accepted and c.state is not UNHEALTHY and c.path != choice.target
+        )
         if prev is not None and prev.target == choice.target and prev.mode == choice.mode:
-            if prev.reason != choice.reason:
+            if prev.reason != choice.reason or prev.fallbacks != fallbacks:
                 node.extra = Route(
                     prev.frontend,
                     prev.target,
@@ -462,13 +485,14 @@ class HealthEngine:
                     prev.mode,
                     choice.reason,
                     prev.since,
+                    fallbacks,
                 )
+                return prev.fallbacks != fallbacks  # republish: listeners retry there
             return False
-        attachment = None
-        if choice.target is not None:
-            target_neg = self._negs[choice.target].resource
-            attachment = str(target_neg.ref("psc_target_service"))
-        node.extra = Route(node.path, choice.target, attachment, choice.mode, choice.reason, now)
+        attachment = self._attachment_of(choice.target) if choice.target else None
+        node.extra = Route(
+            node.path, choice.target, attachment, choice.mode, choice.reason, now, fallbacks
+        )
         records.append(
             RouteChange(
                 now,
@@ -482,15 +506,19 @@ class HealthEngine:
         )
         return True
 
+    def _attachment_of(self, neg_path: str) -> str:
+        return str(self._negs[neg_path].resource.ref("psc_target_service"))
+
     def _publish_routes(self) -> None:
         self._route_version += 1
         routes = {p: n.extra for p, n in self._routes.items() if isinstance(n.extra, Route)}
-        self._route_table = RouteTable(self._route_version, MappingProxyType(routes))
+        self._route_table = RouteTable(self._route_version, MappingProxyType(routes), self._now)
 
     # ------------------------------------------------------------------ resources
 
     def apply(self, resources: Iterable[Resource], now: float) -> ApplyResult:
         """Make the engine's world the given complete set of (valid) resources."""
+        self._now = now
         new = {r.path: r for r in resources}
         old = self._resources
         changed = {p for p, r in new.items() if old.get(p) != r}
@@ -700,6 +728,7 @@ class HealthEngine:
                 continue
             slot = self._alloc_slot(agg_id, key, HEALTHY if not enabled else UNKNOWN, now)
             agg.slots[key] = slot
+            agg.healthy_cache = None
             agg.total += 1
             if enabled:
                 agg.unknown += 1
@@ -718,6 +747,7 @@ class HealthEngine:
         self._fail[slot] = 0
         agg.healthy += (new == HEALTHY) - (old == HEALTHY)
         agg.unknown += (new == UNKNOWN) - (old == UNKNOWN)
+        agg.healthy_cache = None
         return _STATES[old]
 
     def _drop_aggregate(self, path: ResourcePath, result: ApplyResult) -> None:
@@ -758,6 +788,7 @@ class HealthEngine:
         return slot
 
     def _free_slot(self, agg: _Aggregate, slot: int) -> None:
+        agg.healthy_cache = None
         state = self._state[slot]
         agg.total -= 1
         agg.healthy -= state == HEALTHY
@@ -905,6 +936,26 @@ class HealthEngine:
                 )
             )
         return out
+
+    def healthy_endpoints(self, backend_service: ResourcePath) -> tuple[EndpointKey, ...]:
+        """The HEALTHY endpoints of a backend service, cached until one flips:
+        the data plane reads this per connection."""
+        agg_id = self._agg_ids.get(backend_service)
+        agg = self._aggs[agg_id] if agg_id is not None else None
+        if agg is None:
+            return ()
+        cached = agg.healthy_cache
+        if cached is None:
+            state = self._state
+            cached = agg.healthy_cache = tuple(
+                k for k, slot in agg.slots.items() if state[slot] == HEALTHY
+            )
+        return cached
+
+    def all_endpoints(self, backend_service: ResourcePath) -> tuple[EndpointKey, ...]:
+        agg_id = self._agg_ids.get(backend_service)
+        agg = self._aggs[agg_id] if agg_id is not None else None
+        return tuple(agg.slots) if agg is not None else ()
 
     def counts(self, backend_service: ResourcePath) -> tuple[int, int, int] | None:
         """(total, healthy, unknown) of one backend service."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +88,9 @@ class ControlPlane:
         self.health = health
         self.stored: dict[ResourcePath, Stored] = {}
         self._lock = asyncio.Lock()
+        # awaited after every committed change, before the client is answered
+        # (so that "apply, then connect" finds the listener open)
+        self.on_change: list[Callable[[Mapping[ResourcePath, Resource]], Awaitable[None]]] = []
 
     @property
     def resources(self) -> dict[ResourcePath, Resource]:
@@ -154,6 +157,7 @@ class ControlPlane:
             )
             revision = await self._commit(txn) if changed else self.store_revision()
             self._mirror(plan, revision)
+            await self._notify(plan)
             return ApplyOutcome(
                 plan, revision, {str(p): self.stored[p].fingerprint for p in changed}
             )
@@ -179,7 +183,18 @@ class ControlPlane:
             txn = Txn(deletes=[RESOURCE_PREFIX + str(p) for p in plan.delete], expect=expect)
             revision = await self._commit(txn)
             self._mirror(plan, revision)
+            await self._notify(plan)
             return ApplyOutcome(plan, revision)
+
+    async def _notify(self, plan: Plan) -> None:
+        if not plan.changes:
+            return
+        resources = self.resources
+        for callback in self.on_change:
+            try:
+                await callback(resources)
+            except Exception:  # the change is committed; a listener's trouble is logged
+                log.exception("change listener failed")
 
     def store_revision(self) -> int:
         return max((s.revision for s in self.stored.values()), default=0)

@@ -24,6 +24,7 @@ import uvicorn
 
 from healthgate.api.app import ApiSettings, ApiState, create_app
 from healthgate.api.auth import Access
+from healthgate.dataplane.manager import DataPlane, DataPlaneSettings, metrics_text
 from healthgate.model.manifest import parse_manifest
 from healthgate.model.validation import InvalidResources
 from healthgate.probes.prober import ProbeSettings
@@ -47,6 +48,7 @@ class ServeSettings:
     probe: ProbeSettings = field(default_factory=ProbeSettings)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     api: ApiSettings = field(default_factory=ApiSettings)
+    dataplane: DataPlaneSettings = field(default_factory=DataPlaneSettings)
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -77,6 +79,7 @@ class Server:
         self.control: ControlPlane | None = None
         self.recorder: TransitionRecorder | None = None
         self.api_state: ApiState | None = None
+        self.dataplane: DataPlane | None = None
         self._uvicorn: _QuietUvicorn | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._stopping = asyncio.Event()
@@ -102,11 +105,16 @@ class Server:
 
         count = await control.load()
         log.info("loaded %d resources from %s", count, s.db)
+        self.dataplane = dataplane = DataPlane(health.engine, s.dataplane)
+        await dataplane.sync(control.resources)  # routes are already resumed: fail static
+        control.on_change.append(dataplane.sync)
         for manifest in s.manifests:
             await self._apply_file(manifest)
 
         health.start()
         self.api_state = ApiState(control, health, recorder, store, self.access, s.api)
+        self.api_state.extra_metrics.append(lambda: metrics_text(dataplane))
+        self.api_state.dataplane_status = dataplane.status
         app = create_app(self.api_state)
         config = uvicorn.Config(
             app,
@@ -171,6 +179,8 @@ class Server:
     async def stop(self) -> None:
         if self._uvicorn is not None:
             self._uvicorn.should_exit = True
+        if self.dataplane is not None:
+            await self.dataplane.close()
         if self.health is not None:
             await self.health.close()
         if self.recorder is not None:

@@ -1,0 +1,467 @@
+"""Layer-7 HTTP/1.1 proxying with per-try timeouts and cross-region retries.
+
+Requests are parsed with httptools (the llhttp parser uvicorn uses). Each
+request is sent to the first upstream of the route (the chosen region's
+published service) over a pooled keep-alive connection; the response is
+streamed back as it arrives. The request body is buffered (up to
+``max_body_bytes``) so that a request can be *retried*:
+
+* the upstream refused or reset the connection, or did not start answering
+  within ``per_try_timeout``, or answered 502/503/504 - and nothing has been
+  sent to the client yet - then an idempotent request (GET, HEAD, OPTIONS,
+  PUT, DELETE, TRACE) is tried again in the next region of the route's
+  failover order. A non-idempotent request is retried only when it was never
+  sent (the connection could not be opened).
+
+So while a region refuses, hangs or fails, and before its health checks have
+declared it down, idempotent requests still succeed. Once the response has
+started to flow to the client it is never retried. Responses are forwarded
+byte for byte (the parser only finds where each one ends).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import cast
+
+import httptools
+
+log = logging.getLogger("healthgate.dataplane")
+
+Address = tuple[str, int]
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
+RETRY_STATUSES = frozenset({502, 503, 504})
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"upgrade",
+        b"transfer-encoding",
+        b"content-length",
+        b"expect",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpSettings:
+    per_try_timeout: float = 2.0  # seconds to the first byte of the response
+    connect_timeout: float = 1.0
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_head_bytes: int = 64 * 1024
+    max_pipelined: int = 32
+    max_idle_per_upstream: int = 64
+
+
+class Request:
+    __slots__ = ("body", "head_bytes", "headers", "keep_alive", "method", "url")
+
+    def __init__(self) -> None:
+        self.url = bytearray()
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body = bytearray()
+        self.method = "GET"
+        self.keep_alive = True
+        self.head_bytes = 0
+
+    def serialize(self, client_ip: str) -> bytes:
+        out = bytearray(f"{self.method} ".encode())
+        out += self.url
+        out += b" HTTP/1.1\r\n"
+        forwarded = None
+        for name, value in self.headers:
+            low = name.lower()
+            if low in HOP_BY_HOP:
+                continue
+            if low == b"x-forwarded-for":
+                forwarded = value
+                continue
+            out += name + b": " + value + b"\r\n"
+        xff = (forwarded + b", " if forwarded else b"") + client_ip.encode()
+        out += b"X-Forwarded-For: " + xff + b"\r\n"
+        if self.body or self.method in ("POST", "PUT", "PATCH"):
+            out += b"Content-Length: %d\r\n" % len(self.body)
+        out += b"\r\n"
+        out += self.body
+        return bytes(out)
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """One pooled connection to an upstream; answers one request at a time."""
+
+    def __init__(self, address: Address) -> None:
+        self.address = address
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.reused = False
+        self._reset_exchange()
+
+    def _reset_exchange(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.head: asyncio.Future[int] | None = None
+        self.done: asyncio.Future[bool] | None = None
+        self.buffer = bytearray()
+        self.sink: asyncio.Transport | None = None  # the client, once committed
+        self.head_only = False
+        self.got_bytes = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def start(self, request: bytes, head_only: bool) -> None:
+        loop = asyncio.get_running_loop()
+        self._reset_exchange()
+        self.head_only = head_only
+        self.head = loop.create_future()
+        self.done = loop.create_future()
+        assert self.transport is not None
+        self.transport.write(request)
+
+    def commit(self, client: asyncio.Transport) -> None:
+        """Send what was buffered to the client; stream the rest directly."""
+        self.sink = client
+        if self.buffer:
+            client.write(bytes(self.buffer))
+            self.buffer.clear()
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        if self.sink is not None:
+            self.sink.write(data)
+        else:
+            self.buffer += data
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self._fail(ConnectionError("malformed response from upstream"))
+            if self.transport is not None:
+                self.transport.close()
+
+    # httptools callbacks
+    def on_headers_complete(self) -> None:
+        if self.head is not None and not self.head.done():
+            self.head.set_result(self.parser.get_status_code())
+        if self.head_only:
+            self._complete(reusable=False)
+
+    def on_message_complete(self) -> None:
+        self._complete(reusable=self.parser.should_keep_alive())
+
+    def _complete(self, reusable: bool) -> None:
+        if self.done is not None and not self.done.done():
+            self.done.set_result(reusable)
+
+    def _fail(self, exc: Exception) -> None:
+        for fut in (self.head, self.done):
+            if fut is not None and not fut.done():
+                fut.set_exception(exc)
+                fut.exception()  # may never be awaited (a timed-out try): not an error
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if (
+            self.done is not None
+            and not self.done.done()
+            and self.head is not None
+            and self.head.done()
+        ):
+            # a response without length ends with the connection
+            with contextlib.suppress(httptools.HttpParserError):
+                self.parser.feed_data(b"")
+        self._fail(
+            exc
+            if isinstance(exc, Exception)
+            else ConnectionResetError("upstream closed the connection")
+        )
+
+    # back-pressure from the client
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+
+class UpstreamPool:
+    def __init__(self, settings: HttpSettings) -> None:
+        self.settings = settings
+        self._idle: dict[Address, list[UpstreamConnection]] = {}
+
+    async def acquire(self, address: Address) -> UpstreamConnection:
+        idle = self._idle.get(address)
+        while idle:
+            conn = idle.pop()
+            if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
+                conn.reused = True
+                return conn
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(self.settings.connect_timeout):
+            _, conn = await loop.create_connection(
+                lambda: UpstreamConnection(address), address[0], address[1]
+            )
+        return conn
+
+    def release(self, conn: UpstreamConnection) -> None:
+        idle = self._idle.setdefault(conn.address, [])
+        if conn.closed or len(idle) >= self.settings.max_idle_per_upstream:
+            self.discard(conn)
+        else:
+            conn.sink = None
+            idle.append(conn)
+
+    @staticmethod
+    def discard(conn: UpstreamConnection) -> None:
+        if conn.transport is not None:
+            conn.transport.close()
+
+    def close(self) -> None:
+        for conns in self._idle.values():
+            for conn in conns:
+                self.discard(conn)
+        self._idle.clear()
+
+
+def simple_response(status: int, reason: str, message: str, close: bool = False) -> bytes:
+    body = (message + "\n").encode()
+    conn = b"Connection: close\r\n" if close else b""
+    return (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n".encode()
+        + conn
+        + b"X-Healthgate: proxy\r\n\r\n"
+        + body
+    )
+
+
+class _Retry(Exception):
+    pass
+
+
+class HttpProxy(asyncio.Protocol):
+    """The client side of an L7 listener."""
+
+    def __init__(
+        self,
+        choose: Callable[[], Sequence[Address]],
+        pool: UpstreamPool,
+        settings: HttpSettings,
+        stats: dict[str, int],
+        on_route_used: Callable[[], None] | None = None,
+    ) -> None:
+        self.choose = choose
+        self.pool = pool
+        self.settings = settings
+        self.stats = stats
+        self.on_route_used = on_route_used
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.current: Request | None = None
+        self.queue: deque[Request] = deque()
+        self.wake = asyncio.Event()
+        self.client_ip = "unknown"
+        self.closed = False
+        self.paused = False
+        self.upstream: UpstreamConnection | None = None
+        self.worker: asyncio.Task[None] | None = None
+
+    # ---- client side
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.transport.set_write_buffer_limits(high=256 * 1024)
+        peer = self.transport.get_extra_info("peername")
+        if peer:
+            self.client_ip = str(peer[0])
+        self.stats["connections"] = self.stats.get("connections", 0) + 1
+        self.worker = asyncio.get_running_loop().create_task(self._work())
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._reject(501, "Not Implemented", "protocol upgrades are not proxied")
+        except httptools.HttpParserError:
+            self._reject(400, "Bad Request", "malformed HTTP request")
+
+    def _reject(self, status: int, reason: str, message: str) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.write(simple_response(status, reason, message, close=True))
+            self.transport.close()
+        self.closed = True
+
+    def on_message_begin(self) -> None:
+        self.current = Request()
+
+    def on_url(self, url: bytes) -> None:
+        assert self.current is not None
+        self.current.url += url
+        self.current.head_bytes += len(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        req = self.current
+        assert req is not None
+        req.headers.append((name, value))
+        req.head_bytes += len(name) + len(value) + 4
+        if req.head_bytes > self.settings.max_head_bytes:
+            raise httptools.HttpParserError("request head too large")
+
+    def on_headers_complete(self) -> None:
+        assert self.current is not None
+        self.current.method = self.parser.get_method().decode("ascii", "replace")
+        self.current.keep_alive = self.parser.should_keep_alive()
+
+    def on_body(self, body: bytes) -> None:
+        req = self.current
+        assert req is not None
+        req.body += body
+        if len(req.body) > self.settings.max_body_bytes:
+            self._reject(
+                413,
+                "Payload Too Large",
+                f"request bodies are limited to {self.settings.max_body_bytes} bytes",
+            )
+            raise httptools.HttpParserError("body too large")
+
+    def on_message_complete(self) -> None:
+        assert self.current is not None
+        self.queue.append(self.current)
+        self.current = None
+        self.wake.set()
+        if len(self.queue) >= self.settings.max_pipelined and self.transport is not None:
+            self.transport.pause_reading()
+            self.paused = True
+
+    def pause_writing(self) -> None:
+        if self.upstream is not None:
+            self.upstream.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.upstream is not None:
+            self.upstream.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.wake.set()
+        if self.upstream is not None:
+            self.pool.discard(self.upstream)
+
+    # ---- the worker: one request at a time, in order
+    async def _work(self) -> None:
+        try:
+            while not self.closed:
+                if not self.queue:
+                    self.wake.clear()
+                    await self.wake.wait()
+                    continue
+                req = self.queue.popleft()
+                if (
+                    self.paused
+                    and self.transport is not None
+                    and len(self.queue) < self.settings.max_pipelined // 2
+                ):
+                    self.transport.resume_reading()
+                    self.paused = False
+                await self._forward(req)
+                if not req.keep_alive and self.transport is not None:
+                    self.transport.close()
+                    return
+        except Exception:
+            log.exception("HTTP proxy worker failed")
+            if self.transport is not None:
+                self.transport.abort()
+
+    async def _forward(self, req: Request) -> None:
+        client = self.transport
+        assert client is not None
+        self.stats["requests"] = self.stats.get("requests", 0) + 1
+        candidates = list(self.choose())
+        if self.on_route_used is not None:
+            self.on_route_used()
+        if not candidates:
+            self.stats["refused"] = self.stats.get("refused", 0) + 1
+            client.write(
+                simple_response(
+                    503,
+                    "Service Unavailable",
+                    "no region may receive traffic (FAIL_CLOSED or no route)",
+                )
+            )
+            return
+        data = req.serialize(self.client_ip)
+        idempotent = req.method in IDEMPOTENT
+        last_error = "no upstream answered"
+        for i, address in enumerate(candidates):
+            if i > 0:
+                self.stats["retries"] = self.stats.get("retries", 0) + 1
+            try:
+                await self._try(address, data, req.method == "HEAD", idempotent, client)
+                return
+            except _Retry as exc:
+                last_error = str(exc)
+                if not idempotent and "not sent" not in last_error:
+                    break
+            if self.closed:
+                return
+        self.stats["failed"] = self.stats.get("failed", 0) + 1
+        client.write(simple_response(502, "Bad Gateway", f"upstream failed: {last_error}"))
+
+    async def _try(
+        self,
+        address: Address,
+        data: bytes,
+        head_only: bool,
+        idempotent: bool,
+        client: asyncio.Transport,
+    ) -> None:
+        for attempt in range(2):  # a stale pooled connection gets one fresh retry, same address
+            try:
+                conn = await self.pool.acquire(address)
+            except (OSError, TimeoutError) as exc:
+                raise _Retry(
+                    f"{address[0]}:{address[1]}: connect failed ({type(exc).__name__}); request not sent"
+                ) from None
+            reused = conn.reused
+            conn.start(data, head_only)
+            self.upstream = conn
+            assert conn.head is not None and conn.done is not None
+            try:
+                async with asyncio.timeout(self.settings.per_try_timeout):
+                    status = await asyncio.shield(conn.head)
+            except TimeoutError:
+                self.pool.discard(conn)
+                self.upstream = None
+                raise _Retry(
+                    f"{address[0]}:{address[1]}: no answer within {self.settings.per_try_timeout:g} s"
+                ) from None
+            except (ConnectionError, OSError) as exc:
+                self.pool.discard(conn)
+                self.upstream = None
+                if reused and not conn.got_bytes and attempt == 0:
+                    continue
+                raise _Retry(f"{address[0]}:{address[1]}: {exc}") from None
+            if status in RETRY_STATUSES and idempotent:
+                self.pool.discard(conn)
+                self.upstream = None
+                raise _Retry(f"{address[0]}:{address[1]}: answered {status}")
+            conn.commit(client)
+            try:
+                reusable = await conn.done
+            except (ConnectionError, OSError):
+                client.abort()  # the response broke after it started: nothing else is honest
+                self.closed = True
+                return
+            finally:
+                self.upstream = None
+            if reusable:
+                self.pool.release(conn)
+            else:
+                self.pool.discard(conn)
+            return

@@ -1,0 +1,251 @@
+"""The data plane manager: one listener per forwarding rule in the store.
+
+* A **producer** (regional) forwarding rule listens on ``IPAddress:ports`` and
+  balances new connections round robin over its backend service's HEALTHY
+  endpoints (layer 4). An endpoint that turns UNHEALTHY gets no new
+  connections. When none is HEALTHY it falls back to all of them (fail open,
+  as cloud internal load balancers do) rather than refusing everything.
+* A **consumer** (global) forwarding rule listens on ``IPAddress:portRange``
+  and sends each new connection (TCP) or request (HTTP) to the published
+  forwarding rule of the service attachment its route points at, with the
+  route's fallbacks as the next tries.
+
+Routes are read from the engine's immutable snapshot per connection or
+request: no lock, and a new route is in use by the very next request after
+the transition that caused it. Existing TCP connections to a region that
+failed are kept: a failover moves *new* connections and requests (draining
+old ones is not implemented yet).
+
+A listener that cannot bind (address in use, not a local address) is logged
+and reported in ``status()``; the rest of the system goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from healthgate.dataplane.http import HttpProxy, HttpSettings, UpstreamPool
+from healthgate.dataplane.tcp import Address, TcpProxy
+from healthgate.health.engine import HealthEngine
+from healthgate.model.names import ResourcePath
+from healthgate.model.resources import BackendService, ForwardingRule, Resource, ServiceAttachment
+
+log = logging.getLogger("healthgate.dataplane")
+
+PROPAGATION_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class DataPlaneSettings:
+    enabled: bool = True
+    connect_timeout: float = 1.0
+    http: HttpSettings = field(default_factory=HttpSettings)
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerSpec:
+    ip: str
+    ports: tuple[int, ...]
+    layer: str  # "tcp" or "http"
+    consumer: bool
+
+
+@dataclass(slots=True)
+class Listener:
+    spec: ListenerSpec
+    servers: list[asyncio.Server] = field(default_factory=list)
+    error: str | None = None
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+class DataPlane:
+    def __init__(self, engine: HealthEngine, settings: DataPlaneSettings | None = None) -> None:
+        self.engine = engine
+        self.settings = settings or DataPlaneSettings()
+        self.listeners: dict[str, Listener] = {}
+        self.pool = UpstreamPool(self.settings.http)
+        self._rr: dict[str, itertools.count[int]] = {}
+        self._resources: Mapping[ResourcePath, Resource] = {}
+        self._seen_version = 0
+        self.propagation = [0] * (len(PROPAGATION_BUCKETS) + 1)
+        self.propagation_sum = 0.0
+
+    # ------------------------------------------------------------------ listeners
+
+    def _desired(self, resources: Mapping[ResourcePath, Resource]) -> dict[str, ListenerSpec]:
+        out: dict[str, ListenerSpec] = {}
+        for path, res in resources.items():
+            if not isinstance(res, ForwardingRule):
+                continue
+            bs_path = res.ref("backend_service")
+            bs = resources.get(bs_path) if bs_path else None
+            if not isinstance(bs, BackendService):
+                continue
+            if bs.protocol == "UDP" or res.ip_protocol == "UDP":
+                log.warning("%s: UDP forwarding is not implemented yet; no listener", path)
+                continue
+            layer = "http" if (res.is_global and bs.protocol in ("HTTP",)) else "tcp"
+            out[str(path)] = ListenerSpec(
+                res.ip_address, tuple(res.port_list()), layer, res.is_global
+            )
+        return out
+
+    async def sync(self, resources: Mapping[ResourcePath, Resource]) -> None:
+        """Open, close or reopen listeners to match the forwarding rules."""
+        self._resources = resources
+        if not self.settings.enabled:
+            return
+        desired = self._desired(resources)
+        for path in [p for p in self.listeners if desired.get(p) != self.listeners[p].spec]:
+            await self._close(self.listeners.pop(path))
+        for path, spec in desired.items():
+            if path not in self.listeners:
+                self.listeners[path] = await self._open(path, spec)
+
+    async def _open(self, path: str, spec: ListenerSpec) -> Listener:
+        listener = Listener(spec)
+        loop = asyncio.get_running_loop()
+        factory = self._factory(path, spec, listener.stats)
+        for port in spec.ports:
+            try:
+                server = await loop.create_server(
+                    factory, spec.ip, port, reuse_address=True, backlog=1024
+                )
+                listener.servers.append(server)
+            except OSError as exc:
+                listener.error = f"cannot listen on {spec.ip}:{port}: {exc.strerror or exc}"
+                log.error("%s: %s", path, listener.error)
+        if listener.servers:
+            log.info(
+                "%s: listening on %s port(s) %s (%s)",
+                path,
+                spec.ip,
+                ",".join(map(str, spec.ports)),
+                spec.layer,
+            )
+        return listener
+
+    def _factory(
+        self, path: str, spec: ListenerSpec, stats: dict[str, int]
+    ) -> Callable[[], asyncio.Protocol]:
+        s = self.settings
+        if spec.consumer:
+
+            def choose() -> list[Address]:
+                return self.consumer_upstreams(path)
+        else:
+
+            def choose() -> list[Address]:
+                return self.producer_upstreams(path)
+
+        if spec.layer == "http":
+            return lambda: HttpProxy(choose, self.pool, s.http, stats, self._route_used)
+        return lambda: TcpProxy(choose, s.connect_timeout, stats)
+
+    async def _close(self, listener: Listener) -> None:
+        for server in listener.servers:
+            server.close()
+        for server in listener.servers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), 1.0)
+
+    async def close(self) -> None:
+        for listener in self.listeners.values():
+            await self._close(listener)
+        self.listeners.clear()
+        self.pool.close()
+
+    # ------------------------------------------------------------------ choices
+
+    def address_of_attachment(self, attachment: str) -> Address | None:
+        sa = self._resources.get(ResourcePath.parse(attachment))
+        if not isinstance(sa, ServiceAttachment):
+            return None
+        fr_path = sa.ref("target_service")
+        fr = self._resources.get(fr_path) if fr_path else None
+        if not isinstance(fr, ForwardingRule):
+            return None
+        return fr.ip_address, fr.port_list()[0]
+
+    def consumer_upstreams(self, frontend: str) -> list[Address]:
+        route = self.engine.route_table().routes.get(frontend)
+        if route is None or route.attachment is None:
+            return []
+        out = []
+        for att in (route.attachment, *route.fallbacks):
+            addr = self.address_of_attachment(att)
+            if addr is not None:
+                out.append(addr)
+        return out
+
+    def producer_upstreams(self, frontend: str) -> list[Address]:
+        fr = self._resources.get(ResourcePath.parse(frontend))
+        if not isinstance(fr, ForwardingRule):
+            return []
+        bs_path = fr.ref("backend_service")
+        if bs_path is None:
+            return []
+        endpoints = self.engine.healthy_endpoints(bs_path) or self.engine.all_endpoints(bs_path)
+        if not endpoints:
+            return []
+        port = fr.port_list()[0]
+        counter = self._rr.setdefault(frontend, itertools.count())
+        start = next(counter) % len(endpoints)
+        ordered = endpoints[start:] + endpoints[:start]
+        return [(ip, p if p is not None else port) for ip, p in ordered[:3]]
+
+    # ------------------------------------------------------------------ propagation
+
+    def _route_used(self) -> None:
+        """Observe, once per route-table version, how long after its
+        publication a request was first routed by it."""
+        table = self.engine.route_table()
+        if table.version == self._seen_version:
+            return
+        self._seen_version = table.version
+        delay = max(0.0, time.time() - table.published)
+        self.propagation[bisect.bisect_left(PROPAGATION_BUCKETS, delay)] += 1
+        self.propagation_sum += delay
+
+    def status(self) -> dict[str, dict[str, object]]:
+        return {
+            path: {
+                "ip": li.spec.ip,
+                "ports": list(li.spec.ports),
+                "layer": li.spec.layer,
+                "error": li.error,
+                **li.stats,
+            }
+            for path, li in self.listeners.items()
+        }
+
+
+def metrics_text(dp: DataPlane) -> str:
+    lines = [
+        "# HELP healthgate_route_propagation_seconds From a route change to the first request routed by it",
+        "# TYPE healthgate_route_propagation_seconds histogram",
+    ]
+    acc = 0
+    for bound, n in zip((*PROPAGATION_BUCKETS, float("inf")), dp.propagation, strict=True):
+        acc += n
+        le = "+Inf" if bound == float("inf") else repr(bound)
+        lines.append(f'healthgate_route_propagation_seconds_bucket{{le="{le}"}} {acc}')
+    lines.append(f"healthgate_route_propagation_seconds_count {acc}")
+    lines.append(f"healthgate_route_propagation_seconds_sum {dp.propagation_sum}")
+    lines += [
+        "# HELP healthgate_listener_events_total Connections, requests, retries and failures per listener",
+        "# TYPE healthgate_listener_events_total counter",
+    ]
+    for path, listener in dp.listeners.items():
+        for key, value in sorted(listener.stats.items()):
+            lines.append(
+                f'healthgate_listener_events_total{{listener="{path}",event="{key}"}} {value}'
+            )
+    return "\n".join(lines) + "\n"

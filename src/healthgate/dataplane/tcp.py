@@ -1,0 +1,164 @@
+"""Layer-4 TCP proxying: bytes both ways, with back-pressure and half-close.
+
+A client connection is accepted with reading paused; an upstream is chosen
+and connected (the next candidate is tried when one refuses or does not
+answer within the connect timeout); then the two sides are linked:
+
+* what one side reads is written to the other;
+* when a side's write buffer passes the high-water mark, the *other* side
+  stops reading until it drains (so a slow reader never makes us buffer
+  unboundedly);
+* an EOF from one side becomes a ``write_eof`` on the other (half-close), and
+  the connection ends when both directions are done or either side resets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from typing import cast
+
+log = logging.getLogger("healthgate.dataplane")
+
+Address = tuple[str, int]
+HIGH_WATER = 256 * 1024
+
+
+class Pipe(asyncio.Protocol):
+    """One side of a proxied connection."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.peer: Pipe | None = None
+        self.eof = False
+        self.closed = False
+        self.on_close: Callable[[], None] | None = None
+        self.early = bytearray()  # bytes read before the peer was linked (a server banner)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.transport.set_write_buffer_limits(high=HIGH_WATER)
+
+    def link(self, peer: Pipe) -> None:
+        """Connect this side to its peer, replaying what arrived before: data,
+        and an EOF (a client may send its request and half-close at once)."""
+        self.peer = peer
+        if peer.transport is None or peer.closed:
+            return
+        if self.early:
+            peer.transport.write(bytes(self.early))
+            self.early.clear()
+            if self.transport is not None:
+                self.transport.resume_reading()
+        if self.eof:
+            self._forward_eof(peer)
+
+    def data_received(self, data: bytes) -> None:
+        peer = self.peer
+        if peer is not None and peer.transport is not None and not peer.closed:
+            peer.transport.write(data)
+        elif peer is None:
+            self.early += data
+            if len(self.early) > HIGH_WATER and self.transport is not None:
+                self.transport.pause_reading()  # until linked
+
+    def eof_received(self) -> bool | None:
+        self.eof = True
+        peer = self.peer
+        if peer is None:
+            return True  # not linked yet: keep our side open, link() forwards the EOF
+        if peer.transport is None or peer.closed:
+            return False
+        return self._forward_eof(peer)
+
+    @staticmethod
+    def _forward_eof(peer: Pipe) -> bool:
+        assert peer.transport is not None
+        if peer.eof:  # both directions are done
+            peer.transport.close()
+            return False
+        if peer.transport.can_write_eof():
+            peer.transport.write_eof()
+            return True  # half-close: our write side stays open for the answer
+        peer.transport.close()
+        return False
+
+    def pause_writing(self) -> None:  # our outgoing buffer is full: stop the peer reading
+        if self.peer is not None and self.peer.transport is not None:
+            with contextlib.suppress(RuntimeError):
+                self.peer.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None and not self.peer.closed:
+            with contextlib.suppress(RuntimeError):
+                self.peer.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        peer = self.peer
+        if peer is not None and peer.transport is not None and not peer.closed:
+            if exc is not None:
+                peer.transport.abort()
+            else:
+                peer.transport.close()
+        if self.on_close is not None:
+            self.on_close()
+
+
+async def connect_first(
+    candidates: Sequence[Address], timeout: float, factory: Callable[[], Pipe]
+) -> tuple[asyncio.Transport, Pipe, Address] | None:
+    """Connect to the first candidate that accepts within ``timeout``."""
+    loop = asyncio.get_running_loop()
+    for address in candidates:
+        try:
+            async with asyncio.timeout(timeout):
+                transport, proto = await loop.create_connection(factory, address[0], address[1])
+            return transport, proto, address
+        except (OSError, TimeoutError) as exc:
+            log.debug("upstream %s:%d failed: %r", address[0], address[1], exc)
+    return None
+
+
+class TcpProxy(Pipe):
+    """The client side of an L4 listener."""
+
+    def __init__(
+        self, choose: Callable[[], Sequence[Address]], connect_timeout: float, stats: dict[str, int]
+    ) -> None:
+        super().__init__()
+        self.choose = choose
+        self.connect_timeout = connect_timeout
+        self.stats = stats
+        self.task: asyncio.Task[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        assert self.transport is not None
+        self.transport.pause_reading()
+        self.stats["connections"] = self.stats.get("connections", 0) + 1
+        self.task = asyncio.get_running_loop().create_task(self._connect())
+
+    async def _connect(self) -> None:
+        candidates = self.choose()
+        result = await connect_first(candidates, self.connect_timeout, Pipe) if candidates else None
+        if self.closed or self.transport is None:
+            if result is not None:
+                result[0].close()
+            return
+        if result is None:
+            self.stats["no_upstream"] = self.stats.get("no_upstream", 0) + 1
+            self.transport.abort()  # nobody to serve this connection: reset, as a balancer does
+            return
+        _transport, upstream, _address = result
+        self.link(upstream)  # replays what the client sent (and its EOF)
+        upstream.link(self)  # replays what the upstream already sent
+        if not self.eof:
+            self.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if self.task is not None and not self.task.done():
+            self.task.cancel()

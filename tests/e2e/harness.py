@@ -1,0 +1,78 @@
+"""Region backends in a background thread, driven from synchronous tests."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import threading
+from collections.abc import Coroutine
+from typing import Any
+
+import uvloop
+
+from healthgate.runtime.regions import RegionBackends
+from tests.helpers import example_dicts
+from tests.integration.servers import free_port
+
+
+class Backends:
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.backends = RegionBackends()
+        for i in range(1, 5):
+            self.backends.add("us-east1", f"127.0.1.{i}", port)
+        for i in range(1, 3):
+            self.backends.add("europe-west1", f"127.0.2.{i}", port)
+        self.loop = uvloop.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
+
+    def __enter__(self) -> Backends:
+        self.thread.start()
+        self.run(self.backends.start())
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.run(self.backends.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+    def set_mode(self, region: str, mode: str) -> None:
+        self.run(self.backends.set_mode(region, mode))
+
+
+def e2e_world(
+    port: int, front_port: int, producer_ports: tuple[int, int], **policy: Any
+) -> list[dict[str, Any]]:
+    """The shared example with fast checks (1 s, thresholds 2), free ports, and
+    the consumer's failover policy overridden by ``policy``."""
+    out = []
+    prod_port = {"us-east1": producer_ports[0], "europe-west1": producer_ports[1]}
+    for original in example_dicts():
+        d = copy.deepcopy(original)
+        if d["kind"] == "HealthCheck":
+            d.update(
+                port=port,
+                requestPath="/",
+                checkIntervalSec=1,
+                timeoutSec=1,
+                healthyThreshold=2,
+                unhealthyThreshold=2,
+            )
+        if d["kind"] == "NetworkEndpointGroup" and "endpoints" in d:
+            for ep in d["endpoints"]:
+                ep["port"] = port
+        if d["kind"] == "ForwardingRule" and d["project"] == "shop":
+            d["ports"] = [prod_port[d["region"]]]
+        if d["kind"] == "ForwardingRule" and d["project"] == "web":
+            d["portRange"] = str(front_port)
+        if d["kind"] == "BackendService" and d["project"] == "web" and policy:
+            d["failoverPolicy"] = {**d.get("failoverPolicy", {}), **policy}
+        out.append(d)
+    return out
+
+
+def ports() -> tuple[int, int, tuple[int, int]]:
+    return free_port(), free_port(), (free_port("127.0.1.100"), free_port("127.0.2.100"))

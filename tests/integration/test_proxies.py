@@ -1,0 +1,215 @@
+"""The TCP and HTTP proxies on their own, against real sockets on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from typing import Any
+
+from healthgate.dataplane.http import HttpProxy, HttpSettings, UpstreamPool
+from healthgate.dataplane.tcp import TcpProxy
+from tests.helpers import run_async
+from tests.integration.servers import Server, free_port
+
+
+async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    while data := await reader.read(65536):
+        writer.write(data)
+        await writer.drain()
+    writer.write_eof()  # half-close: echo everything, then say we are done
+    await writer.drain()
+    writer.close()
+
+
+async def tcp_proxy_to(upstreams: list[tuple[str, int]], stats: dict[str, int]) -> asyncio.Server:
+    loop = asyncio.get_running_loop()
+    return await loop.create_server(lambda: TcpProxy(lambda: upstreams, 1.0, stats), "127.0.0.1", 0)
+
+
+def test_tcp_bulk_transfer_with_back_pressure_and_half_close() -> None:
+    payload = os.urandom(8 * 1024 * 1024)
+
+    async def go() -> tuple[str, int]:
+        async with Server(echo) as upstream:
+            stats: dict[str, int] = {}
+            proxy = await tcp_proxy_to(
+                [("127.0.0.1", free_port()), ("127.0.0.1", upstream.port)], stats
+            )
+            port = proxy.sockets[0].getsockname()[1]
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+
+            async def send() -> None:
+                for i in range(0, len(payload), 65536):
+                    writer.write(payload[i : i + 65536])
+                    await writer.drain()
+                writer.write_eof()
+
+            sender = asyncio.create_task(send())
+            digest = hashlib.sha256()
+            got = 0
+            while chunk := await reader.read(1 << 20):
+                digest.update(chunk)
+                got += len(chunk)
+                await asyncio.sleep(0)  # a slow reader: the proxy must hold back, not buffer it all
+            await sender
+            writer.close()
+            proxy.close()
+            return digest.hexdigest(), got
+
+    digest, got = run_async(go())
+    assert got == len(payload)
+    assert (
+        digest == hashlib.sha256(payload).hexdigest()
+    )  # the first upstream refused: the second served
+
+
+def test_tcp_server_banner_before_any_client_byte_is_delivered() -> None:
+    async def banner(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"220 hello\r\n")
+        await writer.drain()
+        await reader.read(100)
+        writer.close()
+
+    async def go() -> bytes:
+        async with Server(banner) as upstream:
+            proxy = await tcp_proxy_to([("127.0.0.1", upstream.port)], {})
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", proxy.sockets[0].getsockname()[1]
+            )
+            line = await asyncio.wait_for(reader.readline(), 5)
+            writer.close()
+            proxy.close()
+            return line
+
+    assert run_async(go()) == b"220 hello\r\n"
+
+
+def test_tcp_no_upstream_resets_the_client() -> None:
+    async def go() -> bytes:
+        stats: dict[str, int] = {}
+        proxy = await tcp_proxy_to([], stats)
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", proxy.sockets[0].getsockname()[1]
+        )
+        try:
+            data = await asyncio.wait_for(reader.read(), 5)
+        except ConnectionResetError:
+            data = b"reset"
+        writer.close()
+        proxy.close()
+        assert stats["no_upstream"] == 1
+        return data
+
+    assert run_async(go()) in (b"", b"reset")
+
+
+async def http_proxy_to(
+    upstreams: list[tuple[str, int]], stats: dict[str, int], **kw: Any
+) -> asyncio.Server:
+    loop = asyncio.get_running_loop()
+    settings = HttpSettings(**kw)
+    pool = UpstreamPool(settings)
+    return await loop.create_server(
+        lambda: HttpProxy(lambda: upstreams, pool, settings, stats), "127.0.0.1", 0
+    )
+
+
+async def request(port: int, raw: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(raw)
+    data = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    return data
+
+
+def test_http_forwards_body_and_x_forwarded_for_and_pipelines() -> None:
+    seen: list[bytes] = []
+
+    async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    (
+                        int(h.split(b":")[1])
+                        for h in head.split(b"\r\n")
+                        if h.lower().startswith(b"content-length")
+                    ),
+                    0,
+                )
+                body = await reader.readexactly(length) if length else b""
+                seen.append(head + body)
+                reply = b"got " + body
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(reply), reply)
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    async def go() -> bytes:
+        async with Server(upstream) as up:
+            proxy = await http_proxy_to([("127.0.0.1", up.port)], {})
+            port = proxy.sockets[0].getsockname()[1]
+            raw = (
+                b"POST /a HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 10.9.9.9\r\nContent-Length: 5\r\n\r\nhello"
+                b"GET /b HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            )
+            data = await request(port, raw)
+            proxy.close()
+            return data
+
+    data = run_async(go())
+    assert data.count(b"HTTP/1.1 200 OK") == 2 and b"got hello" in data
+    assert seen[0].startswith(b"POST /a HTTP/1.1\r\n")
+    assert b"X-Forwarded-For: 10.9.9.9, 127.0.0.1\r\n" in seen[0]
+    assert seen[1].startswith(b"GET /b HTTP/1.1\r\n")
+
+
+def test_http_retries_idempotent_requests_only() -> None:
+    async def hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await asyncio.sleep(30)
+
+    async def good(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\ngood")
+        await writer.drain()
+        writer.close()
+
+    async def go() -> tuple[bytes, bytes, dict[str, int]]:
+        async with Server(hang) as bad, Server(good) as ok:
+            stats: dict[str, int] = {}
+            proxy = await http_proxy_to(
+                [("127.0.0.1", bad.port), ("127.0.0.1", ok.port)], stats, per_try_timeout=0.3
+            )
+            port = proxy.sockets[0].getsockname()[1]
+            get = await request(port, b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            post = await request(
+                port,
+                b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx",
+            )
+            proxy.close()
+            return get, post, stats
+
+    get, post, stats = run_async(go())
+    assert get.startswith(b"HTTP/1.1 200") and get.endswith(b"good")  # retried in the next region
+    assert post.startswith(b"HTTP/1.1 502")  # sent once, never replayed
+    assert stats["retries"] == 1
+
+
+def test_http_limits_and_malformed_requests() -> None:
+    async def go() -> tuple[bytes, bytes]:
+        proxy = await http_proxy_to([("127.0.0.1", free_port())], {}, max_body_bytes=10)
+        port = proxy.sockets[0].getsockname()[1]
+        big = await request(
+            port, b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n" + b"x" * 100
+        )
+        junk = await request(port, b"NOT HTTP AT ALL\r\n\r\n")
+        proxy.close()
+        return big, junk
+
+    big, junk = run_async(go())
+    assert big.startswith(b"HTTP/1.1 413")
+    assert junk.startswith(b"HTTP/1.1 400")
