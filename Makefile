@@ -1,4 +1,4 @@
-# make run   - simulate the bundled two-region example in virtual time
+# make run   - the demo: three regions, serve, a load generator (Ctrl-C stops it)
 # make test  - lint (ruff), type-check (mypy) and the whole pytest suite
 # Both set up .venv themselves on a fresh Debian machine with Python 3.11.
 
@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test lint typecheck unit bench clean
+.PHONY: run simulate test lint typecheck unit bench clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 run: $(STAMP)
+	$(BIN)/healthgate demo
+
+simulate: $(STAMP)
 	$(BIN)/healthgate simulate -f examples/two-regions.yaml \
 	  --scenario examples/scenario-us-east1-hangs.yaml
 

@@ -398,6 +398,25 @@ def print_event(item: dict[str, Any], output: str) -> None:
     )
 
 
+def cmd_demo_control(args: argparse.Namespace) -> int:
+    api = Api(args)
+    if args.action == "status":
+        emit(api.request("GET", "/v1/demo"), "yaml")
+        return EXIT_OK
+    if not args.region:
+        raise CliError(f"healthgate demo {args.action} REGION", EXIT_USAGE)
+    if args.action == "break":
+        body: dict[str, Any] = {"mode": args.mode}
+        if args.endpoints:
+            body["endpoints"] = args.endpoints
+        out = api.request("POST", f"/v1/demo/regions/{args.region}/break", json=body)
+        print(f"{out['region']}: {out['endpoints']} endpoint(s) now {out['mode']}")
+    else:
+        out = api.request("POST", f"/v1/demo/regions/{args.region}/heal")
+        print(f"{out['region']}: {out['endpoints']} endpoint(s) healthy again")
+    return EXIT_OK
+
+
 def add_client_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", help=f"API URL (default: $HEALTHGATE_SERVER or {DEFAULT_SERVER})")
     p.add_argument("--project", help="project (default: $HEALTHGATE_PROJECT)")

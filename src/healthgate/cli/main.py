@@ -116,6 +116,43 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from healthgate.cli import client
+
+    if args.action in ("break", "heal", "status"):
+        return client.run_client(client.cmd_demo_control, args)
+    if args.action != "run":
+        print(
+            "usage: healthgate demo [run | break REGION --mode MODE | heal REGION | status]",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+
+    import uvloop
+
+    from healthgate.runtime.demo import DemoSettings, human_transitions, run_demo
+
+    configure_logging("warning")
+    human_transitions()
+    try:
+        uvloop.run(
+            run_demo(
+                DemoSettings(
+                    listen=args.listen,
+                    front_port=args.front_port,
+                    backend_port=args.backend_port,
+                    producer_port=args.producer_port,
+                )
+            )
+        )
+    except OSError as exc:
+        print(f"healthgate demo: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
+
+
 def configure_logging(level: str) -> None:
     """Transitions as JSON lines on stdout; everything else as text on stderr."""
     import logging
@@ -234,6 +271,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=1000)
     client.add_client_options(p)
     p.set_defaults(func=lambda a: client.run_client(client.cmd_events, a))
+
+    p = sub.add_parser(
+        "demo", help="a whole multi-region stack on this machine; break and heal regions"
+    )
+    p.add_argument("action", nargs="?", default="run", choices=["run", "break", "heal", "status"])
+    p.add_argument(
+        "region", nargs="?", help="for break and heal: us-east1, europe-west1 or asia-east1"
+    )
+    p.add_argument(
+        "--mode",
+        default="hang",
+        choices=["hang", "refuse", "503"],
+        help="how to break it (default hang)",
+    )
+    p.add_argument("--endpoints", type=int, help="break only the first N endpoints of the region")
+    p.add_argument(
+        "--listen",
+        default="127.0.0.1:7400",
+        help="API address of the demo (default 127.0.0.1:7400)",
+    )
+    p.add_argument(
+        "--front-port", type=int, default=8088, help="front-end port on 127.0.0.1 (default 8088)"
+    )
+    p.add_argument(
+        "--backend-port", type=int, default=8080, help="simulated backends' port (default 8080)"
+    )
+    p.add_argument(
+        "--producer-port", type=int, default=9080, help="producer rules' port (default 9080)"
+    )
+    client.add_client_options(p)
+    p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("simulate", help="replay a what-if scenario in virtual time")
     p.add_argument("-f", "--file", required=True, help="manifest")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+from fastapi import FastAPI
 
 from healthgate.api.app import ApiSettings, ApiState, create_app
 from healthgate.api.auth import Access
@@ -84,6 +85,7 @@ class Server:
         self._tasks: list[asyncio.Task[Any]] = []
         self._stopping = asyncio.Event()
         self.on_started: list[Callable[[], Any]] = []
+        self.configure_app: list[Callable[[FastAPI], None]] = []  # extra routes (the demo's)
 
     @property
     def url(self) -> str:
@@ -116,6 +118,8 @@ class Server:
         self.api_state.extra_metrics.append(lambda: metrics_text(dataplane))
         self.api_state.dataplane_status = dataplane.status
         app = create_app(self.api_state)
+        for configure in self.configure_app:
+            configure(app)
         config = uvicorn.Config(
             app,
             host=self.host,
