@@ -102,16 +102,16 @@ def wrk(url: str, duration: float, conns: int) -> tuple[float, float]:
     return rps, p99
 
 
-def bulk(port: int, path: str, size: int) -> float:
+def bulk(host: str, port: int, path: str, size: int) -> float:
+    """Download ``path`` through a proxy; MB/s."""
     start = time.monotonic()
     got = 0
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+    with socket.create_connection((host, port), timeout=30) as s:
         s.sendall(f"GET {path} HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n".encode())
         while chunk := s.recv(1 << 20):
             got += len(chunk)
-    elapsed = time.monotonic() - start
     assert got >= size, (got, size)
-    return got / elapsed / 1e6
+    return got / (time.monotonic() - start) / 1e6
 
 
 def main() -> int:
@@ -311,12 +311,11 @@ backend betcp
                     rps, p99 = wrk(url, args.duration, args.conns)
                     rows.append({"test": "http", "proxy": name, "rps": rps, "p99_ms": p99})
                     print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-                for name, port in (("haproxy", ha_tcp), ("healthgate L4 hop", hg_prod)):
-                    host_port = port
-                    if name.startswith("healthgate"):
-                        mbps = bulk_at("127.0.9.100", host_port, "/big", size)
-                    else:
-                        mbps = bulk(host_port, "/big", size)
+                for name, host, port in (
+                    ("haproxy", "127.0.0.1", ha_tcp),
+                    ("healthgate L4 hop", "127.0.9.100", hg_prod),
+                ):
+                    mbps = bulk(host, port, "/big", size)
                     rows.append({"test": "tcp-bulk", "proxy": name, "MBps": mbps})
                     print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         finally:
@@ -326,13 +325,13 @@ backend betcp
     for test in ("http", "tcp-bulk"):
         group = [r for r in rows if r["test"] == test]
         key = "rps" if test == "http" else "MBps"
-        base = _median([r[key] for r in group if r["proxy"] == "haproxy"])
+        reference = _median([r[key] for r in group if r["proxy"] == "haproxy"])
         for proxy in dict.fromkeys(r["proxy"] for r in group):
             vals = [r for r in group if r["proxy"] == proxy]
             v = _median([r[key] for r in vals])
             p99 = _median([r.get("p99_ms", 0.0) for r in vals])
             print(
-                f"{test:<9} {proxy:<32} {v if test == 'http' else 0:>9.0f} {p99:>7.2f} {v if test != 'http' else 0:>8.0f} {v / base:>9.2f}"
+                f"{test:<9} {proxy:<32} {v if test == 'http' else 0:>9.0f} {p99:>7.2f} {v if test != 'http' else 0:>8.0f} {v / reference:>9.2f}"
             )
     print(
         "\ngoals: one healthgate hop >= 0.75x HAProxy's requests/s on one core; TCP bulk >= 0.9x HAProxy's throughput"
@@ -340,17 +339,6 @@ backend betcp
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0
-
-
-def bulk_at(host: str, port: int, path: str, size: int) -> float:
-    start = time.monotonic()
-    got = 0
-    with socket.create_connection((host, port), timeout=30) as s:
-        s.sendall(f"GET {path} HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n".encode())
-        while chunk := s.recv(1 << 20):
-            got += len(chunk)
-    assert got >= size, (got, size)
-    return got / (time.monotonic() - start) / 1e6
 
 
 def _median(values: list[float]) -> float:
