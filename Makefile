@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run simulate test lint typecheck unit bench clean
+.PHONY: run simulate test lint typecheck browser unit bench clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
@@ -34,7 +34,13 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest -q
 
-test: lint typecheck unit
+# the browser tests drive Debian's chromium (never a downloaded browser)
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing Debian's chromium for the browser tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+test: lint typecheck browser unit
 
 bench: $(STAMP)
 	$(BIN)/python bench/engine.py

@@ -25,13 +25,21 @@ import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Body, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import (
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
+from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from healthgate import __version__
@@ -374,6 +382,24 @@ def create_app(state: ApiState) -> FastAPI:
         )
         return {"deleted": str(path)}
 
+    # ------------------------------------------------------------------ projects and the dashboard
+
+    @app.get("/v1/projects", tags=["resources"])
+    async def projects(authorization: Auth = None) -> dict[str, Any]:
+        who = principal(authorization)
+        names = sorted({p.project for p in state.control.stored if who.can_read(p.project)})
+        return {"items": names}
+
+    app.mount(
+        "/ui",
+        StaticFiles(directory=Path(__file__).resolve().parent.parent / "web", html=True),
+        name="ui",
+    )
+
+    @app.get("/", include_in_schema=False)
+    async def root() -> RedirectResponse:
+        return RedirectResponse("/ui/")
+
     # ------------------------------------------------------------------ regional resources
 
     @app.get("/v1/projects/{project}/regions/{region}/{collection}", tags=["resources"])
@@ -611,8 +637,20 @@ def create_app(state: ApiState) -> FastAPI:
         state_: Annotated[str | None, Query(alias="state", max_length=16)] = None,
         after: Annotated[int | None, Query(ge=0, le=2**62)] = None,
         last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+        access_token: Annotated[
+            str | None,
+            Query(max_length=512, description="for EventSource, which cannot send headers"),
+        ] = None,
+        tail: Annotated[
+            int | None,
+            Query(ge=0, le=10000, description="first replay about this many recent records"),
+        ] = None,
     ) -> StreamingResponse:
-        who = principal(authorization)
+        who = principal(authorization or (f"Bearer {access_token}" if access_token else None))
+        if tail is not None and after is None and not last_event_id:
+            after = max(
+                0, state.recorder.last_id - tail
+            )  # recent history first (ids span projects)
         start = (
             after
             if after is not None

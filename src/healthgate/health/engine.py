@@ -487,7 +487,7 @@ class HealthEngine:
                     prev.since,
                     fallbacks,
                 )
-                return prev.fallbacks != fallbacks  # republish: listeners retry there
+                return True  # republish: readers see the current reason and retry targets
             return False
         attachment = self._attachment_of(choice.target) if choice.target else None
         node.extra = Route(

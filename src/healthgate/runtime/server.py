@@ -100,6 +100,7 @@ class Server:
             s.probe, s.scheduler, failure_log_rate=s.failure_log_rate
         )
         self.recorder = recorder = TransitionRecorder(store, retention=s.log_retention)
+        recorder.last_id = store.last_log_id()
         health.subscribe(recorder.on_records)
         health.on_forget(recorder.on_forget)
         self.control = control = ControlPlane(store, health)

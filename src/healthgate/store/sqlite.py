@@ -202,6 +202,11 @@ class SqliteStore:
             rows = self._db.execute(" ".join(sql), args).fetchall()
         return [LogEntry(int(i), json.loads(rec)) for i, rec in rows]
 
+    def last_log_id(self) -> int:
+        with self._lock:
+            row = self._db.execute("SELECT COALESCE(MAX(id), 0) FROM log").fetchone()
+        return int(row[0])
+
     def trim_log(self, keep: int) -> int:
         with self._lock:
             cur = self._db.execute(

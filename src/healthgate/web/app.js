@@ -1,0 +1,151 @@
+// healthgate dashboard: reads only the public REST API, as the caller.
+// Open /ui/ (or /ui/?token=TOKEN when the API needs a bearer token).
+"use strict";
+
+const params = new URLSearchParams(location.search);
+const token = params.get("token");
+const headers = token ? { Authorization: "Bearer " + token } : {};
+let demo = false;
+let rates = {};
+const streams = {};
+
+async function api(path, options = {}) {
+  const r = await fetch(path, { ...options, headers: { ...headers, ...(options.headers || {}) } });
+  if (!r.ok) { const e = new Error(path + ": " + r.status); e.status = r.status; throw e; }
+  return r.json();
+}
+
+function esc(s) { return String(s ?? "").replace(/[&<>"]/g, c => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c])); }
+function last(path) { return String(path || "").split("/").pop(); }
+
+// A reference may be full, partial or a bare name; resolve like the server does.
+function resolve(ref, referrer, collection) {
+  if (ref.startsWith("projects/")) return ref;
+  const p = referrer.split("/");
+  const project = p[1];
+  const here = p[2] === "global" ? "global" : "regions/" + p[3];
+  const parts = ref.split("/");
+  if (parts[0] === "regions" || parts[0] === "global") return `projects/${project}/${ref}`;
+  if (parts.length === 2) return `projects/${project}/${here}/${ref}`;
+  return `projects/${project}/${here}/${collection}/${ref}`;
+}
+
+function state(obj) { return (obj && obj.status && obj.status.healthState) || "UNKNOWN"; }
+function badge(s) { return `<span class="badge ${esc(s)}">${esc(s)}</span>`; }
+
+async function tryGet(path) { try { return await api("/v1/" + path); } catch (e) { return e.status === 403 ? "forbidden" : null; } }
+
+async function producerSide(attachmentPath) {
+  const att = await tryGet(attachmentPath);
+  if (att === "forbidden") return `<div class="level muted">the producer's side is not visible to this token</div>`;
+  if (!att) return "";
+  const frPath = resolve(att.targetService, att.selfLink, "forwardingRules");
+  const fr = await tryGet(frPath);
+  const region = frPath.split("/")[3];
+  const project = frPath.split("/")[1];
+  let html = `<div class="level">forwarding rule ${esc(last(frPath))} ${badge(state(fr))}`;
+  const comps = await tryGet(`projects/${project}/regions/${region}/compositeHealthChecks`);
+  for (const c of (comps && comps.items) || []) {
+    if (resolve(c.healthDestination, c.selfLink, "forwardingRules") !== frPath) continue;
+    html += `<div class="level">composite ${esc(c.name)}${c.mode === "DRY_RUN" ? " (DRY_RUN)" : ""} ${badge(state(c))}<div class="reason">${esc(c.status && c.status.reason)}</div>`;
+    for (const sref of c.healthSources) {
+      const src = await tryGet(resolve(sref, c.selfLink, "healthSources"));
+      if (!src || src === "forbidden") continue;
+      html += `<div class="level">source ${esc(src.name)} ${badge(state(src))}<div class="reason">${esc(src.status && src.status.reason)}</div>`;
+      const bsPath = resolve(src.sources[0], src.selfLink, "backendServices");
+      const health = await tryGet(bsPath + "/health");
+      if (health && health !== "forbidden") {
+        html += `<div class="chips">` + health.healthStatus.map(ep => {
+          const lastProbe = ep.lastResult ? ep.lastResult.description : "no probe yet";
+          return `<span class="chip ${esc(ep.healthState)}" title="${esc(ep.reason)}">${esc(ep.ipAddress)} · ${esc(lastProbe)}</span>`;
+        }).join("") + `</div>`;
+      }
+      html += `</div>`;
+    }
+    html += `</div>`;
+  }
+  return html + `</div>`;
+}
+
+async function frontend(fr) {
+  const route = (fr.status && fr.status.route) || {};
+  const target = route.target;
+  const bs = await tryGet(resolve(fr.backendService, fr.selfLink, "backendServices"));
+  let cards = "";
+  for (const b of (bs && bs.backends) || []) {
+    const negPath = resolve(b.group, bs.selfLink, "networkEndpointGroups");
+    const neg = await tryGet(negPath);
+    if (!neg || neg === "forbidden") continue;
+    const region = negPath.split("/")[3];
+    const s = state(neg);
+    const current = negPath === target ? " current" : "";
+    const rate = rates[region] !== undefined ? `${rates[region]} req/s` : "";
+    const controls = demo ? `<div>${["hang", "refuse", "503"].map(m =>
+      `<button data-region="${esc(region)}" data-mode="${m}">break: ${m}</button>`).join("")}
+      <button data-region="${esc(region)}" data-mode="heal">heal</button></div>` : "";
+    cards += `<div class="card ${esc(s)}${current}" data-neg="${esc(last(negPath))}" data-region="${esc(region)}">
+      <div><strong>${esc(region)}</strong> ${esc(last(negPath))} ${badge(s)} ${current ? "◀ routing here" : ""} <span class="muted">${esc(rate)}</span></div>
+      <div class="reason">${esc(neg.status && neg.status.reason)}</div>
+      ${await producerSide(neg.pscTargetService)}
+      ${controls}</div>`;
+  }
+  return `<div class="frontend" data-frontend="${esc(fr.name)}">
+    <div class="route">front end <strong>${esc(fr.name)}</strong> (${esc(fr.IPAddress)}:${esc(fr.portRange || (fr.ports || []).join(","))})
+      → <strong id="route-${esc(fr.name)}" class="target">${esc(target ? last(target) : "refusing")}</strong>
+      <span class="muted">${esc(route.mode || "")}</span></div>
+    <div class="reason">${esc(route.reason || "")}</div>
+    <div class="negs">${cards}</div></div>`;
+}
+
+async function refresh() {
+  try {
+    if (demo) { try { rates = (await api("/v1/demo")).requestsPerSecond; } catch (e) { rates = {}; } }
+    const projects = (await api("/v1/projects")).items;
+    let html = "";
+    for (const p of projects) {
+      const frs = await api(`/v1/projects/${p}/global/forwardingRules`).catch(() => ({ items: [] }));
+      for (const fr of frs.items) html += await frontend(fr);
+      watch(p);
+    }
+    document.getElementById("topology").innerHTML = html || `<p class="muted">no front ends (global forwarding rules) visible</p>`;
+    document.getElementById("status").textContent = "live · " + new Date().toLocaleTimeString();
+  } catch (e) {
+    document.getElementById("status").textContent = "cannot reach the API: " + e.message;
+  }
+  if (demo) {
+    document.getElementById("rates").innerHTML = Object.entries(rates).map(([r, v]) =>
+      `<div>${esc(r)} ${esc(v)}/s<div class="bar" style="width:${Math.min(100, v * 4)}%"></div></div>`).join("") || "no traffic yet";
+  }
+}
+
+function watch(project) {
+  if (streams[project]) return;
+  const q = "?tail=200" + (token ? "&access_token=" + encodeURIComponent(token) : "");
+  const es = new EventSource(`/v1/projects/${project}/events/stream${q}`);
+  streams[project] = es;
+  es.addEventListener("transition", ev => {
+    const d = JSON.parse(ev.data);
+    const li = document.createElement("li");
+    const name = d.name || last(d.frontend);
+    const t = new Date(d.time * 1000).toLocaleTimeString();
+    li.innerHTML = `${esc(t)} <span class="kind">${esc(d.kind)}</span> ${esc(d.project)}/${esc(d.region || "global")}/${esc(name)}: ${esc(last(d.from) || "-")} → ${esc(last(d.to) || "refuse")}<div class="reason">${esc(d.reason)}</div>`;
+    const list = document.getElementById("timeline");
+    list.prepend(li);
+    while (list.children.length > 200) list.lastChild.remove();
+  });
+}
+
+document.addEventListener("click", async ev => {
+  const b = ev.target.closest("button[data-region]");
+  if (!b) return;
+  const { region, mode } = b.dataset;
+  const path = mode === "heal" ? `/v1/demo/regions/${region}/heal` : `/v1/demo/regions/${region}/break`;
+  await api(path, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ mode }) });
+  refresh();
+});
+
+(async () => {
+  try { await api("/v1/demo"); demo = true; document.getElementById("demo").hidden = false; } catch (e) { demo = false; }
+  await refresh();
+  setInterval(refresh, 1000);
+})();

@@ -1,0 +1,96 @@
+"""The dashboard in headless Chromium: see the topology, break a region with its
+button, watch the front end's route change and the transition reach the timeline."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from playwright.sync_api import expect, sync_playwright
+
+from tests.helpers import ROOT
+from tests.integration.serve_proc import wait_for
+from tests.integration.servers import free_port
+
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def test_dashboard_shows_a_failover(tmp_path: Path) -> None:
+    assert Path(CHROMIUM).exists(), (
+        "Debian's chromium is needed: make test installs it (apt-get install chromium)"
+    )
+    api, front = free_port(), free_port()
+    log = open(tmp_path / "demo.log", "wb")  # noqa: SIM115
+    demo = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "healthgate",
+            "demo",
+            "--listen",
+            f"127.0.0.1:{api}",
+            "--front-port",
+            str(front),
+            "--backend-port",
+            str(free_port("127.0.1.1")),
+            "--producer-port",
+            str(free_port("127.0.1.100")),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    ARTIFACTS.mkdir(exist_ok=True)
+    try:
+        import httpx
+
+        wait_for(lambda: _ready(f"http://127.0.0.1:{api}/readyz"), 30, 0.2, "demo ready")
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(f"http://127.0.0.1:{api}/")
+            route = page.locator("#route-shop-frontend")
+            expect(route).to_have_text("shop-us-east1", timeout=20_000)
+            expect(page.locator('.card[data-region="us-east1"] .badge').first).to_have_text(
+                "HEALTHY", timeout=20_000
+            )
+            page.locator('.card[data-region="us-east1"] button[data-mode="refuse"]').click()
+            expect(route).to_have_text("shop-asia-east1", timeout=15_000)
+            timeline = page.locator("#timeline")
+            expect(timeline).to_contain_text("Route", timeout=10_000)
+            expect(timeline).to_contain_text("failing over to shop-asia-east1")
+            expect(page.locator('.card[data-region="us-east1"]').first).to_have_class(
+                "card UNHEALTHY"
+            )
+            page.screenshot(path=str(ARTIFACTS / "dashboard-failover.png"), full_page=True)
+            page.locator('.card[data-region="us-east1"] button[data-mode="heal"]').click()
+            expect(route).to_have_text("shop-us-east1", timeout=15_000)
+            browser.close()
+        assert httpx.get(f"http://127.0.0.1:{front}/", timeout=5).text.startswith("region=us-east1")
+    finally:
+        demo.send_signal(signal.SIGINT)
+        demo.wait(30)
+        log.close()
+
+
+def _ready(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
