@@ -403,6 +403,8 @@ class HttpProxy(asyncio.Protocol):
                 self.stats["retries"] = self.stats.get("retries", 0) + 1
             try:
                 await self._try(address, data, req.method == "HEAD", idempotent, client)
+                key = f"served_by {address[0]}:{address[1]}"
+                self.stats[key] = self.stats.get(key, 0) + 1
                 return
             except _Retry as exc:
                 last_error = str(exc)

@@ -245,7 +245,13 @@ def metrics_text(dp: DataPlane) -> str:
     ]
     for path, listener in dp.listeners.items():
         for key, value in sorted(listener.stats.items()):
-            lines.append(
-                f'healthgate_listener_events_total{{listener="{path}",event="{key}"}} {value}'
-            )
+            if key.startswith("served_by "):
+                upstream = key.removeprefix("served_by ")
+                lines.append(
+                    f'healthgate_listener_served_total{{listener="{path}",upstream="{upstream}"}} {value}'
+                )
+            else:
+                lines.append(
+                    f'healthgate_listener_events_total{{listener="{path}",event="{key}"}} {value}'
+                )
     return "\n".join(lines) + "\n"

@@ -152,7 +152,9 @@ class TcpProxy(Pipe):
             self.stats["no_upstream"] = self.stats.get("no_upstream", 0) + 1
             self.transport.abort()  # nobody to serve this connection: reset, as a balancer does
             return
-        _transport, upstream, _address = result
+        _transport, upstream, address = result
+        key = f"served_by {address[0]}:{address[1]}"
+        self.stats[key] = self.stats.get(key, 0) + 1
         self.link(upstream)  # replays what the client sent (and its EOF)
         upstream.link(self)  # replays what the upstream already sent
         if not self.eof:

@@ -7,6 +7,8 @@ const token = params.get("token");
 const headers = token ? { Authorization: "Bearer " + token } : {};
 let demo = false;
 let rates = {};
+const upstreamRegion = {};  // "ip:port" of a producer rule -> its region
+const lastCounts = {};      // front end -> {region: [count, time]}
 const streams = {};
 
 async function api(path, options = {}) {
@@ -41,6 +43,7 @@ async function producerSide(attachmentPath) {
   if (!att) return "";
   const frPath = resolve(att.targetService, att.selfLink, "forwardingRules");
   const fr = await tryGet(frPath);
+  if (fr && fr !== "forbidden") upstreamRegion[`${fr.IPAddress}:${(fr.ports || [String(fr.portRange).split("-")[0]])[0]}`] = frPath.split("/")[3];
   const region = frPath.split("/")[3];
   const project = frPath.split("/")[1];
   let html = `<div class="level">forwarding rule ${esc(last(frPath))} ${badge(state(fr))}`;
@@ -67,8 +70,30 @@ async function producerSide(attachmentPath) {
   return html + `</div>`;
 }
 
+// Requests per second per region, from the front end's listener counters
+// ("served_by ip:port"), which count answered requests or connections.
+function listenerRates(fr) {
+  const stats = (fr.status && fr.status.listener) || {};
+  const now = Date.now() / 1000;
+  const prev = lastCounts[fr.selfLink] || {};
+  const out = {};
+  const next = {};
+  for (const [key, count] of Object.entries(stats)) {
+    if (!key.startsWith("served_by ")) continue;
+    const region = upstreamRegion[key.slice(10)] || key.slice(10);
+    next[region] = (next[region] || 0) + count;
+  }
+  for (const [region, count] of Object.entries(next)) {
+    const p = prev[region];
+    out[region] = p ? Math.max(0, (count - p[0]) / Math.max(0.5, now - p[1])).toFixed(1) : undefined;
+  }
+  lastCounts[fr.selfLink] = Object.fromEntries(Object.entries(next).map(([r, c]) => [r, [c, now]]));
+  return out;
+}
+
 async function frontend(fr) {
   const route = (fr.status && fr.status.route) || {};
+  const served = listenerRates(fr);
   const target = route.target;
   const bs = await tryGet(resolve(fr.backendService, fr.selfLink, "backendServices"));
   let cards = "";
@@ -79,7 +104,8 @@ async function frontend(fr) {
     const region = negPath.split("/")[3];
     const s = state(neg);
     const current = negPath === target ? " current" : "";
-    const rate = rates[region] !== undefined ? `${rates[region]} req/s` : "";
+    const r = served[region] !== undefined ? served[region] : rates[region];
+    const rate = r !== undefined ? `${r} req/s` : "";
     const controls = demo ? `<div>${["hang", "refuse", "503"].map(m =>
       `<button data-region="${esc(region)}" data-mode="${m}">break: ${m}</button>`).join("")}
       <button data-region="${esc(region)}" data-mode="heal">heal</button></div>` : "";
