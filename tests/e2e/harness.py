@@ -76,3 +76,36 @@ def e2e_world(
 
 def ports() -> tuple[int, int, tuple[int, int]]:
     return free_port(), free_port(), (free_port("127.0.1.100"), free_port("127.0.2.100"))
+
+
+class UdpEcho(asyncio.DatagramProtocol):
+    """Answers each datagram with ``region=R <datagram>`` unless the region is broken."""
+
+    def __init__(self, backends: RegionBackends, region: str) -> None:
+        self.backends = backends
+        self.region = region
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
+        if self.backends.regions().get(self.region) == "ok" and self.transport is not None:
+            self.transport.sendto(f"region={self.region} ".encode() + data, addr)
+
+
+def start_udp_echo(b: Backends) -> list[asyncio.BaseTransport]:
+    async def go() -> list[asyncio.BaseTransport]:
+        loop = asyncio.get_running_loop()
+        out: list[asyncio.BaseTransport] = []
+        for ep in b.backends.endpoints:
+
+            def echo(region: str = ep.region) -> UdpEcho:
+                return UdpEcho(b.backends, region)
+
+            transport, _ = await loop.create_datagram_endpoint(echo, local_addr=(ep.ip, ep.port))
+            out.append(transport)
+        return out
+
+    result: list[asyncio.BaseTransport] = b.run(go())
+    return result

@@ -230,3 +230,39 @@ def test_tcp_front_end_fails_over_new_connections(tmp_path: Path) -> None:
         s.backends.set_mode("us-east1", "refuse")
         wait_for(lambda: s.routed_region() == "europe-west1", 10, what="failover")
         assert ask() == "region=europe-west1"
+
+
+def test_udp_sessions_fail_over(tmp_path: Path) -> None:
+    from tests.e2e.harness import e2e_world as world
+    from tests.e2e.harness import start_udp_echo
+
+    with Stack(tmp_path) as s:
+        echoes = start_udp_echo(s.backends)
+        docs = world(s.port, s.front, s.prod)
+        for d in docs:
+            if d["kind"] == "BackendService":
+                d["protocol"] = "UDP"
+            if d["kind"] == "ForwardingRule":
+                d["IPProtocol"] = "UDP"
+        s.apply(docs)
+        wait_for(
+            lambda: s.api.get(FRONT).json()["status"]["listener"]["layer"] == "udp",
+            10,
+            what="udp listener",
+        )
+
+        def ask(payload: bytes) -> str:
+            with socket.socket(
+                socket.AF_INET, socket.SOCK_DGRAM
+            ) as sock:  # a new socket: a new session
+                sock.settimeout(2)
+                sock.sendto(payload, ("127.0.0.1", s.front))
+                data, _ = sock.recvfrom(65536)
+                return data.decode()
+
+        assert ask(b"ping") == "region=us-east1 ping"
+        s.backends.set_mode("us-east1", "refuse")  # health checks (HTTP) fail: the route moves
+        wait_for(lambda: s.routed_region() == "europe-west1", 10, what="failover")
+        assert ask(b"pong") == "region=europe-west1 pong"
+        for t in echoes:
+            s.backends.loop.call_soon_threadsafe(t.close)

@@ -30,9 +30,11 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 from healthgate.dataplane.http import HttpProxy, HttpSettings, UpstreamPool
 from healthgate.dataplane.tcp import Address, TcpProxy
+from healthgate.dataplane.udp import UdpListener
 from healthgate.health.engine import HealthEngine
 from healthgate.model.names import ResourcePath
 from healthgate.model.resources import BackendService, ForwardingRule, Resource, ServiceAttachment
@@ -46,6 +48,7 @@ PROPAGATION_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25
 class DataPlaneSettings:
     enabled: bool = True
     connect_timeout: float = 1.0
+    udp_idle_timeout: float = 60.0
     http: HttpSettings = field(default_factory=HttpSettings)
 
 
@@ -53,7 +56,7 @@ class DataPlaneSettings:
 class ListenerSpec:
     ip: str
     ports: tuple[int, ...]
-    layer: str  # "tcp" or "http"
+    layer: str  # "tcp", "http" or "udp"
     consumer: bool
 
 
@@ -61,6 +64,7 @@ class ListenerSpec:
 class Listener:
     spec: ListenerSpec
     servers: list[asyncio.Server] = field(default_factory=list)
+    datagrams: list[asyncio.BaseTransport] = field(default_factory=list)
     error: str | None = None
     stats: dict[str, int] = field(default_factory=dict)
 
@@ -88,10 +92,12 @@ class DataPlane:
             bs = resources.get(bs_path) if bs_path else None
             if not isinstance(bs, BackendService):
                 continue
-            if bs.protocol == "UDP" or res.ip_protocol == "UDP":
-                log.warning("%s: UDP forwarding is not implemented yet; no listener", path)
-                continue
-            layer = "http" if (res.is_global and bs.protocol in ("HTTP",)) else "tcp"
+            if res.ip_protocol == "UDP":
+                layer = "udp"
+            elif res.is_global and bs.protocol == "HTTP":
+                layer = "http"
+            else:
+                layer = "tcp"
             out[str(path)] = ListenerSpec(
                 res.ip_address, tuple(res.port_list()), layer, res.is_global
             )
@@ -115,14 +121,25 @@ class DataPlane:
         factory = self._factory(path, spec, listener.stats)
         for port in spec.ports:
             try:
+                if spec.layer == "udp":
+                    transport, _ = await loop.create_datagram_endpoint(
+                        cast(Callable[[], asyncio.DatagramProtocol], factory),
+                        local_addr=(spec.ip, port),
+                    )
+                    listener.datagrams.append(transport)
+                    continue
                 server = await loop.create_server(
-                    factory, spec.ip, port, reuse_address=True, backlog=1024
+                    cast(Callable[[], asyncio.Protocol], factory),
+                    spec.ip,
+                    port,
+                    reuse_address=True,
+                    backlog=1024,
                 )
                 listener.servers.append(server)
             except OSError as exc:
                 listener.error = f"cannot listen on {spec.ip}:{port}: {exc.strerror or exc}"
                 log.error("%s: %s", path, listener.error)
-        if listener.servers:
+        if listener.servers or listener.datagrams:
             log.info(
                 "%s: listening on %s port(s) %s (%s)",
                 path,
@@ -134,7 +151,7 @@ class DataPlane:
 
     def _factory(
         self, path: str, spec: ListenerSpec, stats: dict[str, int]
-    ) -> Callable[[], asyncio.Protocol]:
+    ) -> Callable[[], asyncio.BaseProtocol]:
         s = self.settings
         if spec.consumer:
 
@@ -145,11 +162,15 @@ class DataPlane:
             def choose() -> list[Address]:
                 return self.producer_upstreams(path)
 
+        if spec.layer == "udp":
+            return lambda: UdpListener(choose, s.udp_idle_timeout, stats)
         if spec.layer == "http":
             return lambda: HttpProxy(choose, self.pool, s.http, stats, self._route_used)
         return lambda: TcpProxy(choose, s.connect_timeout, stats)
 
     async def _close(self, listener: Listener) -> None:
+        for transport in listener.datagrams:
+            transport.close()
         for server in listener.servers:
             server.close()
         for server in listener.servers:

@@ -1,0 +1,130 @@
+"""UDP forwarding: datagram sessions with an idle timeout.
+
+A listener receives datagrams; each distinct client address is a *session*.
+The first datagram of a session picks an upstream (the route's region for a
+consumer rule, a healthy endpoint for a producer rule) and opens a connected
+UDP socket to it; datagrams then flow both ways through that socket until the
+session has been idle for ``idle_timeout`` seconds. A session keeps its
+upstream for its lifetime (a failover moves *new* sessions), like a TCP
+connection. When no upstream is available the datagram is dropped and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import cast
+
+log = logging.getLogger("healthgate.dataplane")
+
+Address = tuple[str, int]
+
+
+class _Upstream(asyncio.DatagramProtocol):
+    def __init__(self, listener: UdpListener, client: Address) -> None:
+        self.listener = listener
+        self.client = client
+        self.transport: asyncio.DatagramTransport | None = None
+        self.last = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.DatagramTransport, transport)
+
+    def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
+        self.last = asyncio.get_running_loop().time()
+        self.listener.reply(data, self.client)
+
+    def error_received(self, exc: Exception) -> None:
+        self.listener.stats["upstream_errors"] = self.listener.stats.get("upstream_errors", 0) + 1
+
+
+class UdpListener(asyncio.DatagramProtocol):
+    def __init__(
+        self,
+        choose: Callable[[], Sequence[Address]],
+        idle_timeout: float,
+        stats: dict[str, int],
+        max_sessions: int = 65536,
+    ) -> None:
+        self.choose = choose
+        self.idle_timeout = idle_timeout
+        self.stats = stats
+        self.max_sessions = max_sessions
+        self.transport: asyncio.DatagramTransport | None = None
+        self.sessions: dict[Address, _Upstream] = {}
+        self.pending: dict[Address, list[bytes]] = {}
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._opening: set[asyncio.Task[None]] = set()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.DatagramTransport, transport)
+        self._schedule_sweep()
+
+    def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
+        client = (str(addr[0]), int(addr[1]))
+        session = self.sessions.get(client)
+        loop = asyncio.get_running_loop()
+        if session is not None and session.transport is not None:
+            session.last = loop.time()
+            session.transport.sendto(data)
+            return
+        if client in self.pending:  # the session's upstream socket is being opened
+            self.pending[client].append(data)
+            return
+        if len(self.sessions) >= self.max_sessions:
+            self.stats["dropped"] = self.stats.get("dropped", 0) + 1
+            return
+        self.pending[client] = [data]
+        task = loop.create_task(self._open(client))
+        self._opening.add(task)
+        task.add_done_callback(self._opening.discard)
+
+    async def _open(self, client: Address) -> None:
+        loop = asyncio.get_running_loop()
+        queued = self.pending.get(client, [])
+        for address in self.choose():
+            try:
+                _, session = await loop.create_datagram_endpoint(
+                    lambda: _Upstream(self, client), remote_addr=address
+                )
+            except OSError:
+                continue
+            session.last = loop.time()
+            self.sessions[client] = session
+            self.pending.pop(client, None)
+            self.stats["sessions"] = self.stats.get("sessions", 0) + 1
+            key = f"served_by {address[0]}:{address[1]}"
+            self.stats[key] = self.stats.get(key, 0) + 1
+            assert session.transport is not None
+            for data in queued:
+                session.transport.sendto(data)
+            return
+        self.pending.pop(client, None)
+        self.stats["no_upstream"] = self.stats.get("no_upstream", 0) + len(queued)
+
+    def reply(self, data: bytes, client: Address) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.sendto(data, client)
+
+    def _schedule_sweep(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._sweeper = loop.call_later(min(1.0, self.idle_timeout / 2), self._sweep)
+
+    def _sweep(self) -> None:
+        now = asyncio.get_running_loop().time()
+        for client, session in list(self.sessions.items()):
+            if now - session.last > self.idle_timeout:
+                if session.transport is not None:
+                    session.transport.close()
+                del self.sessions[client]
+        if self.transport is not None and not self.transport.is_closing():
+            self._schedule_sweep()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for session in self.sessions.values():
+            if session.transport is not None:
+                session.transport.close()
+        self.sessions.clear()
