@@ -78,6 +78,9 @@ class DataPlane:
         self._rr: dict[str, itertools.count[int]] = {}
         self._resources: Mapping[ResourcePath, Resource] = {}
         self._seen_version = 0
+        self._upstreams: dict[
+            str, tuple[int, Mapping[ResourcePath, Resource], list[tuple[str | None, Address]]]
+        ] = {}
         self.propagation = [0] * (len(PROPAGATION_BUCKETS) + 1)
         self.propagation_sum = 0.0
 
@@ -185,7 +188,38 @@ class DataPlane:
 
     # ------------------------------------------------------------------ choices
 
-    def address_of_attachment(self, attachment: str) -> Address | None:
+    def consumer_upstreams(self, frontend: str) -> list[Address]:
+        """Where a consumer front end's next connection or request goes, in order.
+
+        The route's region first, then its fallbacks. A region's published
+        rule that this process serves itself is expanded in place into its own
+        choice of healthy endpoints (the producer's round robin, done here):
+        the PSC hop then costs nothing, with the same semantics. A rule served
+        elsewhere is reached at its address.
+        """
+        table = self.engine.route_table()
+        cached = self._upstreams.get(frontend)
+        if cached is None or cached[0] != table.version or cached[1] is not self._resources:
+            route = table.routes.get(frontend)
+            targets: list[tuple[str | None, Address]] = []
+            if route is not None and route.attachment is not None:
+                for att in (route.attachment, *route.fallbacks):
+                    target = self.rule_of_attachment(att)
+                    if target is not None:
+                        targets.append(target)
+            cached = (table.version, self._resources, targets)
+            self._upstreams[frontend] = cached
+        out: list[Address] = []
+        for i, (rule, address) in enumerate(cached[2]):
+            if rule is not None and rule in self.listeners:
+                # the chosen region gets two endpoints to try, the others one each
+                out += self.producer_upstreams(rule)[: 2 if i == 0 else 1]
+            else:
+                out.append(address)
+        return out
+
+    def rule_of_attachment(self, attachment: str) -> tuple[str | None, Address] | None:
+        """(producer forwarding-rule path, its address) of a service attachment."""
         sa = self._resources.get(ResourcePath.parse(attachment))
         if not isinstance(sa, ServiceAttachment):
             return None
@@ -193,18 +227,7 @@ class DataPlane:
         fr = self._resources.get(fr_path) if fr_path else None
         if not isinstance(fr, ForwardingRule):
             return None
-        return fr.ip_address, fr.port_list()[0]
-
-    def consumer_upstreams(self, frontend: str) -> list[Address]:
-        route = self.engine.route_table().routes.get(frontend)
-        if route is None or route.attachment is None:
-            return []
-        out = []
-        for att in (route.attachment, *route.fallbacks):
-            addr = self.address_of_attachment(att)
-            if addr is not None:
-                out.append(addr)
-        return out
+        return str(fr_path), (fr.ip_address, fr.port_list()[0])
 
     def producer_upstreams(self, frontend: str) -> list[Address]:
         fr = self._resources.get(ResourcePath.parse(frontend))
