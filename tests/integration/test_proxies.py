@@ -110,8 +110,9 @@ async def http_proxy_to(
     loop = asyncio.get_running_loop()
     settings = HttpSettings(**kw)
     pool = UpstreamPool(settings)
+    groups = [[u] for u in upstreams]  # one endpoint per region
     return await loop.create_server(
-        lambda: HttpProxy(lambda: upstreams, pool, settings, stats), "127.0.0.1", 0
+        lambda: HttpProxy(lambda: groups, pool, settings, stats), "127.0.0.1", 0
     )
 
 
@@ -213,3 +214,46 @@ def test_http_limits_and_malformed_requests() -> None:
     big, junk = run_async(go())
     assert big.startswith(b"HTTP/1.1 413")
     assert junk.startswith(b"HTTP/1.1 400")
+
+
+def test_http_gives_up_on_a_hung_region_but_not_on_a_refused_endpoint() -> None:
+    def answering(name: bytes) -> Any:
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(name), name))
+            await writer.drain()
+            writer.close()
+
+        return handler
+
+    async def hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await asyncio.sleep(30)
+
+    async def go() -> tuple[bytes, bytes]:
+        async with (
+            Server(hang) as hung,
+            Server(answering(b"same-region")) as same,
+            Server(answering(b"next-region")) as nxt,
+        ):
+            loop = asyncio.get_running_loop()
+            settings = HttpSettings(per_try_timeout=0.3)
+            pool = UpstreamPool(settings)
+            a, b, c = ("127.0.0.1", hung.port), ("127.0.0.1", same.port), ("127.0.0.1", nxt.port)
+            refused = ("127.0.0.1", free_port())
+            hung_first = await loop.create_server(
+                lambda: HttpProxy(lambda: [[a, b], [c]], pool, settings, {}), "127.0.0.1", 0
+            )
+            refused_first = await loop.create_server(
+                lambda: HttpProxy(lambda: [[refused, b], [c]], pool, settings, {}), "127.0.0.1", 0
+            )
+            req = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            one = await request(hung_first.sockets[0].getsockname()[1], req)
+            two = await request(refused_first.sockets[0].getsockname()[1], req)
+            hung_first.close()
+            refused_first.close()
+            return one, two
+
+    one, two = run_async(go())
+    assert one.endswith(b"next-region")  # a timeout means the region hangs: go to the next one
+    assert two.endswith(b"same-region")  # a refusal is one endpoint: try its neighbour

@@ -102,10 +102,10 @@ class UpstreamConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.reused = False
+        self.parser = httptools.HttpResponseParser(self)  # parses message after message
         self._reset_exchange()
 
     def _reset_exchange(self) -> None:
-        self.parser = httptools.HttpResponseParser(self)
         self.head: asyncio.Future[int] | None = None
         self.done: asyncio.Future[bool] | None = None
         self.buffer = bytearray()
@@ -129,13 +129,16 @@ class UpstreamConnection(asyncio.Protocol):
         """Send what was buffered to the client; stream the rest directly."""
         self.sink = client
         if self.buffer:
-            client.write(bytes(self.buffer))
+            if not client.is_closing():
+                client.write(bytes(self.buffer))
             self.buffer.clear()
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
-        if self.sink is not None:
-            self.sink.write(data)
+        sink = self.sink
+        if sink is not None:
+            if not sink.is_closing():  # a client that left mid-response: read on, drop
+                sink.write(data)
         else:
             self.buffer += data
         try:
@@ -197,13 +200,20 @@ class UpstreamPool:
         self.settings = settings
         self._idle: dict[Address, list[UpstreamConnection]] = {}
 
-    async def acquire(self, address: Address) -> UpstreamConnection:
+    def idle(self, address: Address) -> UpstreamConnection | None:
+        """A pooled connection to ``address``, if one is open."""
         idle = self._idle.get(address)
         while idle:
             conn = idle.pop()
             if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
                 conn.reused = True
                 return conn
+        return None
+
+    async def acquire(self, address: Address) -> UpstreamConnection:
+        conn = self.idle(address)
+        if conn is not None:
+            return conn
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(self.settings.connect_timeout):
             _, conn = await loop.create_connection(
@@ -243,7 +253,14 @@ def simple_response(status: int, reason: str, message: str, close: bool = False)
 
 
 class _Retry(Exception):
-    pass
+    def __init__(self, message: str, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+def _expire(head: asyncio.Future[int]) -> None:
+    if not head.done():
+        head.set_exception(TimeoutError())
 
 
 class HttpProxy(asyncio.Protocol):
@@ -251,7 +268,7 @@ class HttpProxy(asyncio.Protocol):
 
     def __init__(
         self,
-        choose: Callable[[], Sequence[Address]],
+        choose: Callable[[], Sequence[Sequence[Address]]],
         pool: UpstreamPool,
         settings: HttpSettings,
         stats: dict[str, int],
@@ -382,10 +399,10 @@ class HttpProxy(asyncio.Protocol):
         client = self.transport
         assert client is not None
         self.stats["requests"] = self.stats.get("requests", 0) + 1
-        candidates = list(self.choose())
+        groups = self.choose()
         if self.on_route_used is not None:
             self.on_route_used()
-        if not candidates:
+        if not any(groups):
             self.stats["refused"] = self.stats.get("refused", 0) + 1
             client.write(
                 simple_response(
@@ -398,20 +415,27 @@ class HttpProxy(asyncio.Protocol):
         data = req.serialize(self.client_ip)
         idempotent = req.method in IDEMPOTENT
         last_error = "no upstream answered"
-        for i, address in enumerate(candidates):
-            if i > 0:
-                self.stats["retries"] = self.stats.get("retries", 0) + 1
-            try:
-                await self._try(address, data, req.method == "HEAD", idempotent, client)
-                key = f"served_by {address[0]}:{address[1]}"
-                self.stats[key] = self.stats.get(key, 0) + 1
-                return
-            except _Retry as exc:
-                last_error = str(exc)
-                if not idempotent and "not sent" not in last_error:
-                    break
-            if self.closed:
-                return
+        tries = 0
+        for group in groups:  # regions in failover order
+            for address in group:  # endpoints of one region
+                if tries > 0:
+                    self.stats["retries"] = self.stats.get("retries", 0) + 1
+                tries += 1
+                try:
+                    await self._try(address, data, req.method == "HEAD", idempotent, client)
+                    key = f"served_by {address[0]}:{address[1]}"
+                    self.stats[key] = self.stats.get(key, 0) + 1
+                    return
+                except _Retry as exc:
+                    last_error = str(exc)
+                    if not idempotent and "not sent" not in last_error:
+                        break
+                    if exc.timed_out:
+                        break  # a region that hangs: do not wait on its other endpoints
+                if self.closed:
+                    return
+            if not idempotent and "not sent" not in last_error:
+                break
         self.stats["failed"] = self.stats.get("failed", 0) + 1
         client.write(simple_response(502, "Bad Gateway", f"upstream failed: {last_error}"))
 
@@ -423,25 +447,32 @@ class HttpProxy(asyncio.Protocol):
         idempotent: bool,
         client: asyncio.Transport,
     ) -> None:
+        loop = asyncio.get_running_loop()
         for attempt in range(2):  # a stale pooled connection gets one fresh retry, same address
-            try:
-                conn = await self.pool.acquire(address)
-            except (OSError, TimeoutError) as exc:
-                raise _Retry(
-                    f"{address[0]}:{address[1]}: connect failed ({type(exc).__name__}); request not sent"
-                ) from None
+            conn = self.pool.idle(address) if attempt == 0 else None
+            if conn is None:
+                try:
+                    conn = await self.pool.acquire(address)
+                except (OSError, TimeoutError) as exc:
+                    raise _Retry(
+                        f"{address[0]}:{address[1]}: connect failed ({type(exc).__name__}); request not sent"
+                    ) from None
             reused = conn.reused
             conn.start(data, head_only)
             self.upstream = conn
-            assert conn.head is not None and conn.done is not None
+            head = conn.head
+            assert head is not None and conn.done is not None
+            # the per-try deadline: a bare timer failing the head future costs far
+            # less than asyncio.timeout + shield on every request
+            timer = loop.call_later(self.settings.per_try_timeout, _expire, head)
             try:
-                async with asyncio.timeout(self.settings.per_try_timeout):
-                    status = await asyncio.shield(conn.head)
+                status = await head
             except TimeoutError:
                 self.pool.discard(conn)
                 self.upstream = None
                 raise _Retry(
-                    f"{address[0]}:{address[1]}: no answer within {self.settings.per_try_timeout:g} s"
+                    f"{address[0]}:{address[1]}: no answer within {self.settings.per_try_timeout:g} s",
+                    timed_out=True,
                 ) from None
             except (ConnectionError, OSError) as exc:
                 self.pool.discard(conn)
@@ -449,6 +480,12 @@ class HttpProxy(asyncio.Protocol):
                 if reused and not conn.got_bytes and attempt == 0:
                     continue
                 raise _Retry(f"{address[0]}:{address[1]}: {exc}") from None
+            finally:
+                timer.cancel()
+            if self.closed or client.is_closing():  # the client left while we waited
+                self.pool.discard(conn)
+                self.upstream = None
+                return
             if status in RETRY_STATUSES and idempotent:
                 self.pool.discard(conn)
                 self.upstream = None

@@ -168,7 +168,16 @@ class DataPlane:
         if spec.layer == "udp":
             return lambda: UdpListener(choose, s.udp_idle_timeout, stats)
         if spec.layer == "http":
-            return lambda: HttpProxy(choose, self.pool, s.http, stats, self._route_used)
+            if spec.consumer:
+
+                def groups() -> list[list[Address]]:
+                    return self.consumer_upstream_groups(path)
+            else:
+
+                def groups() -> list[list[Address]]:
+                    return [self.producer_upstreams(path)]
+
+            return lambda: HttpProxy(groups, self.pool, s.http, stats, self._route_used)
         return lambda: TcpProxy(choose, s.connect_timeout, stats)
 
     async def _close(self, listener: Listener) -> None:
@@ -209,14 +218,24 @@ class DataPlane:
                         targets.append(target)
             cached = (table.version, self._resources, targets)
             self._upstreams[frontend] = cached
-        out: list[Address] = []
-        for i, (rule, address) in enumerate(cached[2]):
+        return [address for group in self._groups(cached[2]) for address in group]
+
+    def consumer_upstream_groups(self, frontend: str) -> list[list[Address]]:
+        """The same, one group per region, for the HTTP proxy: a try that times
+        out gives up on its whole region, a fast failure tries the next
+        endpoint of the same region."""
+        self.consumer_upstreams(frontend)  # refresh the cache
+        return self._groups(self._upstreams[frontend][2])
+
+    def _groups(self, targets: list[tuple[str | None, Address]]) -> list[list[Address]]:
+        groups: list[list[Address]] = []
+        for i, (rule, address) in enumerate(targets):
             if rule is not None and rule in self.listeners:
-                # the chosen region gets two endpoints to try, the others one each
-                out += self.producer_upstreams(rule)[: 2 if i == 0 else 1]
+                # the chosen region gets a few endpoints to try, the others one each
+                groups.append(self.producer_upstreams(rule)[: 3 if i == 0 else 1])
             else:
-                out.append(address)
-        return out
+                groups.append([address])
+        return groups
 
     def rule_of_attachment(self, attachment: str) -> tuple[str | None, Address] | None:
         """(producer forwarding-rule path, its address) of a service attachment."""
