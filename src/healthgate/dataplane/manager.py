@@ -78,6 +78,9 @@ class DataPlane:
         self._rr: dict[str, itertools.count[int]] = {}
         self._resources: Mapping[ResourcePath, Resource] = {}
         self._seen_version = 0
+        self._rules: dict[
+            str, tuple[Mapping[ResourcePath, Resource], ResourcePath | None, int]
+        ] = {}
         self._upstreams: dict[
             str, tuple[int, Mapping[ResourcePath, Resource], list[tuple[str | None, Address]]]
         ] = {}
@@ -206,6 +209,24 @@ class DataPlane:
         the PSC hop then costs nothing, with the same semantics. A rule served
         elsewhere is reached at its address.
         """
+        return [address for group in self.consumer_upstream_groups(frontend) for address in group]
+
+    def consumer_upstream_groups(self, frontend: str) -> list[list[Address]]:
+        """The same, one group per region, for the HTTP proxy: a try that times
+        out gives up on its whole region, a fast failure tries the next
+        endpoint of the same region."""
+        groups: list[list[Address]] = []
+        for i, (rule, address) in enumerate(self._targets(frontend)):
+            if rule is not None and rule in self.listeners:
+                # the chosen region gets a few endpoints to try, the others one each
+                groups.append(self.producer_upstreams(rule)[: 3 if i == 0 else 1])
+            else:
+                groups.append([address])
+        return groups
+
+    def _targets(self, frontend: str) -> list[tuple[str | None, Address]]:
+        """(producer rule, its address) per region of the route, resolved once
+        per route-table version and resource change, not per request."""
         table = self.engine.route_table()
         cached = self._upstreams.get(frontend)
         if cached is None or cached[0] != table.version or cached[1] is not self._resources:
@@ -218,24 +239,7 @@ class DataPlane:
                         targets.append(target)
             cached = (table.version, self._resources, targets)
             self._upstreams[frontend] = cached
-        return [address for group in self._groups(cached[2]) for address in group]
-
-    def consumer_upstream_groups(self, frontend: str) -> list[list[Address]]:
-        """The same, one group per region, for the HTTP proxy: a try that times
-        out gives up on its whole region, a fast failure tries the next
-        endpoint of the same region."""
-        self.consumer_upstreams(frontend)  # refresh the cache
-        return self._groups(self._upstreams[frontend][2])
-
-    def _groups(self, targets: list[tuple[str | None, Address]]) -> list[list[Address]]:
-        groups: list[list[Address]] = []
-        for i, (rule, address) in enumerate(targets):
-            if rule is not None and rule in self.listeners:
-                # the chosen region gets a few endpoints to try, the others one each
-                groups.append(self.producer_upstreams(rule)[: 3 if i == 0 else 1])
-            else:
-                groups.append([address])
-        return groups
+        return cached[2]
 
     def rule_of_attachment(self, attachment: str) -> tuple[str | None, Address] | None:
         """(producer forwarding-rule path, its address) of a service attachment."""
@@ -249,22 +253,28 @@ class DataPlane:
         return str(fr_path), (fr.ip_address, fr.port_list()[0])
 
     def producer_upstreams(self, frontend: str) -> list[Address]:
-        fr = self._resources.get(ResourcePath.parse(frontend))
-        if not isinstance(fr, ForwardingRule):
-            return []
-        bs_path = fr.ref("backend_service")
+        """Up to three endpoints of a producer rule's backend service, HEALTHY
+        ones only (all of them when none is), rotated round robin."""
+        rule = self._rules.get(frontend)
+        if rule is None or rule[0] is not self._resources:
+            fr = self._resources.get(ResourcePath.parse(frontend))
+            bs_path = fr.ref("backend_service") if isinstance(fr, ForwardingRule) else None
+            port = fr.port_list()[0] if isinstance(fr, ForwardingRule) else 0
+            rule = self._rules[frontend] = (self._resources, bs_path, port)
+        _, bs_path, port = rule
         if bs_path is None:
             return []
         endpoints = self.engine.healthy_endpoints(bs_path) or self.engine.all_endpoints(bs_path)
         if not endpoints:
             return []
-        port = fr.port_list()[0]
         counter = self._rr.setdefault(frontend, itertools.count())
         start = next(counter) % len(endpoints)
-        ordered = endpoints[start:] + endpoints[:start]
-        return [(ip, p if p is not None else port) for ip, p in ordered[:3]]
-
-    # ------------------------------------------------------------------ propagation
+        ordered = (
+            endpoints[start : start + 3]
+            if start + 3 <= len(endpoints)
+            else (endpoints[start:] + endpoints[:start])[:3]
+        )
+        return [(ip, p if p is not None else port) for ip, p in ordered]
 
     def _route_used(self) -> None:
         """Observe, once per route-table version, how long after its
