@@ -9,9 +9,9 @@ with wrk on core 0; the proxy under test runs alone on core 1:
 * HAProxy (nbthread 1): `mode http` for requests, `mode tcp` for the bulk transfer;
 * nginx (1 worker, upstream keepalive 64);
 * healthgate serve: the producer forwarding rule (one L4 hop over the backend
-  service's healthy endpoints) - the like-for-like hop; and the consumer front
-  end (L7 HTTP with retries) whose route goes through that producer rule -
-  the whole PSC path, two hops inside one process.
+  service's healthy endpoints); and the consumer front end (L7 HTTP with
+  retries), whose route reaches the same backend through the published rule
+  (done in-process: the front end balances over that rule's healthy endpoints).
 
 HTTP: wrk -t1 -c50 keep-alive, requests/s and p99 latency.
 TCP bulk: one client downloads the 256 MB file through each L4 proxy, MB/s.
@@ -304,7 +304,7 @@ backend betcp
                 ("haproxy", f"http://127.0.0.1:{ha_http}/"),
                 ("nginx", f"http://127.0.0.1:{ng_port}/"),
                 ("healthgate L4 hop", f"http://127.0.9.100:{hg_prod}/"),
-                ("healthgate front end (L7 + L4)", f"http://127.0.0.1:{hg_front}/"),
+                ("healthgate front end (L7)", f"http://127.0.0.1:{hg_front}/"),
             ]
             for _ in range(args.repeats):
                 for name, url in targets:
