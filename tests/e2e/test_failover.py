@@ -31,10 +31,10 @@ PHASE = INTERVAL  # a fault can land anywhere in a probe cycle
 
 
 class Stack:
-    def __init__(self, tmp: Path, **policy: Any) -> None:
+    def __init__(self, tmp: Path, *serve_args: str, **policy: Any) -> None:
         self.port, self.front, self.prod = ports()
         self.backends = Backends(self.port)
-        self.proc = ServeProcess(tmp / "e2e.db", "--per-try-timeout", "0.4")
+        self.proc = ServeProcess(tmp / "e2e.db", "--per-try-timeout", "0.4", *serve_args)
         self.policy = policy
 
     def __enter__(self) -> Stack:
@@ -266,3 +266,35 @@ def test_udp_sessions_fail_over(tmp_path: Path) -> None:
         assert ask(b"pong") == "region=europe-west1 pong"
         for t in echoes:
             s.backends.loop.call_soon_threadsafe(t.close)
+
+
+@pytest.mark.parametrize("drain", [False, True])
+def test_open_tcp_connections_are_kept_or_drained_on_failover(tmp_path: Path, drain: bool) -> None:
+    from tests.e2e.harness import e2e_world as world
+
+    args = ("--drain-on-failover",) if drain else ()
+    with Stack(tmp_path, *args) as s:
+        docs = world(s.port, s.front, s.prod)
+        for d in docs:
+            if d["kind"] == "BackendService" and d["project"] == "web":
+                d["protocol"] = "TCP"
+        s.apply(docs)
+        wait_for(
+            lambda: s.api.get(FRONT).json()["status"]["listener"]["layer"] == "tcp",
+            10,
+            what="tcp listener",
+        )
+        with socket.create_connection(("127.0.0.1", s.front), timeout=5) as sock:
+            sock.sendall(
+                b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+            )  # keep-alive: the connection stays open
+            assert b"region=us-east1" in sock.recv(65536)
+            s.backends.set_mode("us-east1", "503")  # its checks fail; its open connections live on
+            wait_for(lambda: s.routed_region() == "europe-west1", 10, what="failover")
+            time.sleep(0.3)
+            sock.settimeout(3)
+            if drain:
+                assert sock.recv(65536) == b""  # closed by healthgate
+            else:
+                sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert b"503" in sock.recv(65536)  # still connected to us-east1, by default

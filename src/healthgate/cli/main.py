@@ -97,6 +97,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ),
         dataplane=DataPlaneSettings(
             enabled=not args.no_dataplane,
+            drain_on_failover=args.drain_on_failover,
             http=HttpSettings(per_try_timeout=args.per_try_timeout),
         ),
     )
@@ -217,6 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ca-file", help="CA bundle for --verify-tls")
     p.add_argument(
         "--no-dataplane", action="store_true", help="open no listeners (control plane only)"
+    )
+    p.add_argument(
+        "--drain-on-failover",
+        action="store_true",
+        help="close open TCP connections to a region when traffic fails over from it",
     )
     p.add_argument(
         "--per-try-timeout",

@@ -49,6 +49,9 @@ class DataPlaneSettings:
     enabled: bool = True
     connect_timeout: float = 1.0
     udp_idle_timeout: float = 60.0
+    # on failover, close open TCP connections to regions no longer routed to
+    # (default: keep them; only new connections move)
+    drain_on_failover: bool = False
     http: HttpSettings = field(default_factory=HttpSettings)
 
 
@@ -65,6 +68,7 @@ class Listener:
     spec: ListenerSpec
     servers: list[asyncio.Server] = field(default_factory=list)
     datagrams: list[asyncio.BaseTransport] = field(default_factory=list)
+    live: set[TcpProxy] = field(default_factory=set)  # open L4 connections
     error: str | None = None
     stats: dict[str, int] = field(default_factory=dict)
 
@@ -78,6 +82,7 @@ class DataPlane:
         self._rr: dict[str, itertools.count[int]] = {}
         self._resources: Mapping[ResourcePath, Resource] = {}
         self._seen_version = 0
+        self._live: dict[str, set[TcpProxy]] = {}
         self._rules: dict[
             str, tuple[Mapping[ResourcePath, Resource], ResourcePath | None, int]
         ] = {}
@@ -125,6 +130,7 @@ class DataPlane:
         listener = Listener(spec)
         loop = asyncio.get_running_loop()
         factory = self._factory(path, spec, listener.stats)
+        listener.live = self._live.pop(path, listener.live)
         for port in spec.ports:
             try:
                 if spec.layer == "udp":
@@ -181,7 +187,8 @@ class DataPlane:
                     return [self.producer_upstreams(path)]
 
             return lambda: HttpProxy(groups, self.pool, s.http, stats, self._route_used)
-        return lambda: TcpProxy(choose, s.connect_timeout, stats)
+        live = self._live.setdefault(path, set())
+        return lambda: TcpProxy(choose, s.connect_timeout, stats, live)
 
     async def _close(self, listener: Listener) -> None:
         for transport in listener.datagrams:
@@ -275,6 +282,37 @@ class DataPlane:
             else (endpoints[start:] + endpoints[:start])[:3]
         )
         return [(ip, p if p is not None else port) for ip, p in ordered]
+
+    def routes_changed(self, frontends: list[str]) -> None:
+        """Called with the front ends whose route just changed. With
+        ``drain_on_failover``, their open TCP connections to a region that is
+        no longer routed to are closed; by default they are kept."""
+        if not self.settings.drain_on_failover:
+            return
+        for frontend in frontends:
+            listener = self.listeners.get(frontend)
+            if listener is None or not listener.live:
+                continue
+            allowed: set[Address] = set()
+            for rule, address in self._targets(frontend)[:1]:  # the region routed to now
+                allowed.add(address)
+                if rule is not None:
+                    allowed |= set(self._all_rule_endpoints(rule))
+            drained = [c for c in listener.live if c.upstream_address not in allowed]
+            for conn in drained:
+                conn.drain()
+            if drained:
+                listener.stats["drained"] = listener.stats.get("drained", 0) + len(drained)
+                log.info("%s: drained %d connection(s) after failover", frontend, len(drained))
+
+    def _all_rule_endpoints(self, rule: str) -> list[Address]:
+        fr = self._resources.get(ResourcePath.parse(rule))
+        if not isinstance(fr, ForwardingRule):
+            return []
+        bs_path = fr.ref("backend_service")
+        port = fr.port_list()[0]
+        endpoints = self.engine.all_endpoints(bs_path) if bs_path is not None else ()
+        return [(ip, p if p is not None else port) for ip, p in endpoints]
 
     def _route_used(self) -> None:
         """Observe, once per route-table version, how long after its

@@ -126,13 +126,19 @@ class TcpProxy(Pipe):
     """The client side of an L4 listener."""
 
     def __init__(
-        self, choose: Callable[[], Sequence[Address]], connect_timeout: float, stats: dict[str, int]
+        self,
+        choose: Callable[[], Sequence[Address]],
+        connect_timeout: float,
+        stats: dict[str, int],
+        live: set[TcpProxy] | None = None,
     ) -> None:
         super().__init__()
         self.choose = choose
         self.connect_timeout = connect_timeout
         self.stats = stats
         self.task: asyncio.Task[None] | None = None
+        self.upstream_address: Address | None = None
+        self.live = live  # the listener's open connections, for draining
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -153,6 +159,9 @@ class TcpProxy(Pipe):
             self.transport.abort()  # nobody to serve this connection: reset, as a balancer does
             return
         _transport, upstream, address = result
+        self.upstream_address = address
+        if self.live is not None:
+            self.live.add(self)
         key = f"served_by {address[0]}:{address[1]}"
         self.stats[key] = self.stats.get(key, 0) + 1
         self.link(upstream)  # replays what the client sent (and its EOF)
@@ -162,5 +171,12 @@ class TcpProxy(Pipe):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        if self.live is not None:
+            self.live.discard(self)
         if self.task is not None and not self.task.done():
             self.task.cancel()
+
+    def drain(self) -> None:
+        """Close this connection gracefully (a failover with drain_on_failover)."""
+        if self.transport is not None and not self.closed:
+            self.transport.close()

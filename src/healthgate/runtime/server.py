@@ -26,6 +26,7 @@ from fastapi import FastAPI
 from healthgate.api.app import ApiSettings, ApiState, create_app
 from healthgate.api.auth import Access
 from healthgate.dataplane.manager import DataPlane, DataPlaneSettings, metrics_text
+from healthgate.health.states import RouteChange
 from healthgate.model.manifest import parse_manifest
 from healthgate.model.validation import InvalidResources
 from healthgate.probes.prober import ProbeSettings
@@ -111,6 +112,11 @@ class Server:
         self.dataplane = dataplane = DataPlane(health.engine, s.dataplane)
         await dataplane.sync(control.resources)  # routes are already resumed: fail static
         control.on_change.append(dataplane.sync)
+        health.subscribe(
+            lambda records: dataplane.routes_changed(
+                [r.frontend for r in records if isinstance(r, RouteChange)]
+            )
+        )
         for manifest in s.manifests:
             await self._apply_file(manifest)
 
