@@ -81,12 +81,6 @@ class ProbeTarget:
     port: int | None  # serving port (None for GCE_VM_IP and port-less groups)
     check: HealthCheck
 
-    @property
-    def probe_port(self) -> int:
-        port = self.check.port or self.port
-        assert port is not None, "validation guarantees a port"
-        return port
-
 
 @dataclass(frozen=True, slots=True)
 class EndpointStatus:
@@ -891,9 +885,6 @@ class HealthEngine:
         if key is None or agg is None:
             return f"(free slot {slot})"
         return f"{agg.path}/endpoints/{endpoint_name(*key)}"
-
-    def endpoint_state(self, slot: int) -> HealthState:
-        return _STATES[self._state[slot]]
 
     def endpoints(self, backend_service: ResourcePath) -> list[EndpointStatus]:
         agg_id = self._agg_ids.get(backend_service)

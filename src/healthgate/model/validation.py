@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from healthgate.model.names import KIND_TO_COLLECTION, ResourcePath
+from healthgate.model.names import ResourcePath
 from healthgate.model.resources import (
     KIND_CLASSES,
     BackendService,
@@ -407,7 +407,3 @@ def check_delete(remaining: Iterable[Resource], deleted: Iterable[ResourcePath])
                 )
             )
     return issues
-
-
-def collection_of(kind: str) -> str:
-    return KIND_TO_COLLECTION[kind]

@@ -129,8 +129,8 @@ class HealthService:
         self.probe_stats.observe(result)
         if not result.ok and self.failure_log.rate and self.failure_log.allow():
             log.info(
-                "probe failed: endpoint slot %d: %s (%d lines suppressed so far)",
-                key,
+                "probe failed: %s: %s (%d similar lines suppressed so far)",
+                self.engine.endpoint_path(key),
                 result.describe(),
                 self.failure_log.suppressed,
             )
