@@ -121,6 +121,12 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=8.0)
     ap.add_argument("--conns", type=int, default=50)
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument(
+        "--flips",
+        type=int,
+        default=6,
+        help="failovers + failbacks for the propagation test (0: skip)",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
     for tool in ("haproxy", "nginx", "wrk"):
@@ -318,6 +324,10 @@ backend betcp
                     mbps = bulk(host, port, "/big", size)
                     rows.append({"test": "tcp-bulk", "proxy": name, "MBps": mbps})
                     print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+            if args.flips:
+                prop = propagation(work, be_port, hg_api, hg_front, manifest, args.flips)
+                rows.append({"test": "propagation", **prop})
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         finally:
             for p in reversed(procs):
                 p.stop()
@@ -333,12 +343,203 @@ backend betcp
             print(
                 f"{test:<9} {proxy:<32} {v if test == 'http' else 0:>9.0f} {p99:>7.2f} {v if test != 'http' else 0:>8.0f} {v / reference:>9.2f}"
             )
+    for r in rows:
+        if r["test"] == "propagation":
+            print(
+                f"propagation (route change -> first request routed by it), {r['observations']} observations "
+                f"over {r['flips']} failovers/failbacks under load: p50 <= {r['p50_le_ms']} ms, "
+                f"p99 <= {r['p99_le_ms']} ms, mean {r['mean_ms']:.3f} ms"
+            )
     print(
-        "\ngoals: one healthgate hop >= 0.75x HAProxy's requests/s on one core; TCP bulk >= 0.9x HAProxy's throughput"
+        "\ngoals: one healthgate hop >= 0.75x HAProxy's requests/s on one core; TCP bulk >= 0.9x HAProxy's throughput; "
+        "propagation p99 <= 5 ms"
     )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0
+
+
+def propagation(
+    work: Path, be_port: int, api: int, front: int, manifest: Path, flips: int
+) -> dict[str, Any]:
+    """Add a second region, then fail the first over and back ``flips`` times
+    under wrk load by stopping and starting its health endpoint; read
+    healthgate_route_propagation_seconds before and after."""
+    import httpx
+
+    health_port = free_port()
+    docs = list(yaml.safe_load_all(manifest.read_text()))
+    for d in docs:
+        if d["kind"] == "HealthCheck":
+            d.update(
+                type="HTTP",
+                port=health_port,
+                requestPath="/",
+                checkIntervalSec=1,
+                timeoutSec=1,
+                healthyThreshold=2,
+                unhealthyThreshold=2,
+            )
+        if d["kind"] == "BackendService" and d["project"] == "c":
+            d["backends"].append({"group": "regions/r2/networkEndpointGroups/psc"})
+        if d["kind"] == "ForwardingRule" and d["project"] == "c":
+            d["dataPlaneRegion"] = "r1"
+    r2 = {"project": "bench", "region": "r2"}
+    r2_port = free_port("127.0.9.101")
+    docs += [
+        {
+            **r2,
+            "kind": "HealthCheck",
+            "name": "hc",
+            "type": "TCP",
+            "port": be_port,
+            "checkIntervalSec": 1,
+            "timeoutSec": 1,
+            "healthyThreshold": 2,
+            "unhealthyThreshold": 2,
+        },
+        {
+            **r2,
+            "kind": "NetworkEndpointGroup",
+            "name": "neg",
+            "networkEndpointType": "GCE_VM_IP_PORT",
+            "endpoints": [{"ipAddress": "127.0.0.1", "port": be_port}],
+        },
+        {
+            **r2,
+            "kind": "BackendService",
+            "name": "web",
+            "loadBalancingScheme": "INTERNAL_MANAGED",
+            "protocol": "HTTP",
+            "healthChecks": ["hc"],
+            "backends": [{"group": "neg"}],
+        },
+        {**r2, "kind": "HealthAggregationPolicy", "name": "pol"},
+        {
+            **r2,
+            "kind": "HealthSource",
+            "name": "src",
+            "sources": ["web"],
+            "healthAggregationPolicy": "pol",
+        },
+        {
+            **r2,
+            "kind": "ForwardingRule",
+            "name": "fr",
+            "IPAddress": "127.0.9.101",
+            "ports": [r2_port],
+            "loadBalancingScheme": "INTERNAL_MANAGED",
+            "backendService": "web",
+        },
+        {
+            **r2,
+            "kind": "CompositeHealthCheck",
+            "name": "chc",
+            "healthSources": ["src"],
+            "healthDestination": "fr",
+        },
+        {**r2, "kind": "ServiceAttachment", "name": "sa", "targetService": "fr"},
+        {
+            "project": "c",
+            "region": "r2",
+            "kind": "NetworkEndpointGroup",
+            "name": "psc",
+            "networkEndpointType": "PRIVATE_SERVICE_CONNECT",
+            "pscTargetService": "projects/bench/regions/r2/serviceAttachments/sa",
+        },
+        {"project": "bench", "region": "r1", "kind": "HealthAggregationPolicy", "name": "pol"},
+        {
+            "project": "bench",
+            "region": "r1",
+            "kind": "HealthSource",
+            "name": "src",
+            "sources": ["web"],
+            "healthAggregationPolicy": "pol",
+        },
+        {
+            "project": "bench",
+            "region": "r1",
+            "kind": "CompositeHealthCheck",
+            "name": "chc",
+            "healthSources": ["src"],
+            "healthDestination": "fr",
+        },
+    ]
+    url = f"http://127.0.0.1:{api}"
+    health = None
+
+    def start_health() -> Proc:
+        p = Proc(
+            [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(health_port)],
+            work / "health.log",
+        )
+        wait_port(health_port)
+        return p
+
+    def target() -> str:
+        route = httpx.get(f"{url}/v1/projects/c/global/forwardingRules/front", timeout=5).json()[
+            "status"
+        ]["route"]
+        return str(route["target"]).split("/")[3]
+
+    def wait_target(region: str) -> None:
+        deadline = time.monotonic() + 20
+        while target() != region:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"route to {region}")
+            time.sleep(0.05)
+
+    def histogram() -> tuple[dict[str, float], float]:
+        buckets, total = {}, 0.0
+        for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+            if line.startswith("healthgate_route_propagation_seconds_bucket"):
+                buckets[line.split('le="')[1].split('"')[0]] = float(line.split()[-1])
+            elif line.startswith("healthgate_route_propagation_seconds_sum"):
+                total = float(line.split()[-1])
+        return buckets, total
+
+    health = start_health()
+    load = subprocess.Popen(
+        pinned(["wrk", "-t1", "-c10", "-d300s", f"http://127.0.0.1:{front}/"], 0),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        httpx.post(
+            f"{url}/v1/apply", json={"manifest": yaml.safe_dump_all(docs)}, timeout=30
+        ).raise_for_status()
+        wait_target("r1")
+        time.sleep(2)
+        before, sum0 = histogram()
+        for i in range(flips):
+            if i % 2 == 0:
+                health.stop()
+                wait_target("r2")
+            else:
+                health = start_health()
+                wait_target("r1")
+            time.sleep(0.5)
+        after, sum1 = histogram()
+    finally:
+        load.terminate()
+        load.wait(10)
+        health.stop()
+    delta = {le: after[le] - before.get(le, 0.0) for le in after}
+    count = delta.get("+Inf", 0.0)
+
+    def quantile(q: float) -> str:
+        for le, n in delta.items():
+            if count and n >= q * count:
+                return "inf" if le == "+Inf" else f"{float(le) * 1000:g}"
+        return "n/a"
+
+    return {
+        "flips": flips,
+        "observations": int(count),
+        "p50_le_ms": quantile(0.5),
+        "p99_le_ms": quantile(0.99),
+        "mean_ms": (sum1 - sum0) / count * 1000 if count else 0.0,
+    }
 
 
 def _median(values: list[float]) -> float:
