@@ -25,7 +25,6 @@ import argparse
 import json
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -36,43 +35,10 @@ from typing import Any
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import Proc, free_port, pinned, wait_port
+
 HERE = Path(__file__).resolve().parent
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def pinned(cmd: list[str], cpu: int) -> list[str]:
-    return ["taskset", "-c", str(cpu), *cmd] if shutil.which("taskset") else cmd
-
-
-def wait_port(port: int, host: str = "127.0.0.1", timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex((host, port)) == 0:
-                return
-        time.sleep(0.05)
-    raise TimeoutError(f"{host}:{port} not listening")
-
-
-class Proc:
-    def __init__(self, cmd: list[str], log: Path) -> None:
-        self.log = open(log, "wb")  # noqa: SIM115
-        self.p = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-
-    def stop(self) -> None:
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
-            try:
-                self.p.wait(15)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait(15)
-        self.log.close()
 
 
 def nginx_conf(work: Path, name: str, body: str) -> Path:

@@ -29,8 +29,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +37,9 @@ from typing import Any
 
 import httpx
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import Proc, pinned
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -57,26 +58,6 @@ def active_opens() -> int:
         if line.startswith("Tcp:")
     ]
     return int(rows[1][rows[0].index("ActiveOpens")])
-
-
-def pinned(cmd: list[str], cpu: int) -> list[str]:
-    return ["taskset", "-c", str(cpu), *cmd] if shutil.which("taskset") else cmd
-
-
-class Proc:
-    def __init__(self, cmd: list[str], log: Path) -> None:
-        self.log = open(log, "wb")  # noqa: SIM115 - lives as long as the process
-        self.p = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-
-    def stop(self) -> None:
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
-            try:
-                self.p.wait(15)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait(15)
-        self.log.close()
 
 
 def wait_until(pred: Any, timeout: float, what: str) -> None:

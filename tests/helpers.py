@@ -106,3 +106,30 @@ def run_async(coro: Any, timeout: float = 60.0) -> Any:
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(bounded())
+
+
+def example_world(
+    producer: str = "shop", consumer: str = "web", port: int | None = None, fast: bool = False
+) -> list[dict[str, Any]]:
+    """The shared example moved into the given projects. With ``port`` the
+    endpoints and checks use it (and ``/``); with ``fast`` checks run every
+    second with thresholds of 2, so end-to-end tests take seconds."""
+    out = []
+    for original in example_dicts():
+        d = copy.deepcopy(original)
+        d["project"] = producer if d["project"] == "shop" else consumer
+        if "pscTargetService" in d:
+            d["pscTargetService"] = d["pscTargetService"].replace(
+                "projects/shop/", f"projects/{producer}/"
+            )
+        if d["kind"] == "ServiceAttachment" and d.get("consumerAcceptLists"):
+            d["consumerAcceptLists"] = [{"projectIdOrNum": consumer}]
+        if d["kind"] == "HealthCheck" and port is not None:
+            d.update(port=port, requestPath="/")
+        if d["kind"] == "HealthCheck" and fast:
+            d.update(checkIntervalSec=1, timeoutSec=1, healthyThreshold=2, unhealthyThreshold=2)
+        if d["kind"] == "NetworkEndpointGroup" and "endpoints" in d and port is not None:
+            for ep in d["endpoints"]:
+                ep["port"] = port
+        out.append(d)
+    return out

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import copy
 import threading
 from collections.abc import Coroutine
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 import uvloop
 
 from healthgate.runtime.regions import RegionBackends
-from tests.helpers import example_dicts
+from tests.helpers import example_world
 from tests.integration.servers import free_port
 
 
@@ -48,29 +47,15 @@ def e2e_world(
 ) -> list[dict[str, Any]]:
     """The shared example with fast checks (1 s, thresholds 2), free ports, and
     the consumer's failover policy overridden by ``policy``."""
-    out = []
     prod_port = {"us-east1": producer_ports[0], "europe-west1": producer_ports[1]}
-    for original in example_dicts():
-        d = copy.deepcopy(original)
-        if d["kind"] == "HealthCheck":
-            d.update(
-                port=port,
-                requestPath="/",
-                checkIntervalSec=1,
-                timeoutSec=1,
-                healthyThreshold=2,
-                unhealthyThreshold=2,
-            )
-        if d["kind"] == "NetworkEndpointGroup" and "endpoints" in d:
-            for ep in d["endpoints"]:
-                ep["port"] = port
+    out = example_world(port=port, fast=True)
+    for d in out:
         if d["kind"] == "ForwardingRule" and d["project"] == "shop":
             d["ports"] = [prod_port[d["region"]]]
         if d["kind"] == "ForwardingRule" and d["project"] == "web":
             d["portRange"] = str(front_port)
         if d["kind"] == "BackendService" and d["project"] == "web" and policy:
             d["failoverPolicy"] = {**d.get("failoverPolicy", {}), **policy}
-        out.append(d)
     return out
 
 

@@ -3,7 +3,6 @@ and a region that was down stays down across a restart until probes say otherwis
 
 from __future__ import annotations
 
-import copy
 import random
 import signal
 import sqlite3
@@ -19,36 +18,13 @@ import httpx
 import pytest
 import yaml
 
-from tests.helpers import example_dicts
+from tests.helpers import example_world
 from tests.integration.serve_proc import ServeProcess, wait_for
 from tests.integration.servers import free_port
 
 
 def fast_world(project: str, consumer: str, port: int) -> list[dict[str, Any]]:
-    out = []
-    for original in example_dicts():
-        d = copy.deepcopy(original)
-        d["project"] = project if d["project"] == "shop" else consumer
-        if "pscTargetService" in d:
-            d["pscTargetService"] = d["pscTargetService"].replace(
-                "projects/shop/", f"projects/{project}/"
-            )
-        if d["kind"] == "ServiceAttachment" and d.get("consumerAcceptLists"):
-            d["consumerAcceptLists"] = [{"projectIdOrNum": consumer}]
-        if d["kind"] == "HealthCheck":
-            d.update(
-                port=port,
-                requestPath="/",
-                checkIntervalSec=1,
-                timeoutSec=1,
-                healthyThreshold=2,
-                unhealthyThreshold=2,
-            )
-        if d["kind"] == "NetworkEndpointGroup" and "endpoints" in d:
-            for ep in d["endpoints"]:
-                ep["port"] = port
-        out.append(d)
-    return out
+    return example_world(project, consumer, port=port, fast=True)
 
 
 def events(c: httpx.Client, project: str) -> list[dict[str, Any]]:

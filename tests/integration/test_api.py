@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from healthgate.model.names import KIND_TO_COLLECTION
-from tests.helpers import example_dicts
+from tests.helpers import example_world
 from tests.integration.serve_proc import ServeProcess, wait_for
 
 
@@ -37,20 +37,7 @@ _counter = iter(range(1, 10_000))
 def world(producer: str | None = None, consumer: str | None = None) -> list[dict[str, Any]]:
     """The shared example moved into fresh projects, so tests do not interfere."""
     n = next(_counter)
-    producer = producer or f"shop{n}"
-    consumer = consumer or f"web{n}"
-    out = []
-    for original in example_dicts():
-        d = copy.deepcopy(original)
-        d["project"] = producer if d["project"] == "shop" else consumer
-        if "pscTargetService" in d:
-            d["pscTargetService"] = d["pscTargetService"].replace(
-                "projects/shop/", f"projects/{producer}/"
-            )
-        if d["kind"] == "ServiceAttachment" and d.get("consumerAcceptLists"):
-            d["consumerAcceptLists"] = [{"projectIdOrNum": consumer}]
-        out.append(d)
-    return out
+    return example_world(producer or f"shop{n}", consumer or f"web{n}")
 
 
 def collection_url(d: dict[str, Any]) -> str:

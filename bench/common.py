@@ -1,0 +1,50 @@
+"""Helpers shared by the side-by-side benchmarks: pinned child processes,
+free ports, and waiting for things, always bounded in time."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def pinned(cmd: list[str], cpu: int) -> list[str]:
+    """Run ``cmd`` on one core (when taskset is there), so peers do not share it."""
+    return ["taskset", "-c", str(cpu), *cmd] if shutil.which("taskset") else cmd
+
+
+def wait_port(port: int, host: str = "127.0.0.1", timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex((host, port)) == 0:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"{host}:{port} not listening")
+
+
+class Proc:
+    """A child process with its output in a log file; stopped by its own PID only."""
+
+    def __init__(self, cmd: list[str], log: Path) -> None:
+        self.log = open(log, "wb")  # noqa: SIM115 - lives as long as the process
+        self.p = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(15)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait(15)
+        self.log.close()
