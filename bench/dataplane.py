@@ -41,6 +41,69 @@ from common import Proc, free_port, pinned, wait_port
 HERE = Path(__file__).resolve().parent
 
 
+FAST = {"checkIntervalSec": 1, "timeoutSec": 1, "healthyThreshold": 2, "unhealthyThreshold": 2}
+
+
+def published_region(
+    region: str, be_port: int, fr_ip: str, fr_port: int, check: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """One region of project "bench" serving the nginx backend, published
+    through a composite and an attachment, and project "c"'s PSC NEG for it."""
+    base = {"project": "bench", "region": region}
+    return [
+        {**base, "kind": "HealthCheck", "name": "hc", **check},
+        {
+            **base,
+            "kind": "NetworkEndpointGroup",
+            "name": "neg",
+            "networkEndpointType": "GCE_VM_IP_PORT",
+            "endpoints": [{"ipAddress": "127.0.0.1", "port": be_port}],
+        },
+        {
+            **base,
+            "kind": "BackendService",
+            "name": "web",
+            "loadBalancingScheme": "INTERNAL_MANAGED",
+            "protocol": "HTTP",
+            "healthChecks": ["hc"],
+            "backends": [{"group": "neg"}],
+        },
+        {**base, "kind": "HealthAggregationPolicy", "name": "pol"},
+        {
+            **base,
+            "kind": "HealthSource",
+            "name": "src",
+            "sources": ["web"],
+            "healthAggregationPolicy": "pol",
+        },
+        {
+            **base,
+            "kind": "ForwardingRule",
+            "name": "fr",
+            "IPAddress": fr_ip,
+            "ports": [fr_port],
+            "loadBalancingScheme": "INTERNAL_MANAGED",
+            "backendService": "web",
+        },
+        {
+            **base,
+            "kind": "CompositeHealthCheck",
+            "name": "chc",
+            "healthSources": ["src"],
+            "healthDestination": "fr",
+        },
+        {**base, "kind": "ServiceAttachment", "name": "sa", "targetService": "fr"},
+        {
+            "project": "c",
+            "region": region,
+            "kind": "NetworkEndpointGroup",
+            "name": "psc",
+            "networkEndpointType": "PRIVATE_SERVICE_CONNECT",
+            "pscTargetService": f"projects/bench/regions/{region}/serviceAttachments/sa",
+        },
+    ]
+
+
 def nginx_conf(work: Path, name: str, body: str) -> Path:
     conf = work / f"{name}.conf"
     conf.write_text(f"""daemon off; worker_processes 1; pid {work}/{name}.pid; error_log {work}/{name}.err warn;
@@ -180,52 +243,16 @@ backend betcp
             )
             hg_front, hg_prod, hg_api = free_port(), free_port("127.0.9.100"), free_port()
             manifest = work / "hg.yaml"
-            base = {"project": "bench", "region": "r1"}
             manifest.write_text(
                 yaml.safe_dump_all(
                     [
-                        {
-                            **base,
-                            "kind": "HealthCheck",
-                            "name": "hc",
-                            "type": "TCP",
-                            "port": be_port,
-                            "checkIntervalSec": 5,
-                        },
-                        {
-                            **base,
-                            "kind": "NetworkEndpointGroup",
-                            "name": "neg",
-                            "networkEndpointType": "GCE_VM_IP_PORT",
-                            "endpoints": [{"ipAddress": "127.0.0.1", "port": be_port}],
-                        },
-                        {
-                            **base,
-                            "kind": "BackendService",
-                            "name": "web",
-                            "loadBalancingScheme": "INTERNAL_MANAGED",
-                            "protocol": "HTTP",
-                            "healthChecks": ["hc"],
-                            "backends": [{"group": "neg"}],
-                        },
-                        {
-                            **base,
-                            "kind": "ForwardingRule",
-                            "name": "fr",
-                            "IPAddress": "127.0.9.100",
-                            "ports": [hg_prod],
-                            "loadBalancingScheme": "INTERNAL_MANAGED",
-                            "backendService": "web",
-                        },
-                        {**base, "kind": "ServiceAttachment", "name": "sa", "targetService": "fr"},
-                        {
-                            "project": "c",
-                            "region": "r1",
-                            "kind": "NetworkEndpointGroup",
-                            "name": "psc",
-                            "networkEndpointType": "PRIVATE_SERVICE_CONNECT",
-                            "pscTargetService": "projects/bench/regions/r1/serviceAttachments/sa",
-                        },
+                        *published_region(
+                            "r1",
+                            be_port,
+                            "127.0.9.100",
+                            hg_prod,
+                            {"type": "TCP", "port": be_port, "checkIntervalSec": 5},
+                        ),
                         {
                             "project": "c",
                             "kind": "BackendService",
@@ -242,6 +269,7 @@ backend betcp
                             "portRange": str(hg_front),
                             "loadBalancingScheme": "EXTERNAL_MANAGED",
                             "backendService": "front",
+                            "dataPlaneRegion": "r1",
                         },
                     ]
                 )
@@ -336,101 +364,17 @@ def propagation(
     health_port = free_port()
     docs = list(yaml.safe_load_all(manifest.read_text()))
     for d in docs:
-        if d["kind"] == "HealthCheck":
-            d.update(
-                type="HTTP",
-                port=health_port,
-                requestPath="/",
-                checkIntervalSec=1,
-                timeoutSec=1,
-                healthyThreshold=2,
-                unhealthyThreshold=2,
-            )
+        if d["kind"] == "HealthCheck":  # r1's health now depends on a server we can stop
+            d.update(type="HTTP", port=health_port, requestPath="/", **FAST)
         if d["kind"] == "BackendService" and d["project"] == "c":
             d["backends"].append({"group": "regions/r2/networkEndpointGroups/psc"})
-        if d["kind"] == "ForwardingRule" and d["project"] == "c":
-            d["dataPlaneRegion"] = "r1"
-    r2 = {"project": "bench", "region": "r2"}
-    r2_port = free_port("127.0.9.101")
-    docs += [
-        {
-            **r2,
-            "kind": "HealthCheck",
-            "name": "hc",
-            "type": "TCP",
-            "port": be_port,
-            "checkIntervalSec": 1,
-            "timeoutSec": 1,
-            "healthyThreshold": 2,
-            "unhealthyThreshold": 2,
-        },
-        {
-            **r2,
-            "kind": "NetworkEndpointGroup",
-            "name": "neg",
-            "networkEndpointType": "GCE_VM_IP_PORT",
-            "endpoints": [{"ipAddress": "127.0.0.1", "port": be_port}],
-        },
-        {
-            **r2,
-            "kind": "BackendService",
-            "name": "web",
-            "loadBalancingScheme": "INTERNAL_MANAGED",
-            "protocol": "HTTP",
-            "healthChecks": ["hc"],
-            "backends": [{"group": "neg"}],
-        },
-        {**r2, "kind": "HealthAggregationPolicy", "name": "pol"},
-        {
-            **r2,
-            "kind": "HealthSource",
-            "name": "src",
-            "sources": ["web"],
-            "healthAggregationPolicy": "pol",
-        },
-        {
-            **r2,
-            "kind": "ForwardingRule",
-            "name": "fr",
-            "IPAddress": "127.0.9.101",
-            "ports": [r2_port],
-            "loadBalancingScheme": "INTERNAL_MANAGED",
-            "backendService": "web",
-        },
-        {
-            **r2,
-            "kind": "CompositeHealthCheck",
-            "name": "chc",
-            "healthSources": ["src"],
-            "healthDestination": "fr",
-        },
-        {**r2, "kind": "ServiceAttachment", "name": "sa", "targetService": "fr"},
-        {
-            "project": "c",
-            "region": "r2",
-            "kind": "NetworkEndpointGroup",
-            "name": "psc",
-            "networkEndpointType": "PRIVATE_SERVICE_CONNECT",
-            "pscTargetService": "projects/bench/regions/r2/serviceAttachments/sa",
-        },
-        {"project": "bench", "region": "r1", "kind": "HealthAggregationPolicy", "name": "pol"},
-        {
-            "project": "bench",
-            "region": "r1",
-            "kind": "HealthSource",
-            "name": "src",
-            "sources": ["web"],
-            "healthAggregationPolicy": "pol",
-        },
-        {
-            "project": "bench",
-            "region": "r1",
-            "kind": "CompositeHealthCheck",
-            "name": "chc",
-            "healthSources": ["src"],
-            "healthDestination": "fr",
-        },
-    ]
+    docs += published_region(
+        "r2",
+        be_port,
+        "127.0.9.101",
+        free_port("127.0.9.101"),
+        {"type": "TCP", "port": be_port, **FAST},
+    )
     url = f"http://127.0.0.1:{api}"
     health = None
 

@@ -61,6 +61,25 @@ class Stack:
         self.proc.stop()
         self.backends.__exit__()
 
+    def use_front_protocol(self, protocol: str) -> None:
+        """Re-apply the world with the consumer front end speaking TCP or UDP
+        (UDP: every backend service and rule too), and wait for its listener."""
+        from tests.e2e.harness import e2e_world
+
+        docs = e2e_world(self.port, self.front, self.prod, **self.policy)
+        for d in docs:
+            if d["kind"] == "BackendService" and (protocol == "UDP" or d["project"] == "web"):
+                d["protocol"] = protocol
+            if d["kind"] == "ForwardingRule" and protocol == "UDP":
+                d["IPProtocol"] = "UDP"
+        self.apply(docs)
+        layer = protocol.lower()
+        wait_for(
+            lambda: self.api.get(FRONT).json()["status"]["listener"]["layer"] == layer,
+            10,
+            what=f"{layer} listener",
+        )
+
     def neg_state(self, region: str) -> str:
         neg = "shop-us" if region == "us-east1" else "shop-eu"
         return str(
@@ -202,19 +221,8 @@ def test_fail_open_keeps_the_first_region(stack: Stack) -> None:
 
 
 def test_tcp_front_end_fails_over_new_connections(tmp_path: Path) -> None:
-    from tests.e2e.harness import e2e_world as world
-
     with Stack(tmp_path) as s:
-        docs = world(s.port, s.front, s.prod)
-        for d in docs:
-            if d["kind"] == "BackendService" and d["project"] == "web":
-                d["protocol"] = "TCP"
-        s.apply(docs)
-        wait_for(
-            lambda: s.proc.client().get(FRONT).json()["status"]["listener"]["layer"] == "tcp",
-            10,
-            what="tcp listener",
-        )
+        s.use_front_protocol("TCP")
 
         def ask() -> str:
             with socket.create_connection(("127.0.0.1", s.front), timeout=5) as sock:
@@ -233,23 +241,11 @@ def test_tcp_front_end_fails_over_new_connections(tmp_path: Path) -> None:
 
 
 def test_udp_sessions_fail_over(tmp_path: Path) -> None:
-    from tests.e2e.harness import e2e_world as world
     from tests.e2e.harness import start_udp_echo
 
     with Stack(tmp_path) as s:
         echoes = start_udp_echo(s.backends)
-        docs = world(s.port, s.front, s.prod)
-        for d in docs:
-            if d["kind"] == "BackendService":
-                d["protocol"] = "UDP"
-            if d["kind"] == "ForwardingRule":
-                d["IPProtocol"] = "UDP"
-        s.apply(docs)
-        wait_for(
-            lambda: s.api.get(FRONT).json()["status"]["listener"]["layer"] == "udp",
-            10,
-            what="udp listener",
-        )
+        s.use_front_protocol("UDP")
 
         def ask(payload: bytes) -> str:
             with socket.socket(
@@ -270,20 +266,9 @@ def test_udp_sessions_fail_over(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("drain", [False, True])
 def test_open_tcp_connections_are_kept_or_drained_on_failover(tmp_path: Path, drain: bool) -> None:
-    from tests.e2e.harness import e2e_world as world
-
     args = ("--drain-on-failover",) if drain else ()
     with Stack(tmp_path, *args) as s:
-        docs = world(s.port, s.front, s.prod)
-        for d in docs:
-            if d["kind"] == "BackendService" and d["project"] == "web":
-                d["protocol"] = "TCP"
-        s.apply(docs)
-        wait_for(
-            lambda: s.api.get(FRONT).json()["status"]["listener"]["layer"] == "tcp",
-            10,
-            what="tcp listener",
-        )
+        s.use_front_protocol("TCP")
         with socket.create_connection(("127.0.0.1", s.front), timeout=5) as sock:
             sock.sendall(
                 b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
