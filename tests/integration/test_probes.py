@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import trustme
 
 from healthgate.health.states import Outcome, ProbeResult
+from healthgate.probes.batch import BatchProber
 from healthgate.probes.prober import Prober, ProbeSettings
 from healthgate.probes.spec import ProbeSpec
 from tests.helpers import run_async
@@ -21,14 +23,50 @@ def spec(kind: str, port: int, timeout: float = 1.0, **kw: Any) -> ProbeSpec:
     return ProbeSpec(type=kind, ip="127.0.0.1", port=port, timeout=timeout, interval=1.0, **kw)
 
 
+class Batched:
+    """The batch prober driven as the scheduler drives it (start, then a poll
+    per tick; here a 2 ms tick), one probe at a time, behind the coroutine
+    prober's interface so that the same tests run against both."""
+
+    def __init__(self, settings: ProbeSettings | None = None) -> None:
+        self.batch = BatchProber(settings)
+
+    async def probe(self, spec: ProbeSpec, key: Any = None) -> ProbeResult:
+        loop = asyncio.get_running_loop()
+        key = "k" if key is None else key
+        result = self.batch.start(key, spec, loop.time())
+        for _ in range(int(spec.timeout / 0.002) + 500):  # bounded: the deadline and then some
+            if result is not None:
+                return result
+            await asyncio.sleep(0.002)
+            for k, r in self.batch.poll(loop.time()):
+                assert k == key
+                result = r
+        raise AssertionError(f"no result from the batch prober after {spec.timeout} s")
+
+    def forget(self, key: Any) -> None:
+        self.batch.cancel(key)
+
+    async def close(self) -> None:
+        self.batch.close()
+
+
+PROBERS: dict[str, Callable[[ProbeSettings | None], Prober | Batched]] = {
+    "coroutine": Prober,
+    "batch": Batched,
+}
+both = pytest.mark.parametrize("prober_kind", list(PROBERS))
+
+
 def probe_once(
     handler: servers.Handler | None,
     kind: str = "HTTP",
     settings: ProbeSettings | None = None,
+    prober_kind: str = "coroutine",
     **kw: Any,
 ) -> ProbeResult:
     async def go() -> ProbeResult:
-        prober = Prober(settings)
+        prober = PROBERS[prober_kind](settings)
         try:
             if handler is None:
                 return await prober.probe(spec(kind, free_port(), **kw))
@@ -73,31 +111,42 @@ def probe_once(
         ),  # the head decides; the body is never read
     ],
 )
+@both
 def test_http_and_tcp_outcomes(
-    handler: Any, kind: str, kw: dict[str, Any], outcome: Outcome, status: int, detail: str
+    handler: Any,
+    kind: str,
+    kw: dict[str, Any],
+    outcome: Outcome,
+    status: int,
+    detail: str,
+    prober_kind: str,
 ) -> None:
-    result = probe_once(handler, kind, **kw)
+    result = probe_once(handler, kind, prober_kind=prober_kind, **kw)
     assert result.outcome is outcome, result
     assert result.status == status
     assert detail in result.detail
     assert 0 <= result.latency < 1.0
 
 
-def test_accepts_and_never_answers_times_out_at_the_deadline() -> None:
-    result = probe_once(servers.hang, "HTTP", timeout=0.3)
+@both
+def test_accepts_and_never_answers_times_out_at_the_deadline(prober_kind: str) -> None:
+    result = probe_once(servers.hang, "HTTP", prober_kind=prober_kind, timeout=0.3)
     assert result.outcome is Outcome.TIMEOUT
     assert 0.295 <= result.latency < 0.6  # timers fire to the millisecond
 
 
-def test_tcp_check_cannot_see_a_hung_server() -> None:
+@both
+def test_tcp_check_cannot_see_a_hung_server(prober_kind: str) -> None:
     # documented limitation: the kernel completes the handshake for a hung process
-    assert probe_once(servers.hang, "TCP", timeout=0.3).outcome is Outcome.OK
+    result = probe_once(servers.hang, "TCP", prober_kind=prober_kind, timeout=0.3)
+    assert result.outcome is Outcome.OK
 
 
+@both
 @pytest.mark.parametrize("kind", ["TCP", "HTTP"])
-def test_handshake_that_never_completes_times_out(kind: str) -> None:
+def test_handshake_that_never_completes_times_out(kind: str, prober_kind: str) -> None:
     async def go() -> ProbeResult:
-        prober = Prober()
+        prober = PROBERS[prober_kind](None)
         with FullBacklog() as backlog:
             return await prober.probe(spec(kind, backlog.port, timeout=0.3))
 
@@ -106,13 +155,15 @@ def test_handshake_that_never_completes_times_out(kind: str) -> None:
     assert 0.295 <= result.latency < 0.6  # timers fire to the millisecond
 
 
-def test_endless_headers_do_not_hold_memory_or_time() -> None:
-    result = probe_once(servers.endless_headers, "HTTP", timeout=2.0)
+@both
+def test_endless_headers_do_not_hold_memory_or_time(prober_kind: str) -> None:
+    result = probe_once(servers.endless_headers, "HTTP", prober_kind=prober_kind, timeout=2.0)
     assert result.outcome is Outcome.MALFORMED
     assert result.latency < 0.5
 
 
-def test_request_carries_path_and_host() -> None:
+@both
+def test_request_carries_path_and_host(prober_kind: str) -> None:
     seen: list[bytes] = []
 
     async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -121,12 +172,14 @@ def test_request_carries_path_and_host() -> None:
         writer.close()
 
     assert (
-        probe_once(record, "HTTP", path="/healthz?full=1", host="web.internal").outcome
+        probe_once(
+            record, "HTTP", prober_kind=prober_kind, path="/healthz?full=1", host="web.internal"
+        ).outcome
         is Outcome.OK
     )
     assert seen[0].startswith(b"GET /healthz?full=1 HTTP/1.1\r\nHost: web.internal\r\n")
     seen.clear()
-    assert probe_once(record, "HTTP").outcome is Outcome.OK
+    assert probe_once(record, "HTTP", prober_kind=prober_kind).outcome is Outcome.OK
     assert b"\r\nHost: 127.0.0.1\r\n" in seen[0]
 
 
@@ -210,9 +263,10 @@ def test_https_against_plain_http_is_a_tls_failure() -> None:
 # ------------------------------------------------------------------ keep-alive
 
 
-def test_keepalive_reuses_one_connection_and_survives_server_idle_close() -> None:
+@both
+def test_keepalive_reuses_one_connection_and_survives_server_idle_close(prober_kind: str) -> None:
     async def go() -> tuple[list[ProbeResult], int, list[ProbeResult], int]:
-        prober = Prober(ProbeSettings(keepalive=True))
+        prober = PROBERS[prober_kind](ProbeSettings(keepalive=True))
         async with Server(servers.respond(200)) as srv:
             s = spec("HTTP", srv.port)
             results = [await prober.probe(s, key=1) for _ in range(5)]
@@ -232,7 +286,8 @@ def test_keepalive_reuses_one_connection_and_survives_server_idle_close() -> Non
     assert [r.outcome for r in again] == [Outcome.OK] * 3 and conns2 == 1
 
 
-def test_keepalive_retries_a_stale_connection_once() -> None:
+@both
+def test_keepalive_retries_a_stale_connection_once(prober_kind: str) -> None:
     closing: list[asyncio.StreamWriter] = []
 
     async def answer_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -243,7 +298,7 @@ def test_keepalive_retries_a_stale_connection_once() -> None:
         writer.close()
 
     async def go() -> list[ProbeResult]:
-        prober = Prober(ProbeSettings(keepalive=True))
+        prober = PROBERS[prober_kind](ProbeSettings(keepalive=True))
         async with Server(answer_once) as srv:
             s = spec("HTTP", srv.port)
             out = []

@@ -21,6 +21,13 @@ from healthgate.model.validation import InvalidResources
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 
 
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+    return value
+
+
 def _print_issues(exc: InvalidResources, source: str) -> None:
     n = len(exc.issues)
     print(f"{source}: {n} error{'s' if n != 1 else ''}:", file=sys.stderr)
@@ -81,6 +88,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from healthgate.dataplane.http import HttpSettings
     from healthgate.dataplane.manager import DataPlaneSettings
     from healthgate.probes.prober import ProbeSettings
+    from healthgate.probes.scheduler import SchedulerSettings
     from healthgate.runtime.control import ControlError
     from healthgate.runtime.server import ServeSettings, run_server
 
@@ -95,6 +103,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         probe=ProbeSettings(
             keepalive=args.keepalive_probes, verify_tls=args.verify_tls, ca_file=args.ca_file
         ),
+        scheduler=SchedulerSettings(tick=args.probe_tick_ms / 1000),
         dataplane=DataPlaneSettings(
             enabled=not args.no_dataplane,
             drain_on_failover=args.drain_on_failover,
@@ -213,6 +222,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--keepalive-probes",
         action="store_true",
         help="keep HTTP(S) probe connections alive between probes",
+    )
+    p.add_argument(
+        "--probe-tick-ms",
+        type=positive_float,
+        default=10.0,
+        help="how often the prober wakes while probes are in flight; probes start within "
+        "half a tick of due, and response times are measured to one tick (default 10)",
     )
     p.add_argument("--verify-tls", action="store_true", help="verify HTTPS probe certificates")
     p.add_argument("--ca-file", help="CA bundle for --verify-tls")

@@ -48,6 +48,34 @@ class HttpHead:
         self.reusable = reusable
 
 
+def parse_head(buf: bytes | bytearray, end: int, max_body: int) -> HttpHead:
+    """The verdict on a response whose head ends at ``end`` (the blank line).
+
+    Reusable (for a kept-alive connection) only when HTTP/1.1 without
+    ``Connection: close`` and the whole ``Content-Length`` body (at most
+    ``max_body``) came with the head, so nothing is left on the wire."""
+    line_end = buf.find(b"\r\n")
+    line = bytes(buf[:line_end])
+    if not (
+        line.startswith((b"HTTP/1.1 ", b"HTTP/1.0 ")) and len(line) >= 12 and line[9:12].isdigit()
+    ):
+        return HttpHead(error=f"bad status line {line[:40]!r}")
+    status = int(line[9:12])
+    reusable = False
+    if line.startswith(b"HTTP/1.1 "):
+        headers = bytes(buf[line_end + 2 : end]).lower()
+        if b"connection: close" not in headers and b"transfer-encoding" not in headers:
+            i = headers.find(b"content-length:")
+            if i >= 0:
+                j = headers.find(b"\r\n", i)
+                value = headers[i + 15 : j if j >= 0 else len(headers)].strip()
+                if value.isdigit():
+                    length = int(value)
+                    body = len(buf) - (end + 4)
+                    reusable = length <= max_body and body == length
+    return HttpHead(status, reusable=reusable)
+
+
 class HttpProbeProtocol(asyncio.Protocol):
     __slots__ = ("buf", "closed", "fut", "got_bytes", "max_body", "max_head", "transport")
 
@@ -87,31 +115,7 @@ class HttpProbeProtocol(asyncio.Protocol):
             if len(buf) > self.max_head:
                 fut.set_result(HttpHead(error=f"response head larger than {self.max_head} bytes"))
             return
-        fut.set_result(self._parse(buf, end))
-
-    def _parse(self, buf: bytearray, end: int) -> HttpHead:
-        line_end = buf.find(b"\r\n")
-        line = bytes(buf[:line_end])
-        if not (
-            line.startswith((b"HTTP/1.1 ", b"HTTP/1.0 "))
-            and len(line) >= 12
-            and line[9:12].isdigit()
-        ):
-            return HttpHead(error=f"bad status line {line[:40]!r}")
-        status = int(line[9:12])
-        reusable = False
-        if line.startswith(b"HTTP/1.1 "):
-            headers = bytes(buf[line_end + 2 : end]).lower()
-            if b"connection: close" not in headers and b"transfer-encoding" not in headers:
-                i = headers.find(b"content-length:")
-                if i >= 0:
-                    j = headers.find(b"\r\n", i)
-                    value = headers[i + 15 : j if j >= 0 else len(headers)].strip()
-                    if value.isdigit():
-                        length = int(value)
-                        body = len(buf) - (end + 4)
-                        reusable = length <= self.max_body and body == length
-        return HttpHead(status, reusable=reusable)
+        fut.set_result(parse_head(buf, end, self.max_body))
 
     def eof_received(self) -> bool | None:
         return False  # close our side too

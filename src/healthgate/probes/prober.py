@@ -48,6 +48,19 @@ class ProbeSettings:
     max_body_bytes: int = 65536  # a kept-alive response's body must fit, or the connection closes
 
 
+def verdict(spec: ProbeSpec, head: HttpHead, latency: float) -> ProbeResult:
+    """The result of an HTTP(S) probe from what was read of the response."""
+    if head.error == "reset":
+        return ProbeResult(Outcome.RESET, latency)
+    if head.error == "closed":
+        return ProbeResult(Outcome.RESET, latency, 0, "closed without an answer")
+    if head.error:
+        return ProbeResult(Outcome.MALFORMED, latency, 0, head.error)
+    if spec.expects(head.status):
+        return ProbeResult(Outcome.OK, latency, head.status)
+    return ProbeResult(Outcome.STATUS, latency, head.status, "not in expectedStatusCodes")
+
+
 class _TcpConnectProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport.close()
@@ -204,15 +217,7 @@ class Prober:
             self._idle[key] = (transport, proto)
         else:
             transport.close()
-        if head.error == "reset":
-            return ProbeResult(Outcome.RESET, latency)
-        if head.error == "closed":
-            return ProbeResult(Outcome.RESET, latency, 0, "closed without an answer")
-        if head.error:
-            return ProbeResult(Outcome.MALFORMED, latency, 0, head.error)
-        if spec.expects(head.status):
-            return ProbeResult(Outcome.OK, latency, head.status)
-        return ProbeResult(Outcome.STATUS, latency, head.status, "not in expectedStatusCodes")
+        return verdict(spec, head, latency)
 
     async def _grpc_probe(self, spec: ProbeSpec, key: Any, start: float) -> ProbeResult:
         if self._grpc is None:

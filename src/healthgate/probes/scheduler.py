@@ -1,26 +1,41 @@
-"""The probe scheduler: one timer per endpoint, the timing of SPEC §2.1.
+"""The probe scheduler: the timing of SPEC §2.1, driven by one tick.
 
 Theory of operation
 -------------------
-Each key (an endpoint slot of the engine) has one entry and at most one timer.
-When the timer fires the probe starts; when the probe ends its result goes to
-the sink and the next probe is due ``interval`` seconds *after the end*. So
-probes of one key never overlap, and the interval is exactly the spec's.
+Each key (an endpoint slot of the engine) has one entry. When its probe ends,
+its result goes to the sink and the next probe is due ``interval`` seconds
+*after the end*. So probes of one key never overlap, and the interval is
+exactly the spec's.
 
+* **The tick.** Due times sit in one heap. A single timer, the tick, starts
+  every probe due within half a tick of now (so a probe starts at most half a
+  tick early or late; the tick is 10 ms by default) and polls the batch
+  prober (:mod:`healthgate.probes.batch`, plain TCP and HTTP), which finishes
+  every probe whose socket is ready or whose deadline has passed. While
+  anything is in flight the tick runs every ``tick`` seconds; otherwise it
+  sleeps until the next due time. This is the point of the design: at 1,000
+  probes a second the process wakes about 100 times a second instead of
+  3,000, and a wake-up is the dominant cost on these machines (see
+  docs/benchmarks.md). HTTPS and gRPC probes run as tasks of the coroutine
+  :class:`~healthgate.probes.prober.Prober`; the tick starts them too.
 * **Spreading.** A new key's first probe is due at a random point of its first
-  interval, so 10,000 endpoints added at once do not fire together.
-* **Changes.** :meth:`upsert` with a new spec takes effect at the next probe
-  (a probe in flight finishes and its result is dropped, since it tested the
-  old spec); :meth:`remove` stops a key at once. Nothing else is touched.
+  interval, so 10,000 endpoints added at once do not fire together; and each
+  key keeps that phase: a probe that started late (or up to half a tick
+  early) moves the next due time back (or forward) by as much, so that probes
+  the loop started together once do not stay together (:meth:`_next_due`).
+* **Changes.** :meth:`upsert` with a new spec takes effect at once: a batch
+  probe in flight is cancelled (a coroutine probe finishes and its result is
+  dropped, since it tested the old spec) and the key is re-armed;
+  :meth:`remove` stops a key at once. Nothing else is touched.
 * **Concurrency cap.** At most ``max_in_flight`` probes run at once (bounded
   also by the open-file limit); due keys beyond it wait in a FIFO queue and
   start as others finish - late, and counted as late.
-* **Self-protection.** A monitor measures the event loop's own lag. When the
-  loop runs late by more than ``lag_threshold``, a probe that timed out during
-  that time may have timed out because of *us*, not the endpoint: its result
-  becomes SUSPECT, which the engine treats as no evidence at all. It is
-  counted and logged. (A refusal or a wrong status is real evidence whatever
-  our lag; only timeouts are converted.)
+* **Self-protection.** Each tick measures how late it runs. When the loop runs
+  late by more than ``lag_threshold``, a probe that timed out during that time
+  may have timed out because of *us*, not the endpoint: its result becomes
+  SUSPECT, which the engine treats as no evidence at all. It is counted and
+  logged. (A refusal or a wrong status is real evidence whatever our lag;
+  only timeouts are converted.)
 
 All times are the event loop's monotonic clock (``loop.time()``).
 """
@@ -28,14 +43,16 @@ All times are the event loop's monotonic clock (``loop.time()``).
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import random
 import resource
 from collections import deque
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from healthgate.health.states import Outcome, ProbeResult
+from healthgate.probes.batch import BatchProber
 from healthgate.probes.prober import Prober
 from healthgate.probes.spec import ProbeSpec
 
@@ -47,8 +64,8 @@ ResultSink = Callable[[Hashable, float, ProbeResult], None]
 @dataclass(frozen=True, slots=True)
 class SchedulerSettings:
     max_in_flight: int = 8192
+    tick: float = 0.010  # seconds between ticks while probes are in flight (see the docstring)
     lag_threshold: float = 0.25  # seconds of event-loop lag that make timeouts suspect
-    lag_check_interval: float = 0.05
     late_threshold: float = 0.010  # a start later than this counts as late
     fd_reserve: int = 256  # file descriptors kept for the API, store and data plane
 
@@ -61,18 +78,19 @@ class SchedulerStats:
     suspect: int = 0
     dropped: int = 0  # results of a spec that changed or was removed meanwhile
     max_lag: float = 0.0
-    outcomes: dict[str, int] = field(default_factory=dict)
 
 
 class _Entry:
-    __slots__ = ("due", "generation", "handle", "in_flight", "spec")
+    __slots__ = ("due", "generation", "in_batch", "in_flight", "lag_at_start", "spec", "started")
 
     def __init__(self, spec: ProbeSpec) -> None:
         self.spec = spec
         self.generation = 0
-        self.handle: asyncio.TimerHandle | None = None
         self.in_flight = False
+        self.in_batch = False  # in flight in the batch prober (not a coroutine)
         self.due = 0.0
+        self.started = 0.0
+        self.lag_at_start = 0.0
 
 
 def raise_open_file_limit() -> int:
@@ -95,20 +113,28 @@ class ProbeScheduler:
         sink: ResultSink,
         settings: SchedulerSettings | None = None,
         rng: random.Random | None = None,
+        batch: BatchProber | None = None,
     ) -> None:
         self.prober = prober
+        self.batch = batch  # plain TCP and HTTP; without it everything runs on `prober`
         self.sink = sink
         self.settings = settings or SchedulerSettings()
         self.stats = SchedulerStats()
         self._rng = rng or random.Random()
         self._entries: dict[Hashable, _Entry] = {}
+        # Due times on a wheel of tick-wide slots: slot b holds the keys due within
+        # half a tick of b * tick, and is started by the first tick at or after
+        # b * tick. Appending and taking a slot are O(1); a heap of the occupied
+        # slot numbers (a hundred or so per second) finds the next one.
+        self._wheel: dict[int, list[tuple[Hashable, int, float]]] = {}
+        self._slots: list[int] = []
         self._waiting: deque[tuple[Hashable, int]] = deque()
         self._in_flight = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._lag_handle: asyncio.TimerHandle | None = None
+        self._tick_handle: asyncio.TimerHandle | None = None
+        self._tick_at = float("inf")  # when the armed tick is due
         self._last_lag_at = float("-inf")
-        self._expected_tick = 0.0
         self._closed = False
         soft = raise_open_file_limit()
         self.max_in_flight = max(
@@ -121,11 +147,10 @@ class ProbeScheduler:
         """Begin probing (inside the event loop). Keys added before now start
         here, spread over their first interval."""
         self._loop = loop = asyncio.get_running_loop()
-        self._expected_tick = loop.time() + self.settings.lag_check_interval
-        self._lag_handle = loop.call_at(self._expected_tick, self._lag_tick)
+        now = loop.time()
         for key, entry in self._entries.items():
-            if entry.handle is None and not entry.in_flight:
-                self._arm(loop, key, entry, loop.time() + self._rng.uniform(0, entry.spec.interval))
+            if not entry.in_flight:
+                self._arm(key, entry, now + self._rng.uniform(0, entry.spec.interval))
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -142,39 +167,47 @@ class ProbeScheduler:
         if entry is None:
             entry = self._entries[key] = _Entry(spec)
             if loop is not None:
-                self._arm(loop, key, entry, loop.time() + self._rng.uniform(0, spec.interval))
+                self._arm(key, entry, loop.time() + self._rng.uniform(0, spec.interval))
             return
         if entry.spec == spec:
             return
         entry.spec = spec
         entry.generation += 1
-        self.prober.forget(key)
-        if loop is not None and not entry.in_flight:  # a probe in flight re-arms on completion
-            if entry.handle is not None:
-                entry.handle.cancel()
-            self._arm(loop, key, entry, loop.time() + self._rng.uniform(0, spec.interval))
+        self._forget(key, entry)
+        if loop is not None and not entry.in_flight:  # a coroutine probe re-arms on completion
+            self._arm(key, entry, loop.time() + self._rng.uniform(0, spec.interval))
 
     def remove(self, key: Hashable) -> None:
         entry = self._entries.pop(key, None)
         if entry is not None:
             entry.generation += 1
-            if entry.handle is not None:
-                entry.handle.cancel()
-            self.prober.forget(key)
+            self._forget(key, entry)
+
+    def _forget(self, key: Hashable, entry: _Entry) -> None:
+        if entry.in_batch:
+            assert self.batch is not None
+            self.batch.cancel(key)
+            entry.in_batch = entry.in_flight = False
+            self._in_flight -= 1
+            self.stats.dropped += 1
+        elif self.batch is not None:
+            self.batch.cancel(key)  # a kept-alive connection
+        self.prober.forget(key)
 
     async def close(self) -> None:
         self._closed = True
-        if self._lag_handle is not None:
-            self._lag_handle.cancel()
-        for entry in self._entries.values():
-            if entry.handle is not None:
-                entry.handle.cancel()
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
         self._entries.clear()
+        self._wheel.clear()
+        self._slots.clear()
         self._waiting.clear()
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.batch is not None:
+            self.batch.close()
         await self.prober.close()
 
     # ------------------------------------------------------------------ timing
@@ -184,29 +217,90 @@ class ProbeScheduler:
             raise RuntimeError("ProbeScheduler.start() must be called inside the event loop first")
         return self._loop
 
-    def _arm(
-        self, loop: asyncio.AbstractEventLoop, key: Hashable, entry: _Entry, due: float
-    ) -> None:
+    def _arm(self, key: Hashable, entry: _Entry, due: float) -> None:
         entry.due = due
-        entry.handle = loop.call_at(due, self._fire, key, entry.generation)
+        tick = self.settings.tick
+        slot = int(due / tick + 0.5)
+        keys = self._wheel.get(slot)
+        if keys is None:
+            keys = self._wheel[slot] = []
+            heapq.heappush(self._slots, slot)
+            if slot * tick < self._tick_at:
+                self._schedule_tick(slot * tick)
+        keys.append((key, entry.generation, due))
 
-    def _fire(self, key: Hashable, generation: int) -> None:
-        entry = self._entries.get(key)
-        if entry is None or entry.generation != generation or self._closed:
-            return
-        entry.handle = None
-        if self._in_flight >= self.max_in_flight:
-            self._waiting.append((key, generation))
-            return
-        self._launch(key, entry)
-
-    def _launch(self, key: Hashable, entry: _Entry) -> None:
+    def _schedule_tick(self, at: float) -> None:
         loop = self._require_loop()
+        if self._closed:
+            return
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+        self._tick_at = at
+        self._tick_handle = loop.call_at(at, self._tick)
+
+    def _tick(self) -> None:
+        loop = self._require_loop()
+        now = loop.time()
+        settings = self.settings
+        stats = self.stats
+        lag = now - self._tick_at
+        self._tick_at = float("inf")
+        self._tick_handle = None
+        stats.max_lag = max(stats.max_lag, lag)
+        if lag > settings.lag_threshold:
+            self._last_lag_at = now
+            log.warning("prober event loop lagged %.0f ms behind", lag * 1000)
+        # Starts first, so that they are on time however many results wait.
+        slots = self._slots
+        wheel = self._wheel
+        last = int(now / settings.tick)
+        entries = self._entries
+        while slots and slots[0] <= last:
+            for key, generation, at in wheel.pop(heapq.heappop(slots)):
+                entry = entries.get(key)
+                if entry is None or entry.generation != generation or entry.due != at:
+                    continue  # removed, changed or re-armed since
+                if entry.in_flight:
+                    continue
+                if self._in_flight >= self.max_in_flight:
+                    self._waiting.append((key, generation))
+                    continue
+                self._launch(loop, key, entry, loop.time())
+        batch = self.batch
+        if batch is not None and batch.in_flight:
+            end = loop.time()  # (after the starts: some may have ended already)
+            for key, result in batch.poll(end):
+                entry = entries.get(key)
+                if entry is not None and entry.in_batch:
+                    self._ended(key, entry, result, end)
+        self._start_waiting(loop)
+        if self._in_flight or self._waiting:
+            nxt = (last + 1) * settings.tick
+        elif slots:
+            nxt = max(slots[0], last + 1) * settings.tick
+        else:
+            return
+        if nxt < self._tick_at:  # (a probe ended in this tick may have armed an earlier one)
+            self._schedule_tick(nxt)
+
+    def _launch(
+        self, loop: asyncio.AbstractEventLoop, key: Hashable, entry: _Entry, now: float
+    ) -> None:
         entry.in_flight = True
+        entry.started = now
+        entry.lag_at_start = now - entry.due
         self._in_flight += 1
         self.stats.started += 1
-        if loop.time() - entry.due > self.settings.late_threshold:
+        if now - entry.due > self.settings.late_threshold:
             self.stats.late_starts += 1
+        spec = entry.spec
+        batch = self.batch
+        if batch is not None and batch.handles(spec):
+            entry.in_batch = True
+            result = batch.start(key, spec, now)
+            if result is not None:
+                self._ended(key, entry, result, now)
+            return
         task = loop.create_task(self._run(key, entry))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -215,56 +309,66 @@ class ProbeScheduler:
         loop = self._require_loop()
         generation = entry.generation
         spec = entry.spec
-        started = loop.time()
-        lag_at_start = started - entry.due
+        started = entry.started
         try:
             result = await self.prober.probe(spec, key)
         except Exception as exc:  # a bug in a probe must not stop the scheduler
             log.exception("probe of %s failed unexpectedly", spec.address)
             result = ProbeResult(Outcome.ERROR, loop.time() - started, 0, type(exc).__name__)
-        finally:
+        end = loop.time()
+        if self._entries.get(key) is not entry or self._closed:
             entry.in_flight = False
             self._in_flight -= 1
-            self._start_waiting()
-        end = loop.time()
+            self.stats.dropped += 1
+            self._start_waiting(loop)
+            return
+        if entry.generation != generation:  # the spec changed while this probe ran
+            entry.in_flight = False
+            self._in_flight -= 1
+            self.stats.dropped += 1
+            self._arm(key, entry, end + self._rng.uniform(0, entry.spec.interval))
+            self._start_waiting(loop)
+            return
+        self._ended(key, entry, result, end)
+        self._start_waiting(loop)
+
+    def _ended(self, key: Hashable, entry: _Entry, result: ProbeResult, end: float) -> None:
+        entry.in_flight = entry.in_batch = False
+        self._in_flight -= 1
         stats = self.stats
         stats.finished += 1
         if result.outcome == Outcome.TIMEOUT and (
-            lag_at_start > self.settings.lag_threshold or self._last_lag_at >= started
+            entry.lag_at_start > self.settings.lag_threshold or self._last_lag_at >= entry.started
         ):
             stats.suspect += 1
             log.warning(
                 "probe of %s timed out while the prober lagged (%.0f ms): counted as no result",
-                spec.address,
-                max(lag_at_start, stats.max_lag) * 1000,
+                entry.spec.address,
+                max(entry.lag_at_start, stats.max_lag) * 1000,
             )
             result = ProbeResult(Outcome.SUSPECT, result.latency, 0, "prober overloaded")
-        name = result.outcome.name
-        stats.outcomes[name] = stats.outcomes.get(name, 0) + 1
-        if self._entries.get(key) is not entry or self._closed:
-            stats.dropped += 1
-            return
-        if entry.generation != generation:
-            stats.dropped += 1  # the spec changed while this probe ran
-            self._arm(loop, key, entry, end + self._rng.uniform(0, entry.spec.interval))
-            return
-        self._arm(loop, key, entry, end + spec.interval)
+        self._arm(key, entry, self._next_due(entry, end))
         self.sink(key, end, result)
 
-    def _start_waiting(self) -> None:
+    def _next_due(self, entry: _Entry, end: float) -> float:
+        """``interval`` after the end - corrected by how early or late this
+        probe started, so that each key keeps its own phase.
+
+        Without the correction, probes that the loop started late together
+        (a stall, a burst of work) would end together and stay in step for
+        ever: clumps that only ever merge, each making the next tick longer.
+        With it, a late start shortens the next gap by the lateness and the
+        key is back in its place. After a stall longer than half an
+        interval the key is spread again at random instead."""
+        interval = entry.spec.interval
+        offset = entry.due - entry.started  # > 0: started early; < 0: started late
+        if offset < -interval / 2:
+            return end + self._rng.uniform(0, interval)
+        return end + interval + offset
+
+    def _start_waiting(self, loop: asyncio.AbstractEventLoop) -> None:
         while self._waiting and self._in_flight < self.max_in_flight:
             key, generation = self._waiting.popleft()
             entry = self._entries.get(key)
             if entry is not None and entry.generation == generation and not entry.in_flight:
-                self._launch(key, entry)
-
-    def _lag_tick(self) -> None:
-        loop = self._require_loop()
-        now = loop.time()
-        lag = now - self._expected_tick
-        self.stats.max_lag = max(self.stats.max_lag, lag)
-        if lag > self.settings.lag_threshold:
-            self._last_lag_at = now
-            log.warning("prober event loop lagged %.0f ms behind", lag * 1000)
-        self._expected_tick = now + self.settings.lag_check_interval
-        self._lag_handle = loop.call_at(self._expected_tick, self._lag_tick)
+                self._launch(loop, key, entry, loop.time())

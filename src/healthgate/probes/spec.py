@@ -37,7 +37,10 @@ class ProbeSpec:
         )
 
     def expects(self, status: int) -> bool:
-        return any(lo <= status <= hi for lo, hi in self.status_ranges)
+        for lo, hi in self.status_ranges:  # noqa: SIM110 - a loop: this runs for every probe
+            if lo <= status <= hi:
+                return True
+        return False
 
     @property
     def address(self) -> str:

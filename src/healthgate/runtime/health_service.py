@@ -18,6 +18,7 @@ from collections.abc import Callable, Hashable, Iterable
 from healthgate.health.engine import ApplyResult, HealthEngine, ProbeTarget, RouteTable
 from healthgate.health.states import Outcome, ProbeResult, Record
 from healthgate.model.resources import Resource
+from healthgate.probes.batch import BatchProber
 from healthgate.probes.prober import Prober, ProbeSettings
 from healthgate.probes.scheduler import ProbeScheduler, SchedulerSettings
 from healthgate.probes.spec import ProbeSpec
@@ -80,7 +81,12 @@ class HealthService:
     ) -> None:
         self.engine = engine or HealthEngine()
         self.clock = clock
-        self.scheduler = ProbeScheduler(Prober(probe_settings), self._on_result, scheduler_settings)
+        self.scheduler = ProbeScheduler(
+            Prober(probe_settings),
+            self._on_result,
+            scheduler_settings,
+            batch=BatchProber(probe_settings),
+        )
         self._listeners: list[RecordListener] = []
         self._forget_listeners: list[Callable[[list[str]], None]] = []
         self.results = 0

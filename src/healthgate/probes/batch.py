@@ -1,0 +1,400 @@
+"""Plain TCP and HTTP probes in batches, on raw non-blocking sockets.
+
+Why not one coroutine per probe
+-------------------------------
+On these machines (virtual, two cores) the cost of a health probe at a low
+rate is dominated by *wake-ups*, not by work: every return from an idle
+``epoll_wait`` costs 100-170 µs of CPU, more than the kernel's whole TCP
+handshake. A probe run as a Task on the event loop wakes it three times (its
+timer, the connect, the answer). HAProxy wakes about once per four checks.
+
+So the scheduler drives this prober from one *tick* (10 ms by default): at
+each tick it starts every probe that is due and calls :meth:`poll`, which
+reads a private ``epoll`` set without blocking and finishes every probe whose
+socket is ready or whose deadline has passed. A thousand probes a second then
+cost 100 wake-ups, not 3,000, and each wake-up does a batch of work with warm
+caches. Times are measured at tick resolution: a response time or a timeout is
+known to within one tick, which is far below the seconds the health windows
+are made of.
+
+What a probe does on the wire (HAProxy does the same):
+
+* **TCP**: ``socket``; ``TCP_QUICKACK`` off, so the final ACK of the handshake
+  is held back; ``connect``; when the SYN-ACK is in, close with ``SO_LINGER``
+  0. The server's kernel answered the SYN - the check's whole question - but
+  the connection never reaches its accept queue, and no TIME_WAIT is left on
+  either side.
+* **Sockets are reused.** Instead of ``close``, a finished probe's socket is
+  disconnected with ``connect(AF_UNSPEC)`` (which sends the RST) and kept in
+  a pool; the next probe connects it again. It stays in the epoll set
+  (edge-triggered, registered once), so a probe costs ``connect`` and the
+  disconnect instead of ``socket``, ``epoll_ctl``, ``connect`` and ``close``:
+  half the CPU per TCP check, measured.
+* **HTTP**: the same connect, and the request is written at once (on a
+  loopback or a fast network the handshake has completed by then; otherwise
+  it waits for the socket to become writable), so the held-back ACK travels
+  with the request. The status line and headers are read (at most
+  ``max_head_bytes``), then the connection is reset. With ``keepalive`` the
+  connection stays open between probes when the response allows it
+  (:func:`~healthgate.probes.http.parse_head`), stays in the epoll set, and a
+  kept connection that turns out to be closed before any byte of the answer
+  is retried once on a fresh connection within the same deadline.
+
+HTTPS and gRPC are not here: they run as coroutines on the event loop
+(:class:`~healthgate.probes.prober.Prober`), where TLS and grpcio live.
+Failures are values, never exceptions: refused, reset, timeout, malformed,
+or an error naming the system call's reason.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import heapq
+import itertools
+import os
+import select
+import socket
+import struct
+from collections.abc import Hashable
+from typing import Final
+
+from healthgate.health.states import Outcome, ProbeResult
+from healthgate.probes.http import HttpHead, build_request, parse_head
+from healthgate.probes.prober import ProbeSettings, verdict
+from healthgate.probes.spec import ProbeSpec
+
+_EPOLLDOWN: Final = select.EPOLLERR | select.EPOLLHUP
+_READABLE: Final = select.EPOLLIN | select.EPOLLRDHUP | _EPOLLDOWN
+# Every socket is registered once, edge-triggered, for everything: no epoll_ctl per probe.
+_MASK: Final = select.EPOLLIN | select.EPOLLOUT | select.EPOLLRDHUP | select.EPOLLET
+_LINGER_RST: Final = struct.pack("ii", 1, 0)
+_SOL_SOCKET: Final = socket.SOL_SOCKET
+_SO_LINGER: Final = socket.SO_LINGER
+_SO_ERROR: Final = socket.SO_ERROR
+_QUICKACK: Final = getattr(socket, "TCP_QUICKACK", 0)
+_STREAM: Final = socket.SOCK_STREAM | socket.SOCK_NONBLOCK
+_NOT_YET: Final = frozenset({errno.EAGAIN, errno.ENOTCONN, errno.EINPROGRESS})
+
+_POOL_MAX: Final = 1024  # disconnected sockets kept for reuse, per address family
+
+try:  # connect(AF_UNSPEC) dissolves a TCP association and leaves the socket reusable
+    _libc_connect = ctypes.CDLL(None, use_errno=True).connect
+    _libc_connect.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint32]
+    _libc_connect.restype = ctypes.c_int
+    _UNSPEC: ctypes.Array[ctypes.c_char] | None = ctypes.create_string_buffer(
+        struct.pack("=HH12x", socket.AF_UNSPEC, 0), 16
+    )
+except (OSError, AttributeError):
+    _UNSPEC = None
+
+# A probe waits for its socket to become writable (the connect, or the rest of the
+# request), then for the answer (HTTP).
+_CONNECTING: Final = 0
+_SENT: Final = 1
+
+
+def errno_result(err: int, latency: float) -> ProbeResult:
+    if err == errno.ECONNREFUSED:
+        return ProbeResult(Outcome.REFUSED, latency)
+    if err in (errno.ECONNRESET, errno.EPIPE):
+        return ProbeResult(Outcome.RESET, latency)
+    if err == errno.ETIMEDOUT:
+        return ProbeResult(Outcome.TIMEOUT, latency)
+    return ProbeResult(Outcome.ERROR, latency, 0, os.strerror(err))
+
+
+class _Probe:
+    __slots__ = (
+        "active",
+        "buf",
+        "deadline",
+        "fd",
+        "key",
+        "pending",
+        "reused",
+        "sock",
+        "spec",
+        "start",
+        "state",
+    )
+
+    def __init__(self, key: Hashable, spec: ProbeSpec, start: float) -> None:
+        self.key = key
+        self.spec = spec
+        self.start = start
+        self.deadline = start + spec.timeout
+        self.sock: socket.socket | None = None
+        self.fd = -1
+        self.state = _CONNECTING
+        self.pending = b""  # request bytes still to write
+        self.buf = b""
+        self.reused = False
+        self.active = True
+
+
+class BatchProber:
+    """TCP and HTTP probes without coroutines; see the module docstring.
+
+    The caller guarantees at most one probe per key at a time (the scheduler
+    does), calls :meth:`start` for a due probe and :meth:`poll` once per tick.
+    """
+
+    def __init__(self, settings: ProbeSettings | None = None) -> None:
+        self.settings = settings or ProbeSettings()
+        self._ep = select.epoll()
+        self._fds: dict[int, _Probe] = {}
+        self._running: dict[Hashable, _Probe] = {}
+        self._idle: dict[Hashable, socket.socket] = {}  # kept-alive connections, by key
+        self._idle_fds: dict[int, Hashable] = {}
+        self._deadlines: list[tuple[float, int, _Probe]] = []
+        self._seq = itertools.count()
+        self._requests: dict[tuple[str, str, bool], bytes] = {}
+        self._pool: dict[int, list[socket.socket]] = {socket.AF_INET: [], socket.AF_INET6: []}
+
+    @staticmethod
+    def handles(spec: ProbeSpec) -> bool:
+        return spec.type in ("TCP", "HTTP")
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._running)
+
+    # ------------------------------------------------------------------ start
+
+    def start(self, key: Hashable, spec: ProbeSpec, now: float) -> ProbeResult | None:
+        """Begin a probe of ``key``. Returns its result when it is already
+        known (a synchronous refusal, a local error), else None: the result
+        comes from a later :meth:`poll`."""
+        p = _Probe(key, spec, now)
+        if spec.type == "HTTP":
+            keepalive = self.settings.keepalive
+            request_key = (spec.path, spec.host or spec.ip, keepalive)
+            request = self._requests.get(request_key)
+            if request is None:
+                if len(self._requests) > 200_000:
+                    self._requests.clear()
+                request = self._requests[request_key] = build_request(*request_key)
+            p.pending = request
+            if keepalive:
+                sock = self._idle.pop(key, None)
+                if sock is not None:
+                    self._idle_fds.pop(sock.fileno(), None)
+                    if self._reuse(p, sock):
+                        heapq.heappush(self._deadlines, (p.deadline, next(self._seq), p))
+                        return None
+        result = self._connect(p, now)
+        if result is None:
+            heapq.heappush(self._deadlines, (p.deadline, next(self._seq), p))
+        return result
+
+    def _reuse(self, p: _Probe, sock: socket.socket) -> bool:
+        try:
+            sent = sock.send(p.pending)
+        except OSError:
+            self._release(sock)
+            return False
+        p.sock, p.fd, p.reused, p.state = sock, sock.fileno(), True, _SENT
+        p.pending = p.pending[sent:]
+        if p.pending:  # a full send buffer on a health check: wait until writable
+            p.state = _CONNECTING
+        self._fds[p.fd] = p
+        self._running[p.key] = p
+        return True
+
+    def _connect(self, p: _Probe, now: float) -> ProbeResult | None:
+        spec = p.spec
+        family = socket.AF_INET6 if ":" in spec.ip else socket.AF_INET
+        pool = self._pool[family]
+        try:
+            sock = pool.pop() if pool else self._socket(family)
+        except OSError as exc:  # out of file descriptors, say
+            return ProbeResult(Outcome.ERROR, now - p.start, 0, exc.strerror or str(exc))
+        try:
+            if _QUICKACK:
+                sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 0)
+            err = sock.connect_ex((spec.ip, spec.port))
+        except OSError as exc:
+            sock.close()
+            return ProbeResult(Outcome.ERROR, now - p.start, 0, exc.strerror or str(exc))
+        if err not in (0, errno.EINPROGRESS):
+            self._release(sock)
+            return errno_result(err, now - p.start)
+        fd = sock.fileno()
+        p.sock, p.fd, p.reused, p.buf = sock, fd, False, b""
+        if spec.type == "TCP":
+            if err == 0:
+                self._release(sock)
+                return ProbeResult(Outcome.OK, now - p.start)
+        else:
+            try:
+                sent = sock.send(p.pending)
+            except OSError as exc:
+                if exc.errno not in _NOT_YET:
+                    self._release(sock)
+                    return errno_result(exc.errno or 0, now - p.start)
+            else:
+                p.pending = p.pending[sent:]
+                if not p.pending:
+                    p.state = _SENT
+        self._fds[fd] = p
+        self._running[p.key] = p
+        return None
+
+    # ------------------------------------------------------------------ poll
+
+    def poll(self, now: float) -> list[tuple[Hashable, ProbeResult]]:
+        """Finish what is ready and what has run out of time, without blocking."""
+        done: list[tuple[Hashable, ProbeResult]] = []
+        fds = self._fds
+        while True:
+            events = self._ep.poll(0, 4096)
+            for fd, ev in events:
+                p = fds.get(fd)
+                if p is None:
+                    key = self._idle_fds.pop(fd, None)
+                    if key is not None:  # a kept connection spoke or closed while idle
+                        sock = self._idle.pop(key, None)
+                        if sock is not None:
+                            self._release(sock)
+                    continue  # (or a pooled socket's own disconnect)
+                result = self._event(p, ev, now)
+                if result is not None:
+                    done.append((p.key, result))
+            if len(events) < 4096:
+                break
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            _, _, p = heapq.heappop(deadlines)
+            if p.active:
+                self._finish(p, False)
+                done.append((p.key, ProbeResult(Outcome.TIMEOUT, now - p.start)))
+        return done
+
+    def _event(self, p: _Probe, ev: int, now: float) -> ProbeResult | None:
+        sock = p.sock
+        assert sock is not None
+        if p.state == _CONNECTING:
+            if ev & _EPOLLDOWN:
+                err = sock.getsockopt(_SOL_SOCKET, _SO_ERROR)
+                self._finish(p, False)
+                if err:
+                    return errno_result(err, now - p.start)
+                return ProbeResult(Outcome.RESET, now - p.start, 0, "connection closed")
+            if p.spec.type == "TCP":
+                self._finish(p, False)
+                return ProbeResult(Outcome.OK, now - p.start)
+            try:
+                sent = sock.send(p.pending)
+            except OSError as exc:
+                if exc.errno in _NOT_YET:
+                    return None
+                self._finish(p, False)
+                return errno_result(exc.errno or 0, now - p.start)
+            p.pending = p.pending[sent:]
+            if not p.pending:
+                p.state = _SENT
+            return None
+        if not ev & _READABLE:
+            return None  # only the ACK of the request freed send space
+        max_head = self.settings.max_head_bytes
+        while True:  # edge-triggered: read until the head is complete or nothing is left
+            try:
+                data = sock.recv(65536)
+            except BlockingIOError:
+                return None
+            except OSError as exc:
+                if p.reused and not p.buf:
+                    return self._retry(p, now)
+                self._finish(p, False)
+                return errno_result(exc.errno or 0, now - p.start)
+            if not data:
+                if p.reused and not p.buf:
+                    return self._retry(p, now)
+                self._finish(p, False)
+                error = "connection closed mid-response" if p.buf else "closed"
+                return verdict(p.spec, HttpHead(error=error), now - p.start)
+            buf = p.buf = p.buf + data
+            end = buf.find(b"\r\n\r\n")
+            if end >= 0:
+                head = parse_head(buf, end, self.settings.max_body_bytes)
+                break
+            if len(buf) > max_head:
+                head = HttpHead(error=f"response head larger than {max_head} bytes")
+                break
+        keep = self.settings.keepalive and head.reusable and not ev & select.EPOLLRDHUP
+        self._finish(p, keep)
+        return verdict(p.spec, head, now - p.start)
+
+    def _retry(self, p: _Probe, now: float) -> ProbeResult | None:
+        """A kept connection was closed before any byte of the answer: the
+        server's idle timeout, not a failure. Once more, fresh, same deadline."""
+        self._finish(p, False)
+        p.active = True
+        p.state = _CONNECTING
+        p.pending = self._requests[(p.spec.path, p.spec.host or p.spec.ip, True)]
+        return self._connect(p, now)
+
+    def _finish(self, p: _Probe, keep: bool) -> None:
+        p.active = False
+        self._fds.pop(p.fd, None)
+        if self._running.get(p.key) is p:
+            del self._running[p.key]
+        sock = p.sock
+        if sock is None:
+            return
+        if keep:
+            self._idle[p.key] = sock
+            self._idle_fds[p.fd] = p.key
+        else:
+            self._release(sock)
+
+    def _socket(self, family: int) -> socket.socket:
+        sock = socket.socket(family, _STREAM)
+        try:
+            # Closing and disconnecting then send RST: no FIN exchange, no TIME_WAIT.
+            sock.setsockopt(_SOL_SOCKET, _SO_LINGER, _LINGER_RST)
+            self._ep.register(sock.fileno(), _MASK)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    def _release(self, sock: socket.socket) -> None:
+        """Disconnect ``sock`` (RST) and keep it for the next probe, or close it."""
+        pool = self._pool[sock.family]
+        if (
+            _UNSPEC is not None
+            and len(pool) < _POOL_MAX
+            and _libc_connect(sock.fileno(), _UNSPEC, 16) == 0
+        ):
+            pool.append(sock)
+            return
+        sock.close()
+
+    # ------------------------------------------------------------------ control
+
+    def cancel(self, key: Hashable) -> None:
+        """Stop a probe of ``key`` in flight and drop its kept connection."""
+        p = self._running.get(key)
+        if p is not None:
+            p.state = _CONNECTING
+            self._finish(p, False)
+        sock = self._idle.pop(key, None)
+        if sock is not None:
+            self._idle_fds.pop(sock.fileno(), None)
+            self._release(sock)
+
+    def close(self) -> None:
+        for key in list(self._running):
+            self.cancel(key)
+        for sock in self._idle.values():
+            sock.close()
+        self._idle.clear()
+        self._idle_fds.clear()
+        self._deadlines.clear()
+        for pool in self._pool.values():
+            for sock in pool:
+                sock.close()
+            pool.clear()
+        self._ep.close()
