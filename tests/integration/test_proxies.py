@@ -7,9 +7,13 @@ import hashlib
 import os
 from typing import Any
 
+import pytest
+
 from healthgate.dataplane.http import HttpProxy, HttpSettings, UpstreamPool
+from healthgate.dataplane.manager import DataPlane, DataPlaneSettings
 from healthgate.dataplane.tcp import TcpProxy
-from tests.helpers import run_async
+from healthgate.health.engine import HealthEngine
+from tests.helpers import resources, run_async
 from tests.integration.servers import Server, free_port
 
 
@@ -257,3 +261,101 @@ def test_http_gives_up_on_a_hung_region_but_not_on_a_refused_endpoint() -> None:
     one, two = run_async(go())
     assert one.endswith(b"next-region")  # a timeout means the region hangs: go to the next one
     assert two.endswith(b"same-region")  # a refusal is one endpoint: try its neighbour
+
+
+def producer_world(ports: list[int], listen_port: int) -> dict[Any, Any]:
+    """A producer forwarding rule over one NEG of ``ports`` on 127.0.0.1
+    (never probed here: no endpoint is HEALTHY, so the listener fails open
+    to all of them)."""
+    docs: list[dict[str, Any]] = [
+        {
+            "kind": "HealthCheck",
+            "project": "p",
+            "region": "r",
+            "name": "hc",
+            "type": "TCP",
+        },
+        {
+            "kind": "NetworkEndpointGroup",
+            "project": "p",
+            "region": "r",
+            "name": "neg",
+            "networkEndpointType": "GCE_VM_IP_PORT",
+            "endpoints": [{"ipAddress": "127.0.0.1", "port": port} for port in ports],
+        },
+        {
+            "kind": "BackendService",
+            "project": "p",
+            "region": "r",
+            "name": "bs",
+            "loadBalancingScheme": "INTERNAL",
+            "protocol": "TCP",
+            "healthChecks": ["hc"],
+            "backends": [{"group": "neg"}],
+        },
+        {
+            "kind": "ForwardingRule",
+            "project": "p",
+            "region": "r",
+            "name": "fr",
+            "IPAddress": "127.0.0.1",
+            "ports": [str(listen_port)],
+            "IPProtocol": "TCP",
+            "loadBalancingScheme": "INTERNAL",
+            "backendService": "bs",
+        },
+    ]
+    return {r.path: r for r in resources(docs)}
+
+
+def test_least_connections_prefers_the_endpoint_with_fewest_open_connections() -> None:
+    async def held(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"%d\n" % writer.get_extra_info("sockname")[1])
+        await writer.drain()
+        await reader.read()  # until the client goes
+        writer.close()
+
+    async def go(balance: str) -> list[int]:
+        async with Server(held) as a, Server(held) as b, Server(held) as c:
+            world = producer_world([a.port, b.port, c.port], free_port())
+            engine = HealthEngine()
+            engine.apply(world.values(), 0.0)
+            dp = DataPlane(engine, DataPlaneSettings(balance=balance))
+            await dp.sync(world)
+            port = next(iter(dp.listeners.values())).spec.ports[0]
+            served: list[int] = []
+            writers: list[asyncio.StreamWriter] = []
+            try:
+                # four connections held, round robin: two on the first endpoint ...
+                for _ in range(4):
+                    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                    served.append(int(await asyncio.wait_for(reader.readline(), 5)))
+                    writers.append(writer)
+                # ... then close those to the endpoint that served first
+                first = served[0]
+                for w, s in zip(writers, served, strict=True):
+                    if s == first:
+                        w.close()
+                await asyncio.sleep(0)
+                for _ in range(50):  # bounded wait until the proxy saw the closes
+                    if sum(dp.active.values()) == 4 - served.count(first):
+                        break
+                    await asyncio.sleep(0.01)
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                nxt = int(await asyncio.wait_for(reader.readline(), 5))
+                writers.append(writer)
+                return [first, nxt]
+            finally:
+                for w in writers:
+                    w.close()
+                await dp.close()
+
+    first, nxt = run_async(go("least-connections"))
+    assert nxt == first  # the only endpoint with no open connection gets the next one
+    first, nxt = run_async(go("round-robin"))
+    assert nxt != first  # round robin moves on whatever is open
+
+
+def test_unknown_balance_policy_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="balance: 'random'"):
+        DataPlaneSettings(balance="random")

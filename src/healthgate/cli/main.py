@@ -107,6 +107,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         dataplane=DataPlaneSettings(
             enabled=not args.no_dataplane,
             drain_on_failover=args.drain_on_failover,
+            balance=args.balance,
             http=HttpSettings(per_try_timeout=args.per_try_timeout),
         ),
     )
@@ -234,6 +235,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ca-file", help="CA bundle for --verify-tls")
     p.add_argument(
         "--no-dataplane", action="store_true", help="open no listeners (control plane only)"
+    )
+    p.add_argument(
+        "--balance",
+        choices=["round-robin", "least-connections"],
+        default="round-robin",
+        help="how producer listeners pick among HEALTHY endpoints (default round-robin)",
     )
     p.add_argument(
         "--drain-on-failover",

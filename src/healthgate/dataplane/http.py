@@ -31,6 +31,8 @@ from typing import cast
 
 import httptools
 
+from healthgate.dataplane.tcp import count_down
+
 log = logging.getLogger("healthgate.dataplane")
 
 Address = tuple[str, int]
@@ -273,8 +275,10 @@ class HttpProxy(asyncio.Protocol):
         settings: HttpSettings,
         stats: dict[str, int],
         on_route_used: Callable[[], None] | None = None,
+        active: dict[Address, int] | None = None,
     ) -> None:
         self.choose = choose
+        self.active = active  # requests in flight per upstream (least-connections)
         self.pool = pool
         self.settings = settings
         self.stats = stats
@@ -421,6 +425,9 @@ class HttpProxy(asyncio.Protocol):
                 if tries > 0:
                     self.stats["retries"] = self.stats.get("retries", 0) + 1
                 tries += 1
+                active = self.active
+                if active is not None:
+                    active[address] = active.get(address, 0) + 1
                 try:
                     await self._try(address, data, req.method == "HEAD", idempotent, client)
                     key = f"served_by {address[0]}:{address[1]}"
@@ -432,6 +439,9 @@ class HttpProxy(asyncio.Protocol):
                         break
                     if exc.timed_out:
                         break  # a region that hangs: do not wait on its other endpoints
+                finally:
+                    if active is not None:
+                        count_down(active, address)
                 if self.closed:
                     return
             if not idempotent and "not sent" not in last_error:

@@ -1,8 +1,10 @@
 """The data plane manager: one listener per forwarding rule in the store.
 
 * A **producer** (regional) forwarding rule listens on ``IPAddress:ports`` and
-  balances new connections round robin over its backend service's HEALTHY
-  endpoints (layer 4). An endpoint that turns UNHEALTHY gets no new
+  balances new connections over its backend service's HEALTHY endpoints
+  (layer 4): round robin by default, or least-connections (the endpoint with
+  the fewest open connections and requests in flight from this process; ties
+  in round-robin order). An endpoint that turns UNHEALTHY gets no new
   connections. When none is HEALTHY it falls back to all of them (fail open,
   as cloud internal load balancers do) rather than refusing everything.
 * A **consumer** (global) forwarding rule listens on ``IPAddress:portRange``
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import heapq
 import itertools
 import logging
 import time
@@ -52,7 +55,17 @@ class DataPlaneSettings:
     # on failover, close open TCP connections to regions no longer routed to
     # (default: keep them; only new connections move)
     drain_on_failover: bool = False
+    balance: str = "round-robin"  # or "least-connections"
     http: HttpSettings = field(default_factory=HttpSettings)
+
+    def __post_init__(self) -> None:
+        if self.balance not in BALANCE_POLICIES:
+            raise ValueError(
+                f"balance: {self.balance!r} is not one of {', '.join(BALANCE_POLICIES)}"
+            )
+
+
+BALANCE_POLICIES = ("round-robin", "least-connections")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +93,8 @@ class DataPlane:
         self.listeners: dict[str, Listener] = {}
         self.pool = UpstreamPool(self.settings.http)
         self._rr: dict[str, itertools.count[int]] = {}
+        # open connections (L4) and requests in flight (L7) per upstream address
+        self.active: dict[Address, int] = {}
         self._resources: Mapping[ResourcePath, Resource] = {}
         self._seen_version = 0
         self._live: dict[str, set[TcpProxy]] = {}
@@ -186,9 +201,11 @@ class DataPlane:
                 def groups() -> list[list[Address]]:
                     return [self.producer_upstreams(path)]
 
-            return lambda: HttpProxy(groups, self.pool, s.http, stats, self._route_used)
+            return lambda: HttpProxy(
+                groups, self.pool, s.http, stats, self._route_used, self.active
+            )
         live = self._live.setdefault(path, set())
-        return lambda: TcpProxy(choose, s.connect_timeout, stats, live)
+        return lambda: TcpProxy(choose, s.connect_timeout, stats, live, self.active)
 
     async def _close(self, listener: Listener) -> None:
         for transport in listener.datagrams:
@@ -261,7 +278,8 @@ class DataPlane:
 
     def producer_upstreams(self, frontend: str) -> list[Address]:
         """Up to three endpoints of a producer rule's backend service, HEALTHY
-        ones only (all of them when none is), rotated round robin."""
+        ones only (all of them when none is): rotated round robin, or with
+        least-connections the least busy first (ties in round-robin order)."""
         rule = self._rules.get(frontend)
         if rule is None or rule[0] is not self._resources:
             fr = self._resources.get(ResourcePath.parse(frontend))
@@ -276,6 +294,14 @@ class DataPlane:
             return []
         counter = self._rr.setdefault(frontend, itertools.count())
         start = next(counter) % len(endpoints)
+        if self.settings.balance == "least-connections":
+            n = len(endpoints)
+            addresses = [(ip, p if p is not None else port) for ip, p in endpoints]
+            active = self.active
+            best = heapq.nsmallest(
+                3, range(n), key=lambda i: (active.get(addresses[i], 0), (i - start) % n)
+            )
+            return [addresses[i] for i in best]
         ordered = (
             endpoints[start : start + 3]
             if start + 3 <= len(endpoints)

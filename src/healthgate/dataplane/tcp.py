@@ -26,6 +26,15 @@ Address = tuple[str, int]
 HIGH_WATER = 256 * 1024
 
 
+def count_down(active: dict[Address, int], address: Address) -> None:
+    """One connection or request to ``address`` fewer (least-connections)."""
+    left = active.get(address, 1) - 1
+    if left > 0:
+        active[address] = left
+    else:
+        active.pop(address, None)
+
+
 class Pipe(asyncio.Protocol):
     """One side of a proxied connection."""
 
@@ -131,6 +140,7 @@ class TcpProxy(Pipe):
         connect_timeout: float,
         stats: dict[str, int],
         live: set[TcpProxy] | None = None,
+        active: dict[Address, int] | None = None,
     ) -> None:
         super().__init__()
         self.choose = choose
@@ -139,6 +149,7 @@ class TcpProxy(Pipe):
         self.task: asyncio.Task[None] | None = None
         self.upstream_address: Address | None = None
         self.live = live  # the listener's open connections, for draining
+        self.active = active  # open connections per upstream (least-connections)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -162,6 +173,8 @@ class TcpProxy(Pipe):
         self.upstream_address = address
         if self.live is not None:
             self.live.add(self)
+        if self.active is not None:
+            self.active[address] = self.active.get(address, 0) + 1
         key = f"served_by {address[0]}:{address[1]}"
         self.stats[key] = self.stats.get(key, 0) + 1
         self.link(upstream)  # replays what the client sent (and its EOF)
@@ -173,6 +186,9 @@ class TcpProxy(Pipe):
         super().connection_lost(exc)
         if self.live is not None:
             self.live.discard(self)
+        if self.active is not None and self.upstream_address is not None:
+            count_down(self.active, self.upstream_address)
+            self.upstream_address = None
         if self.task is not None and not self.task.done():
             self.task.cancel()
 
