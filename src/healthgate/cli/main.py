@@ -108,6 +108,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             enabled=not args.no_dataplane,
             drain_on_failover=args.drain_on_failover,
             balance=args.balance,
+            workers=args.dataplane_workers,
             http=HttpSettings(per_try_timeout=args.per_try_timeout),
         ),
     )
@@ -235,6 +236,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ca-file", help="CA bundle for --verify-tls")
     p.add_argument(
         "--no-dataplane", action="store_true", help="open no listeners (control plane only)"
+    )
+    p.add_argument(
+        "--dataplane-workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run the listeners in N worker processes sharing each port with SO_REUSEPORT "
+        "(default 0: in the serving process)",
     )
     p.add_argument(
         "--balance",

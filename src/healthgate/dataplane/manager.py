@@ -33,12 +33,12 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Protocol, cast
 
 from healthgate.dataplane.http import HttpProxy, HttpSettings, UpstreamPool
 from healthgate.dataplane.tcp import Address, TcpProxy
 from healthgate.dataplane.udp import UdpListener
-from healthgate.health.engine import HealthEngine
+from healthgate.health.engine import EndpointKey, RouteTable
 from healthgate.model.names import ResourcePath
 from healthgate.model.resources import BackendService, ForwardingRule, Resource, ServiceAttachment
 
@@ -56,6 +56,10 @@ class DataPlaneSettings:
     # (default: keep them; only new connections move)
     drain_on_failover: bool = False
     balance: str = "round-robin"  # or "least-connections"
+    # listener processes (0: the listeners run in the serving process itself);
+    # with workers, each opens every listener with SO_REUSEPORT (runtime/workers.py)
+    workers: int = 0
+    reuse_port: bool = False
     http: HttpSettings = field(default_factory=HttpSettings)
 
     def __post_init__(self) -> None:
@@ -63,6 +67,8 @@ class DataPlaneSettings:
             raise ValueError(
                 f"balance: {self.balance!r} is not one of {', '.join(BALANCE_POLICIES)}"
             )
+        if self.workers < 0:
+            raise ValueError(f"workers: must be 0 or more, got {self.workers}")
 
 
 BALANCE_POLICIES = ("round-robin", "least-connections")
@@ -86,8 +92,19 @@ class Listener:
     stats: dict[str, int] = field(default_factory=dict)
 
 
+class HealthView(Protocol):
+    """What the data plane reads of health: the engine itself in the serving
+    process, a snapshot of it in a worker process."""
+
+    def route_table(self) -> RouteTable: ...
+
+    def healthy_endpoints(self, backend_service: ResourcePath) -> tuple[EndpointKey, ...]: ...
+
+    def all_endpoints(self, backend_service: ResourcePath) -> tuple[EndpointKey, ...]: ...
+
+
 class DataPlane:
-    def __init__(self, engine: HealthEngine, settings: DataPlaneSettings | None = None) -> None:
+    def __init__(self, engine: HealthView, settings: DataPlaneSettings | None = None) -> None:
         self.engine = engine
         self.settings = settings or DataPlaneSettings()
         self.listeners: dict[str, Listener] = {}
@@ -152,6 +169,7 @@ class DataPlane:
                     transport, _ = await loop.create_datagram_endpoint(
                         cast(Callable[[], asyncio.DatagramProtocol], factory),
                         local_addr=(spec.ip, port),
+                        reuse_port=self.settings.reuse_port or None,
                     )
                     listener.datagrams.append(transport)
                     continue
@@ -160,6 +178,7 @@ class DataPlane:
                     spec.ip,
                     port,
                     reuse_address=True,
+                    reuse_port=self.settings.reuse_port or None,
                     backlog=1024,
                 )
                 listener.servers.append(server)
@@ -351,6 +370,9 @@ class DataPlane:
         self.propagation[bisect.bisect_left(PROPAGATION_BUCKETS, delay)] += 1
         self.propagation_sum += delay
 
+    def listener_stats(self) -> dict[str, dict[str, int]]:
+        return {path: li.stats for path, li in self.listeners.items()}
+
     def status(self) -> dict[str, dict[str, object]]:
         return {
             path: {
@@ -364,7 +386,17 @@ class DataPlane:
         }
 
 
-def metrics_text(dp: DataPlane) -> str:
+class DataPlaneMetrics(Protocol):
+    @property
+    def propagation(self) -> list[int]: ...
+
+    @property
+    def propagation_sum(self) -> float: ...
+
+    def listener_stats(self) -> dict[str, dict[str, int]]: ...
+
+
+def metrics_text(dp: DataPlaneMetrics) -> str:
     lines = [
         "# HELP healthgate_route_propagation_seconds From a route change to the first request routed by it",
         "# TYPE healthgate_route_propagation_seconds histogram",
@@ -380,8 +412,8 @@ def metrics_text(dp: DataPlane) -> str:
         "# HELP healthgate_listener_events_total Connections, requests, retries and failures per listener",
         "# TYPE healthgate_listener_events_total counter",
     ]
-    for path, listener in dp.listeners.items():
-        for key, value in sorted(listener.stats.items()):
+    for path, stats in dp.listener_stats().items():
+        for key, value in sorted(stats.items()):
             if key.startswith("served_by "):
                 upstream = key.removeprefix("served_by ")
                 lines.append(

@@ -16,7 +16,7 @@ import gc
 import logging
 import signal
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from fastapi import FastAPI
 from healthgate.api.app import ApiSettings, ApiState, create_app
 from healthgate.api.auth import Access
 from healthgate.dataplane.manager import DataPlane, DataPlaneSettings, metrics_text
+from healthgate.dataplane.workers import WorkerPool
 from healthgate.health.states import RouteChange
 from healthgate.model.manifest import parse_manifest
 from healthgate.model.validation import InvalidResources
@@ -81,7 +82,7 @@ class Server:
         self.control: ControlPlane | None = None
         self.recorder: TransitionRecorder | None = None
         self.api_state: ApiState | None = None
-        self.dataplane: DataPlane | None = None
+        self.dataplane: DataPlane | WorkerPool | None = None
         self._uvicorn: _QuietUvicorn | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._stopping = asyncio.Event()
@@ -109,7 +110,15 @@ class Server:
 
         count = await control.load()
         log.info("loaded %d resources from %s", count, s.db)
-        self.dataplane = dataplane = DataPlane(health.engine, s.dataplane)
+        dataplane: DataPlane | WorkerPool
+        if s.dataplane.workers and s.dataplane.enabled:
+            # listeners in worker processes (SO_REUSEPORT), fed from here
+            pool = WorkerPool(health.engine, replace(s.dataplane, reuse_port=True))
+            await pool.start()
+            self.dataplane = dataplane = pool
+            health.subscribe(lambda records: pool.publish_health())
+        else:
+            self.dataplane = dataplane = DataPlane(health.engine, s.dataplane)
         await dataplane.sync(control.resources)  # routes are already resumed: fail static
         control.on_change.append(dataplane.sync)
         health.subscribe(
@@ -123,6 +132,8 @@ class Server:
         health.start()
         self.api_state = ApiState(control, health, recorder, store, self.access, s.api)
         self.api_state.extra_metrics.append(lambda: metrics_text(dataplane))
+        if isinstance(dataplane, WorkerPool):
+            self.api_state.extra_metrics.append(dataplane.metrics_text)
         self.api_state.dataplane_status = dataplane.status
         app = create_app(self.api_state)
         for configure in self.configure_app:
