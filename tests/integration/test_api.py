@@ -278,7 +278,13 @@ def test_event_stream_delivers_live_transitions(api: httpx.Client, server: Serve
 def test_metrics_and_operations(api: httpx.Client) -> None:
     assert api.get("/healthz").text == "ok\n"
     assert api.get("/readyz").text == "ready\n"
-    text = api.get("/metrics").text
+    api.post("/v1/apply", json={"manifest": manifest(world())}).raise_for_status()
+
+    def probed() -> str | None:  # the first probes are spread over the first interval
+        text = api.get("/metrics").text
+        return text if "healthgate_probe_duration_seconds_bucket{" in text else None
+
+    text = wait_for(probed, 15, what="a probe result in /metrics")
     for family in (
         "healthgate_probe_duration_seconds_bucket",
         "healthgate_backend_service_endpoints",

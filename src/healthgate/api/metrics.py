@@ -51,17 +51,11 @@ class EngineCollector(Collector):
             hist.add_metric([outcome.name], cumulative, stats.sums[outcome])
         yield hist
 
-        ep_gauge = GaugeMetricFamily(
-            "healthgate_endpoint_probe_success",
-            "1 if the endpoint's last probe succeeded, else 0",
-            labels=["backend_service", "endpoint"],
-        )
         bs_gauge = GaugeMetricFamily(
             "healthgate_backend_service_endpoints",
             "Endpoints of a backend service by state",
             labels=["backend_service", "state"],
         )
-        series = 0
         for path in engine.backend_services():
             counts = engine.counts(path)
             if counts is None:
@@ -71,15 +65,6 @@ class EngineCollector(Collector):
             bs_gauge.add_metric([name, "HEALTHY"], healthy)
             bs_gauge.add_metric([name, "UNKNOWN"], unknown)
             bs_gauge.add_metric([name, "UNHEALTHY"], total - healthy - unknown)
-            if series >= MAX_ENDPOINT_SERIES:
-                continue
-            for ep in engine.endpoints(path):
-                if ep.last_result is None or series >= MAX_ENDPOINT_SERIES:
-                    continue
-                label = f"{ep.ip}:{ep.port}" if ep.port else ep.ip
-                ep_gauge.add_metric([name, label], 1.0 if ep.last_result.ok else 0.0)
-                series += 1
-        yield ep_gauge
         yield bs_gauge
 
         state_gauge = GaugeMetricFamily(
@@ -135,7 +120,30 @@ class EngineCollector(Collector):
         )
 
 
+def endpoint_series(health: HealthService) -> str:
+    """``healthgate_endpoint_probe_success``, one series per probed endpoint
+    (at most MAX_ENDPOINT_SERIES), written as text directly: through metric
+    objects, 10,000 endpoints took 300-600 ms of the event loop per scrape -
+    time the prober did not have. Label values are resource paths and IP
+    addresses, which need no escaping."""
+    engine = health.engine
+    lines = [
+        "# HELP healthgate_endpoint_probe_success 1 if the endpoint's last probe succeeded, else 0",
+        "# TYPE healthgate_endpoint_probe_success gauge",
+    ]
+    left = MAX_ENDPOINT_SERIES
+    for path in engine.backend_services():
+        if left <= 0:
+            break
+        prefix = f'healthgate_endpoint_probe_success{{backend_service="{path}",endpoint="'
+        for (ip, port), ok in engine.last_probe_ok(path)[:left]:
+            lines.append(f"{prefix}{ip}:{port}" if port else f"{prefix}{ip}")
+            lines.append('"} 1.0\n' if ok else '"} 0.0\n')
+            left -= 1
+    return "\n".join(lines[:2]) + "\n" + "".join(lines[2:])
+
+
 def render_metrics(health: HealthService, recorder: TransitionRecorder) -> str:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector(health, recorder))
-    return generate_latest(registry).decode()
+    return generate_latest(registry).decode() + endpoint_series(health)

@@ -886,6 +886,16 @@ class HealthEngine:
             return f"(free slot {slot})"
         return f"{agg.path}/endpoints/{endpoint_name(*key)}"
 
+    def last_probe_ok(self, backend_service: ResourcePath) -> list[tuple[EndpointKey, bool]]:
+        """(endpoint, did its last probe succeed) for every endpoint probed at
+        least once: what /metrics exports, without building full statuses."""
+        agg_id = self._agg_ids.get(backend_service)
+        agg = self._aggs[agg_id] if agg_id is not None else None
+        if agg is None:
+            return []
+        ok, outcomes, times = Outcome.OK.value, self._last_outcome, self._last_time
+        return [(key, outcomes[slot] == ok) for key, slot in agg.slots.items() if times[slot] >= 0]
+
     def endpoints(self, backend_service: ResourcePath) -> list[EndpointStatus]:
         agg_id = self._agg_ids.get(backend_service)
         agg = self._aggs[agg_id] if agg_id is not None else None
