@@ -156,6 +156,13 @@ def main() -> int:
         default=6,
         help="failovers + failbacks for the propagation test (0: skip)",
     )
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="healthgate serve --dataplane-workers N (pinned to the proxy core like the rest: "
+        "this measures the worker path and its propagation, not two cores)",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
     for tool in ("haproxy", "nginx", "wrk"):
@@ -290,6 +297,8 @@ backend betcp
                             str(manifest),
                             "--log-level",
                             "warning",
+                            "--dataplane-workers",
+                            str(args.workers),
                         ],
                         1,
                     ),
@@ -429,6 +438,7 @@ def propagation(
                 health = start_health()
                 wait_target("r1")
             time.sleep(0.5)
+        time.sleep(1.5)  # worker processes report their counters once a second
         after, sum1 = histogram()
     finally:
         load.terminate()

@@ -14,8 +14,7 @@ the worker's stdin (length-prefixed pickles; both ends are this program):
   follow, as in-process);
 * ``health``: the route table and, for every backend service behind a producer
   rule, its HEALTHY and all endpoints - after every batch of transitions,
-  coalesced to one message per event-loop turn and sent only when something
-  the listeners read has changed.
+  sent at once, and only when something the listeners read has changed.
 
 Each worker reports its listeners' counters and its propagation histogram on
 its stdout once a second; the serving process adds them up for ``/metrics``
@@ -102,7 +101,6 @@ class WorkerPool:
         self.workers = [_Worker(i) for i in range(settings.workers)]
         self._resources: Mapping[ResourcePath, Resource] = {}
         self._last_health: Any = None
-        self._publish_pending = False
         self._closing = False
 
     # -- what the server calls
@@ -122,14 +120,8 @@ class WorkerPool:
         self.publish_health()
 
     def publish_health(self) -> None:
-        """Send the current health to every worker, once per loop turn."""
-        if self._publish_pending:
-            return
-        self._publish_pending = True
-        asyncio.get_running_loop().call_soon(self._publish)
-
-    def _publish(self) -> None:
-        self._publish_pending = False
+        """Send the current health to every worker, at once (a route change
+        waits for nothing), when something the listeners read has changed."""
         snapshot = health_snapshot(self.engine, self._resources)
         if snapshot == self._last_health:
             return
