@@ -15,8 +15,8 @@
 Routes are read from the engine's immutable snapshot per connection or
 request: no lock, and a new route is in use by the very next request after
 the transition that caused it. Existing TCP connections to a region that
-failed are kept: a failover moves *new* connections and requests (draining
-old ones is not implemented yet).
+failed are kept by default: a failover moves *new* connections and requests;
+with ``drain_on_failover`` they are closed (:meth:`DataPlane.routes_changed`).
 
 A listener that cannot bind (address in use, not a local address) is logged
 and reported in ``status()``; the rest of the system goes on.
