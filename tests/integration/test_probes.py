@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 from collections.abc import Callable
 from typing import Any
@@ -363,3 +364,50 @@ def test_grpc_refused() -> None:
 
     r = run_async(go())
     assert r.outcome in (Outcome.REFUSED, Outcome.ERROR) and "UNAVAILABLE" in r.detail
+
+
+@both
+@pytest.mark.parametrize("kind", ["TCP", "HTTP"])
+def test_ipv6_loopback(kind: str, prober_kind: str) -> None:
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+
+    async def go() -> tuple[ProbeResult, ProbeResult]:
+        prober = PROBERS[prober_kind](None)
+        try:
+            async with Server(servers.respond(200), host="::1") as srv:
+                up = await prober.probe(
+                    ProbeSpec(type=kind, ip="::1", port=srv.port, timeout=1.0, interval=1.0)
+                )
+            with socket.socket(socket.AF_INET6) as s:
+                s.bind(("::1", 0))
+                closed = s.getsockname()[1]
+            down = await prober.probe(
+                ProbeSpec(type=kind, ip="::1", port=closed, timeout=1.0, interval=1.0)
+            )
+            return up, down
+        finally:
+            await prober.close()
+
+    up, down = run_async(go())
+    assert up.outcome is Outcome.OK, up
+    assert down.outcome is Outcome.REFUSED, down
+
+
+def test_batch_prober_reuses_sockets_across_probes() -> None:
+    """A finished probe's socket is disconnected and pooled, not closed: ten
+    probes in a row open one socket."""
+
+    async def go() -> tuple[list[Outcome], int]:
+        prober = Batched()
+        async with Server(servers.respond(200)) as srv:
+            outcomes = [
+                (await prober.probe(spec("HTTP", srv.port), key=i)).outcome for i in range(10)
+            ]
+        pooled = sum(len(p) for p in prober.batch._pool.values())
+        await prober.close()
+        return outcomes, pooled
+
+    outcomes, pooled = run_async(go())
+    assert outcomes == [Outcome.OK] * 10
+    assert pooled == 1
