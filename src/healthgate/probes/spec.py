@@ -37,10 +37,10 @@ class ProbeSpec:
         )
 
     def expects(self, status: int) -> bool:
-        for lo, hi in self.status_ranges:  # noqa: SIM110 - a loop: this runs for every probe
-            if lo <= status <= hi:
-                return True
-        return False
+        ranges = self.status_ranges
+        if len(ranges) == 1:  # the usual case, and this runs for every probe
+            return ranges[0][0] <= status <= ranges[0][1]
+        return any(lo <= status <= hi for lo, hi in ranges)
 
     @property
     def address(self) -> str:
