@@ -269,6 +269,11 @@ class BatchProber:
             if p.active:
                 self._finish(p, False)
                 done.append((p.key, ProbeResult(Outcome.TIMEOUT, now - p.start)))
+        if len(deadlines) > 4 * len(self._running) + 4096:
+            # finished probes leave their deadline behind until it passes; with
+            # long timeouts that would pile up, so drop them now and then
+            self._deadlines = [d for d in deadlines if d[2].active]
+            heapq.heapify(self._deadlines)
         return done
 
     def _event(self, p: _Probe, ev: int, now: float) -> ProbeResult | None:
