@@ -14,7 +14,8 @@ the worker's stdin (length-prefixed pickles; both ends are this program):
   follow, as in-process);
 * ``health``: the route table and, for every backend service behind a producer
   rule, its HEALTHY and all endpoints - after every batch of transitions,
-  sent at once, and only when something the listeners read has changed.
+  sent at once (a burst within one event-loop turn: once more at its end),
+  and only when something the listeners read has changed.
 
 Each worker reports its listeners' counters and its propagation histogram on
 its stdout once a second; the serving process adds them up for ``/metrics``
@@ -101,6 +102,8 @@ class WorkerPool:
         self.workers = [_Worker(i) for i in range(settings.workers)]
         self._resources: Mapping[ResourcePath, Resource] = {}
         self._last_health: Any = None
+        self._publish_pending = False
+        self._publish_dirty = False
         self._closing = False
 
     # -- what the server calls
@@ -117,11 +120,28 @@ class WorkerPool:
         self.publish_health()
 
     def routes_changed(self, _frontends: list[str]) -> None:
-        self.publish_health()
+        """(Workers see route changes in the health they are sent, and drain
+        their own connections.)"""
 
     def publish_health(self) -> None:
-        """Send the current health to every worker, at once (a route change
-        waits for nothing), when something the listeners read has changed."""
+        """Send the current health to every worker at once (a route change
+        waits for nothing); further calls in the same event-loop turn - a
+        burst of transitions in one probe tick - become one more send at the
+        end of the turn, so a storm costs two snapshots, not one per record."""
+        if self._publish_pending:
+            self._publish_dirty = True
+            return
+        self._publish()
+        self._publish_pending = True
+        asyncio.get_running_loop().call_soon(self._end_of_turn)
+
+    def _end_of_turn(self) -> None:
+        self._publish_pending = False
+        if self._publish_dirty:
+            self._publish_dirty = False
+            self._publish()
+
+    def _publish(self) -> None:
         snapshot = health_snapshot(self.engine, self._resources)
         if snapshot == self._last_health:
             return
