@@ -51,7 +51,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import heapq
-import itertools
 import os
 import select
 import socket
@@ -76,6 +75,7 @@ _QUICKACK: Final = getattr(socket, "TCP_QUICKACK", 0)
 _STREAM: Final = socket.SOCK_STREAM | socket.SOCK_NONBLOCK
 _NOT_YET: Final = frozenset({errno.EAGAIN, errno.ENOTCONN, errno.EINPROGRESS})
 
+_SLOTS_PER_S: Final = 100  # deadline wheel: 10 ms slots
 _POOL_MAX: Final = 1024  # disconnected sockets kept for reuse, per address family
 
 try:  # connect(AF_UNSPEC) dissolves a TCP association and leaves the socket reusable
@@ -147,8 +147,11 @@ class BatchProber:
         self._running: dict[Hashable, _Probe] = {}
         self._idle: dict[Hashable, socket.socket] = {}  # kept-alive connections, by key
         self._idle_fds: dict[int, Hashable] = {}
-        self._deadlines: list[tuple[float, int, _Probe]] = []
-        self._seq = itertools.count()
+        # deadlines on a wheel of 10 ms slots (a probe times out up to one slot
+        # late): appending is O(1), a heap of occupied slot numbers finds the next
+        self._expiry: dict[int, list[_Probe]] = {}
+        self._expiry_slots: list[int] = []
+        self._expiry_count = 0
         self._requests: dict[tuple[str, str, bool], bytes] = {}
         self._pool: dict[int, list[socket.socket]] = {socket.AF_INET: [], socket.AF_INET6: []}
 
@@ -181,12 +184,21 @@ class BatchProber:
                 if sock is not None:
                     self._idle_fds.pop(sock.fileno(), None)
                     if self._reuse(p, sock):
-                        heapq.heappush(self._deadlines, (p.deadline, next(self._seq), p))
+                        self._expire_at(p)
                         return None
         result = self._connect(p, now)
         if result is None:
-            heapq.heappush(self._deadlines, (p.deadline, next(self._seq), p))
+            self._expire_at(p)
         return result
+
+    def _expire_at(self, p: _Probe) -> None:
+        slot = int(p.deadline * _SLOTS_PER_S) + 1  # the first slot wholly after the deadline
+        probes = self._expiry.get(slot)
+        if probes is None:
+            probes = self._expiry[slot] = []
+            heapq.heappush(self._expiry_slots, slot)
+        probes.append(p)
+        self._expiry_count += 1
 
     def _reuse(self, p: _Probe, sock: socket.socket) -> bool:
         try:
@@ -263,17 +275,21 @@ class BatchProber:
                     done.append((p.key, result))
             if len(events) < 4096:
                 break
-        deadlines = self._deadlines
-        while deadlines and deadlines[0][0] <= now:
-            _, _, p = heapq.heappop(deadlines)
-            if p.active:
-                self._finish(p, False)
-                done.append((p.key, ProbeResult(Outcome.TIMEOUT, now - p.start)))
-        if len(deadlines) > 4 * len(self._running) + 4096:
-            # finished probes leave their deadline behind until it passes; with
-            # long timeouts that would pile up, so drop them now and then
-            self._deadlines = [d for d in deadlines if d[2].active]
-            heapq.heapify(self._deadlines)
+        slots, expiry = self._expiry_slots, self._expiry
+        last = int(now * _SLOTS_PER_S)
+        while slots and slots[0] <= last:
+            probes = expiry.pop(heapq.heappop(slots))
+            self._expiry_count -= len(probes)
+            for p in probes:
+                if p.active:
+                    self._finish(p, False)
+                    done.append((p.key, ProbeResult(Outcome.TIMEOUT, now - p.start)))
+        if self._expiry_count > 4 * len(self._running) + 4096:
+            # finished probes stay on the wheel until their slot passes; with
+            # long timeouts they would pile up, so drop them now and then
+            for slot in list(expiry):
+                expiry[slot] = [p for p in expiry[slot] if p.active]
+            self._expiry_count = sum(len(v) for v in expiry.values())
         return done
 
     def _event(self, p: _Probe, ev: int, now: float) -> ProbeResult | None:
@@ -397,7 +413,9 @@ class BatchProber:
             sock.close()
         self._idle.clear()
         self._idle_fds.clear()
-        self._deadlines.clear()
+        self._expiry.clear()
+        self._expiry_slots.clear()
+        self._expiry_count = 0
         for pool in self._pool.values():
             for sock in pool:
                 sock.close()
