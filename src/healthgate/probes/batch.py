@@ -152,7 +152,7 @@ class BatchProber:
         self._expiry: dict[int, list[_Probe]] = {}
         self._expiry_slots: list[int] = []
         self._expiry_count = 0
-        self._requests: dict[tuple[str, str, bool], bytes] = {}
+        self._requests: dict[Hashable, tuple[ProbeSpec, bytes]] = {}  # by key
         self._pool: dict[int, list[socket.socket]] = {socket.AF_INET: [], socket.AF_INET6: []}
 
     @staticmethod
@@ -172,13 +172,12 @@ class BatchProber:
         p = _Probe(key, spec, now)
         if spec.type == "HTTP":
             keepalive = self.settings.keepalive
-            request_key = (spec.path, spec.host or spec.ip, keepalive)
-            request = self._requests.get(request_key)
-            if request is None:
-                if len(self._requests) > 200_000:
-                    self._requests.clear()
-                request = self._requests[request_key] = build_request(*request_key)
-            p.pending = request
+            cached = self._requests.get(key)
+            if cached is not None and cached[0] is spec:
+                p.pending = cached[1]
+            else:  # a new key, or its spec changed
+                p.pending = build_request(spec.path, spec.host or spec.ip, keepalive)
+                self._requests[key] = (spec, p.pending)
             if keepalive:
                 sock = self._idle.pop(key, None)
                 if sock is not None:
@@ -353,7 +352,7 @@ class BatchProber:
         self._finish(p, False)
         p.active = True
         p.state = _CONNECTING
-        p.pending = self._requests[(p.spec.path, p.spec.host or p.spec.ip, True)]
+        p.pending = self._requests[p.key][1]
         return self._connect(p, now)
 
     def _finish(self, p: _Probe, keep: bool) -> None:
@@ -397,6 +396,7 @@ class BatchProber:
 
     def cancel(self, key: Hashable) -> None:
         """Stop a probe of ``key`` in flight and drop its kept connection."""
+        self._requests.pop(key, None)
         p = self._running.get(key)
         if p is not None:
             p.state = _CONNECTING
