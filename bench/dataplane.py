@@ -116,6 +116,13 @@ http {{ access_log off; client_body_temp_path {work}; proxy_temp_path {work}; fa
     return conf
 
 
+def start_nginx(work: Path, name: str, body: str, cpu: int) -> Proc:
+    """nginx with ``body`` in its http block, pinned to ``cpu``, logging to NAME.log."""
+    return Proc(
+        pinned(["nginx", "-c", str(nginx_conf(work, name, body))], cpu), work / f"{name}.log"
+    )
+
+
 def wrk(url: str, duration: float, conns: int) -> tuple[float, float]:
     out = subprocess.run(
         pinned(["wrk", "-t1", f"-c{conns}", f"-d{int(duration)}s", "--latency", url], 0),
@@ -177,23 +184,12 @@ def main() -> int:
         with open(big, "wb") as f:
             f.truncate(size)
         be_port = free_port()
-        backend = Proc(
-            pinned(
-                [
-                    "nginx",
-                    "-c",
-                    str(
-                        nginx_conf(
-                            work,
-                            "backend",
-                            f"""
+        backend = start_nginx(
+            work,
+            "backend",
+            f"""
   server {{ listen 127.0.0.1:{be_port}; location / {{ return 200 "ok"; }} location /big {{ alias {big}; }} }}""",
-                        )
-                    ),
-                ],
-                0,
-            ),
-            work / "backend.log",
+            0,
         )
         procs = [backend]
         try:
@@ -227,25 +223,14 @@ backend betcp
                 Proc(pinned(["haproxy", "-db", "-f", str(ha_cfg)], 1), work / "haproxy.log")
             )
             procs.append(
-                Proc(
-                    pinned(
-                        [
-                            "nginx",
-                            "-c",
-                            str(
-                                nginx_conf(
-                                    work,
-                                    "proxy",
-                                    f"""
+                start_nginx(
+                    work,
+                    "proxy",
+                    f"""
   upstream be {{ server 127.0.0.1:{be_port}; keepalive 64; }}
   server {{ listen 127.0.0.1:{ng_port}; location / {{ proxy_pass http://be; proxy_http_version 1.1;
     proxy_set_header Connection ""; }} }}""",
-                                )
-                            ),
-                        ],
-                        1,
-                    ),
-                    work / "nginx.log",
+                    1,
                 )
             )
             hg_front, hg_prod, hg_api = free_port(), free_port("127.0.9.100"), free_port()

@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,44 @@ class Client:
         self.thread.join(15)
 
 
+@dataclass
+class Episode:
+    """One region broken then healed under a client's steady requests (times
+    from time.monotonic)."""
+
+    client: Client
+    broke: float
+    moved: float  # from the break to the route leaving the region
+    healed: float
+    back: float  # from the heal to the route returning
+
+    def regions_during(self, margin: float) -> list[str]:
+        t0, t1 = self.broke + self.moved + margin, self.healed
+        return [region for t, _, region in self.client.results if t0 < t < t1]
+
+    def regions_after(self, margin: float) -> list[str]:
+        t0 = self.healed + self.back + margin
+        return [region for t, _, region in self.client.results if t > t0]
+
+
+def break_and_heal(stack: Stack, mode: str, fail_within: float, settle: float) -> Episode:
+    """Break us-east1 in ``mode`` while a client sends GETs, wait for the
+    route to move, heal it, wait for the route to come back."""
+    with Client(stack.front) as client:
+        time.sleep(0.5)
+        broke = time.monotonic()
+        stack.backends.set_mode("us-east1", mode)
+        wait_for(lambda: stack.routed_region() == "europe-west1", fail_within, 0.02, "failover")
+        moved = time.monotonic() - broke
+        time.sleep(settle)
+        healed = time.monotonic()
+        stack.backends.set_mode("us-east1", "ok")
+        wait_for(lambda: stack.routed_region() == "us-east1", 10, 0.02, "failback")
+        back = time.monotonic() - healed
+        time.sleep(settle)
+    return Episode(client, broke, moved, healed, back)
+
+
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
     with Stack(tmp_path) as s:
@@ -148,27 +187,15 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
 )
 def test_failover_and_failback_with_no_client_error(stack: Stack, mode: str, window: float) -> None:
     assert stack.routed_region() == "us-east1"
-    with Client(stack.front) as client:
-        time.sleep(0.5)
-        broke = time.monotonic()
-        stack.backends.set_mode("us-east1", mode)
-        wait_for(
-            lambda: stack.routed_region() == "europe-west1", window + PHASE + 5, 0.02, "failover"
-        )
-        moved = time.monotonic() - broke
-        time.sleep(0.5)
-        healed = time.monotonic()
-        stack.backends.set_mode("us-east1", "ok")
-        wait_for(lambda: stack.routed_region() == "us-east1", 10, 0.02, "failback")
-        back = time.monotonic() - healed
-        time.sleep(0.5)
+    ep = break_and_heal(stack, mode, window + PHASE + 5, settle=0.5)
+    client, moved, back = ep.client, ep.moved, ep.back
     assert client.errors == [], client.errors[:5]
     assert len(client.results) > 50
     assert moved <= window + PHASE + MARGIN, (mode, moved, window)
     assert back <= success_window(0.01, INTERVAL, THRESHOLD) + PHASE + MARGIN, back
     # traffic really moved: answers from europe-west1 while us-east1 was broken, us-east1 again after
-    during = [region for t, _, region in client.results if broke + moved + 0.1 < t < healed]
-    after = [region for t, _, region in client.results if t > healed + back + 0.2]
+    during = ep.regions_during(0.1)
+    after = ep.regions_after(0.2)
     assert during and set(during) == {"region=europe-west1"}
     assert after and set(after) == {"region=us-east1"}
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import httpx
 
-from tests.e2e.test_failover import Client, Stack
+from tests.e2e.test_failover import Stack, break_and_heal
 from tests.integration.serve_proc import wait_for
 
 
@@ -42,21 +41,10 @@ def test_two_workers_share_the_port_and_fail_over_with_no_client_error(tmp_path:
         counts = wait_for(reported, 5, what="both workers' counters reported")
         assert min(counts) > 0, counts  # both workers served
 
-        with Client(s.front) as client:
-            time.sleep(0.5)
-            broke = time.monotonic()
-            s.backends.set_mode("us-east1", "refuse")
-            wait_for(lambda: s.routed_region() == "europe-west1", 10, 0.02, "failover")
-            moved = time.monotonic() - broke
-            time.sleep(1.0)
-            healed = time.monotonic()
-            s.backends.set_mode("us-east1", "ok")
-            wait_for(lambda: s.routed_region() == "us-east1", 10, 0.02, "failback")
-            back = time.monotonic() - healed
-            time.sleep(1.0)
-        assert client.errors == [], client.errors[:5]
-        during = [region for t, _, region in client.results if broke + moved + 0.2 < t < healed]
-        after = [region for t, _, region in client.results if t > healed + back + 0.2]
+        ep = break_and_heal(s, "refuse", 10, settle=1.0)
+        assert ep.client.errors == [], ep.client.errors[:5]
+        during = ep.regions_during(0.2)
+        after = ep.regions_after(0.2)
         assert during and set(during) == {"region=europe-west1"}
         assert after and set(after) == {"region=us-east1"}
 

@@ -183,14 +183,13 @@ class WorkerPool:
         return sum(w.propagation_sum for w in self.workers)
 
     def listener_stats(self) -> dict[str, dict[str, int]]:
-        out: dict[str, dict[str, int]] = {}
-        for worker in self.workers:
-            for path, status in worker.stats.items():
-                counters = out.setdefault(path, {})
-                for key, value in status.items():
-                    if isinstance(value, int) and not isinstance(value, bool):
-                        counters[key] = counters.get(key, 0) + value
-        return out
+        """The counters of :meth:`status`, summed over the workers."""
+        return {
+            path: {
+                k: v for k, v in merged.items() if isinstance(v, int) and not isinstance(v, bool)
+            }
+            for path, merged in self.status().items()
+        }
 
     def status(self) -> dict[str, dict[str, object]]:
         out: dict[str, dict[str, object]] = {}
