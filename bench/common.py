@@ -3,12 +3,26 @@ free ports, and waiting for things, always bounded in time."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int, children: bool = False) -> float:
+    """utime + stime of ``pid`` from /proc (and of its live children, for a
+    server whose workers are child processes, like nginx's)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    total = (int(fields[11]) + int(fields[12])) / TICKS
+    if children:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        total += sum(cpu_seconds(int(kid)) for kid in kids)
+    return total
 
 
 def free_port(host: str = "127.0.0.1") -> int:

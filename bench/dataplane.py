@@ -13,7 +13,9 @@ with wrk on core 0; the proxy under test runs alone on core 1:
   retries), whose route reaches the same backend through the published rule
   (done in-process: the front end balances over that rule's healthy endpoints).
 
-HTTP: wrk -t1 -c50 keep-alive, requests/s and p99 latency.
+HTTP: wrk -t1 -c50 keep-alive, requests/s, p99 latency, and the proxy's CPU
+time per request (utime + stime of its processes over the run: on this noisy
+VM requests/s vary by +-30 % between runs, CPU per request much less).
 TCP bulk: one client downloads the 256 MB file through each L4 proxy, MB/s.
 Ratios are to HAProxy. Goals (issue 6): one healthgate hop >= 0.75x HAProxy's
 requests/s, TCP bulk >= 0.9x HAProxy's throughput.
@@ -36,7 +38,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Proc, free_port, pinned, wait_port
+from common import Proc, cpu_seconds, free_port, pinned, wait_port
 
 HERE = Path(__file__).resolve().parent
 
@@ -219,11 +221,10 @@ backend betcp
   mode tcp
   server s 127.0.0.1:{be_port}
 """)
+            haproxy = Proc(pinned(["haproxy", "-db", "-f", str(ha_cfg)], 1), work / "haproxy.log")
+            procs.append(haproxy)
             procs.append(
-                Proc(pinned(["haproxy", "-db", "-f", str(ha_cfg)], 1), work / "haproxy.log")
-            )
-            procs.append(
-                start_nginx(
+                nginx := start_nginx(
                     work,
                     "proxy",
                     f"""
@@ -267,7 +268,7 @@ backend betcp
                 )
             )
             procs.append(
-                Proc(
+                serve := Proc(
                     pinned(
                         [
                             sys.executable,
@@ -294,16 +295,26 @@ backend betcp
                 wait_port(port)
             wait_port(hg_prod, "127.0.9.100")
             time.sleep(6)  # the backend's first health checks
-            targets = [
-                ("haproxy", f"http://127.0.0.1:{ha_http}/"),
-                ("nginx", f"http://127.0.0.1:{ng_port}/"),
-                ("healthgate L4 hop", f"http://127.0.9.100:{hg_prod}/"),
-                ("healthgate front end (L7)", f"http://127.0.0.1:{hg_front}/"),
+            targets = [  # name, URL, the proxy's process (with its children)
+                ("haproxy", f"http://127.0.0.1:{ha_http}/", haproxy),
+                ("nginx", f"http://127.0.0.1:{ng_port}/", nginx),
+                ("healthgate L4 hop", f"http://127.0.9.100:{hg_prod}/", serve),
+                ("healthgate front end (L7)", f"http://127.0.0.1:{hg_front}/", serve),
             ]
             for _ in range(args.repeats):
-                for name, url in targets:
+                for name, url, proc in targets:
+                    cpu0 = cpu_seconds(proc.p.pid, children=True)
                     rps, p99 = wrk(url, args.duration, args.conns)
-                    rows.append({"test": "http", "proxy": name, "rps": rps, "p99_ms": p99})
+                    cpu = cpu_seconds(proc.p.pid, children=True) - cpu0
+                    rows.append(
+                        {
+                            "test": "http",
+                            "proxy": name,
+                            "rps": rps,
+                            "p99_ms": p99,
+                            "cpu_us_per_request": cpu / (rps * int(args.duration)) * 1e6,
+                        }
+                    )
                     print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
                 for name, host, port in (
                     ("haproxy", "127.0.0.1", ha_tcp),
@@ -319,18 +330,29 @@ backend betcp
         finally:
             for p in reversed(procs):
                 p.stop()
-    print(f"{'test':<9} {'proxy':<32} {'req/s':>9} {'p99 ms':>7} {'MB/s':>8} {'x HAProxy':>9}")
+    print(
+        f"{'test':<9} {'proxy':<32} {'req/s':>9} {'p99 ms':>7} {'MB/s':>8} {'x HAProxy':>9}"
+        f" {'CPU us/req':>10} {'x HAProxy by CPU':>16}"
+    )
     for test in ("http", "tcp-bulk"):
         group = [r for r in rows if r["test"] == test]
         key = "rps" if test == "http" else "MBps"
         reference = _median([r[key] for r in group if r["proxy"] == "haproxy"])
+        ref_cpu = _median(
+            [r.get("cpu_us_per_request", 0.0) for r in group if r["proxy"] == "haproxy"]
+        )
         for proxy in dict.fromkeys(r["proxy"] for r in group):
             vals = [r for r in group if r["proxy"] == proxy]
             v = _median([r[key] for r in vals])
             p99 = _median([r.get("p99_ms", 0.0) for r in vals])
-            print(
-                f"{test:<9} {proxy:<32} {v if test == 'http' else 0:>9.0f} {p99:>7.2f} {v if test != 'http' else 0:>8.0f} {v / reference:>9.2f}"
+            line = (
+                f"{test:<9} {proxy:<32} {v if test == 'http' else 0:>9.0f} {p99:>7.2f}"
+                f" {v if test != 'http' else 0:>8.0f} {v / reference:>9.2f}"
             )
+            if test == "http":
+                us = _median([r["cpu_us_per_request"] for r in vals])
+                line += f" {us:>10.1f} {ref_cpu / us:>16.2f}"
+            print(line)
     for r in rows:
         if r["test"] == "propagation":
             print(
@@ -339,7 +361,9 @@ backend betcp
                 f"p99 <= {r['p99_le_ms']} ms, mean {r['mean_ms']:.3f} ms"
             )
     print(
-        "\ngoals: one healthgate hop >= 0.75x HAProxy's requests/s on one core; TCP bulk >= 0.9x HAProxy's throughput; "
+        "\n'x HAProxy by CPU' is HAProxy's CPU per request over the proxy's: the requests/s"
+        " each would reach alone on a core.\n"
+        "goals: one healthgate hop >= 0.75x HAProxy's requests/s on one core; TCP bulk >= 0.9x HAProxy's throughput; "
         "propagation p99 <= 5 ms"
     )
     if args.json:

@@ -359,3 +359,169 @@ def test_least_connections_prefers_the_endpoint_with_fewest_open_connections() -
 def test_unknown_balance_policy_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="balance: 'random'"):
         DataPlaneSettings(balance="random")
+
+
+def scripted(name: bytes, plan: list[str], seen: list[bytes]) -> Any:
+    """A keep-alive upstream that answers its requests, across connections,
+    by the next action of ``plan`` (then "ok" for ever): "ok" - 200 with
+    ``name`` as the body; "503"; "hang" - never answer, until the other side
+    closes (then b"closed" is seen); "drop" - close without answering."""
+    actions = iter(plan)
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                seen.append(head)
+                action = next(actions, "ok")
+                if action == "hang":
+                    await reader.read()
+                    seen.append(b"closed")
+                    break
+                if action == "drop":
+                    break
+                status = 503 if action == "503" else 200
+                writer.write(
+                    b"HTTP/1.1 %d X\r\nContent-Length: %d\r\n\r\n%s" % (status, len(name), name)
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    return handler
+
+
+async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, raw: bytes) -> bytes:
+    """Send ``raw`` (when not empty) and read one response with a Content-Length."""
+    if raw:
+        writer.write(raw)
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+    return head + await asyncio.wait_for(reader.readexactly(length), 10)
+
+
+def get(path: bytes) -> bytes:
+    return b"GET " + path + b" HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n\r\n"
+
+
+def test_http_plain_requests_take_the_fast_path_in_order_with_x_forwarded_for() -> None:
+    seen: list[bytes] = []
+
+    async def go() -> tuple[list[bytes], dict[str, int]]:
+        async with Server(scripted(b"a", [], seen)) as up:
+            stats: dict[str, int] = {}
+            proxy = await http_proxy_to([("127.0.0.1", up.port)], stats)
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", proxy.sockets[0].getsockname()[1]
+            )
+            answers = [await exchange(reader, writer, get(b"/1"))]  # opens the pooled connection
+            answers.append(await exchange(reader, writer, get(b"/2")))  # fast
+            answers.append(await exchange(reader, writer, get(b"/3")))  # fast
+            writer.write(get(b"/4") + get(b"/5"))  # two in one read: the general path, in order
+            answers += [await exchange(reader, writer, b""), await exchange(reader, writer, b"")]
+            # a plain request behind one with a body in flight waits its turn
+            writer.write(b"POST /6 HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi")
+            await asyncio.sleep(0)
+            writer.write(get(b"/7"))
+            answers += [await exchange(reader, writer, b""), await exchange(reader, writer, b"")]
+            answers.append(await exchange(reader, writer, get(b"/8")))  # fast again
+            writer.close()
+            proxy.close()
+            return answers, stats
+
+    answers, stats = run_async(go())
+    assert all(a.startswith(b"HTTP/1.1 200") and a.endswith(b"a") for a in answers)
+    paths = [h.split(b" ")[1] for h in seen]
+    assert paths == [b"/1", b"/2", b"/3", b"/4", b"/5", b"/6", b"/7", b"/8"]
+    assert all(h.count(b"X-Forwarded-For: 127.0.0.1\r\n") == 1 for h in seen)
+    # forwarded as it came, plus one header line
+    assert (
+        seen[1]
+        == b"GET /2 HTTP/1.1\r\nHost: x\r\nAccept: */*\r\nX-Forwarded-For: 127.0.0.1\r\n\r\n"
+    )
+    assert stats["requests"] == 8
+    assert 3 <= stats["fast_path"] <= 4  # /2, /3, /8 (and /7 if the POST was done first)
+
+
+@pytest.mark.parametrize(
+    ("failure", "served_by", "retries"),
+    [("503", b"a2", 1), ("hang", b"b", 1), ("drop", b"a", 1)],
+)
+def test_http_fast_path_failures_are_retried_like_the_general_path(
+    failure: str, served_by: bytes, retries: int
+) -> None:
+    """The first try of a plain request fails on a pooled connection to
+    endpoint a of region 1 (a, a2), region 2 being b: a 503 moves it to the
+    region's next endpoint, a hang to the next region; a connection the
+    server had dropped is a stale one, worth one fresh try of the same
+    endpoint."""
+    seen_a: list[bytes] = []
+    seen: list[bytes] = []
+
+    async def go() -> tuple[bytes, dict[str, int]]:
+        async with (
+            Server(scripted(b"a", ["ok", failure], seen_a)) as a,
+            Server(scripted(b"a2", [], seen)) as a2,
+            Server(scripted(b"b", [], seen)) as b,
+        ):
+            stats: dict[str, int] = {}
+            settings = HttpSettings(per_try_timeout=0.3)
+            pool = UpstreamPool(settings)
+            groups = [[("127.0.0.1", a.port), ("127.0.0.1", a2.port)], [("127.0.0.1", b.port)]]
+            proxy = await asyncio.get_running_loop().create_server(
+                lambda: HttpProxy(lambda: groups, pool, settings, stats), "127.0.0.1", 0
+            )
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", proxy.sockets[0].getsockname()[1]
+            )
+            first = await exchange(reader, writer, get(b"/1"))
+            assert first.endswith(b"a")
+            answer = await exchange(reader, writer, get(b"/2"))
+            writer.close()
+            proxy.close()
+            return answer, stats
+
+    answer, stats = run_async(go())
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(served_by)
+    assert stats["fast_path"] == 1 and stats["requests"] == 2
+    assert stats["retries"] == retries
+    if failure == "hang":
+        assert seen_a[-1] == b"closed"  # the hung try's connection was given up
+
+
+def test_http_client_leaving_during_a_fast_exchange_releases_the_upstream() -> None:
+    seen: list[bytes] = []
+
+    async def go() -> tuple[int, int]:
+        async with Server(scripted(b"a", ["ok", "hang"], seen)) as up:
+            settings = HttpSettings()
+            pool = UpstreamPool(settings)
+            loop = asyncio.get_running_loop()
+            proxy = await loop.create_server(
+                lambda: HttpProxy(lambda: [[("127.0.0.1", up.port)]], pool, settings, {}),
+                "127.0.0.1",
+                0,
+            )
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", proxy.sockets[0].getsockname()[1]
+            )
+            await exchange(reader, writer, get(b"/1"))
+            writer.write(get(b"/2"))
+            for _ in range(500):  # bounded: until the upstream has the request
+                if len(seen) == 2:
+                    break
+                await asyncio.sleep(0.01)
+            waiting = len(pool.deadlines.pending)
+            writer.close()
+            for _ in range(500):  # bounded: until the upstream sees its connection closed
+                if seen[-1] == b"closed":
+                    break
+                await asyncio.sleep(0.01)
+            proxy.close()
+            return waiting, len(pool.deadlines.pending)
+
+    waiting, left = run_async(go())
+    assert waiting == 1 and left == 0
+    assert seen[-1] == b"closed"

@@ -17,6 +17,20 @@ So while a region refuses, hangs or fails, and before its health checks have
 declared it down, idempotent requests still succeed. Once the response has
 started to flow to the client it is never retried. Responses are forwarded
 byte for byte (the parser only finds where each one ends).
+
+**The plain-request fast path.** Most requests are a GET or HEAD with a few
+headers and no body. When such a request arrives whole in one read, on a
+connection with nothing else in flight, and a pooled connection to the chosen
+upstream is open, it is forwarded without the request parser, without a
+task and without a future: one regular expression checks the head (request
+line, header syntax, no hop-by-hop or framing header, no X-Forwarded-For to
+merge), one line (``X-Forwarded-For``) is appended, and the upstream's
+response parser calls back into the proxy. Every failure of that first try -
+refused, reset, no answer within the per-try timeout, 502/503/504 - hands the
+request to the general path, which goes on with the next try exactly as if
+it had made the first one itself. Anything else (other methods, bodies,
+``Connection`` headers, HTTP/1.0, pipelined or partial reads, no pooled
+connection yet) takes the general path from the start.
 """
 
 from __future__ import annotations
@@ -24,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -53,6 +68,21 @@ HOP_BY_HOP = frozenset(
 )
 
 
+# The requests the fast path forwards as they are: GET or HEAD of an
+# origin-form target in HTTP/1.1, header lines of token names and visible
+# ASCII values, no body (no framing header may follow: see _NOT_PLAIN).
+_PLAIN = re.compile(
+    rb"(GET|HEAD) /[!-~]* HTTP/1\.1\r\n(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t -~]*\r\n)*\r\n"
+)
+# Headers the general path rewrites, drops or acts on (each header line
+# starts right after a "\n").
+_NOT_PLAIN = re.compile(
+    rb"\n(?:connection|keep-alive|proxy-connection|te|trailer|upgrade|transfer-encoding"
+    rb"|content-length|expect|x-forwarded-for):",
+    re.IGNORECASE,
+)
+
+
 @dataclass(frozen=True, slots=True)
 class HttpSettings:
     per_try_timeout: float = 2.0  # seconds to the first byte of the response
@@ -64,7 +94,19 @@ class HttpSettings:
 
 
 class Request:
-    __slots__ = ("body", "head_bytes", "headers", "keep_alive", "method", "url")
+    __slots__ = (
+        "body",
+        "data",
+        "failed",
+        "groups",
+        "head_bytes",
+        "headers",
+        "keep_alive",
+        "last_error",
+        "method",
+        "skip_region",
+        "url",
+    )
 
     def __init__(self) -> None:
         self.url = bytearray()
@@ -73,8 +115,18 @@ class Request:
         self.method = "GET"
         self.keep_alive = True
         self.head_bytes = 0
+        # set when the fast path made the first try: what it sent, the route
+        # it used (when it had one), the endpoint not to try again, whether to
+        # give up on the first region, and why
+        self.data: bytes | None = None
+        self.groups: Sequence[Sequence[Address]] | None = None
+        self.failed: Address | None = None
+        self.skip_region = False
+        self.last_error = ""
 
     def serialize(self, client_ip: str) -> bytes:
+        if self.data is not None:
+            return self.data
         out = bytearray(f"{self.method} ".encode())
         out += self.url
         out += b" HTTP/1.1\r\n"
@@ -101,6 +153,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def __init__(self, address: Address) -> None:
         self.address = address
+        self.served_key = f"served_by {address[0]}:{address[1]}"  # its counter in stats
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.reused = False
@@ -110,10 +163,12 @@ class UpstreamConnection(asyncio.Protocol):
     def _reset_exchange(self) -> None:
         self.head: asyncio.Future[int] | None = None
         self.done: asyncio.Future[bool] | None = None
+        self.owner: HttpProxy | None = None  # a fast-path exchange: callbacks, no futures
         self.buffer = bytearray()
         self.sink: asyncio.Transport | None = None  # the client, once committed
         self.head_only = False
         self.got_bytes = False
+        self.status = 0  # the response's status, once its head is in
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -124,6 +179,14 @@ class UpstreamConnection(asyncio.Protocol):
         self.head_only = head_only
         self.head = loop.create_future()
         self.done = loop.create_future()
+        assert self.transport is not None
+        self.transport.write(request)
+
+    def start_fast(self, request: bytes, head_only: bool, owner: HttpProxy) -> None:
+        """Send ``request``; report to ``owner`` by callbacks (``_fast_*``)."""
+        self._reset_exchange()
+        self.head_only = head_only
+        self.owner = owner
         assert self.transport is not None
         self.transport.write(request)
 
@@ -152,8 +215,11 @@ class UpstreamConnection(asyncio.Protocol):
 
     # httptools callbacks
     def on_headers_complete(self) -> None:
-        if self.head is not None and not self.head.done():
-            self.head.set_result(self.parser.get_status_code())
+        self.status = status = self.parser.get_status_code()
+        if self.owner is not None:
+            self.owner._fast_head(self, status)
+        elif self.head is not None and not self.head.done():
+            self.head.set_result(status)
         if self.head_only:
             self._complete(reusable=False)
 
@@ -161,10 +227,18 @@ class UpstreamConnection(asyncio.Protocol):
         self._complete(reusable=self.parser.should_keep_alive())
 
     def _complete(self, reusable: bool) -> None:
-        if self.done is not None and not self.done.done():
+        owner = self.owner
+        if owner is not None:
+            self.owner = None
+            owner._fast_done(self, reusable)
+        elif self.done is not None and not self.done.done():
             self.done.set_result(reusable)
 
     def _fail(self, exc: Exception) -> None:
+        owner = self.owner
+        if owner is not None:
+            self.owner = None
+            owner._fast_failed(self, exc)
         for fut in (self.head, self.done):
             if fut is not None and not fut.done():
                 fut.set_exception(exc)
@@ -172,11 +246,8 @@ class UpstreamConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if (
-            self.done is not None
-            and not self.done.done()
-            and self.head is not None
-            and self.head.done()
+        if self.status and (
+            self.owner is not None or (self.done is not None and not self.done.done())
         ):
             # a response without length ends with the connection
             with contextlib.suppress(httptools.HttpParserError):
@@ -197,10 +268,47 @@ class UpstreamConnection(asyncio.Protocol):
             self.transport.resume_reading()
 
 
+class TryDeadlines:
+    """The per-try deadlines of fast-path exchanges, checked by one timer.
+
+    A timer per request (``call_later`` + ``cancel``) costs more than the
+    rest of a plain request's Python; instead an exchange records its
+    deadline here and one sweep every ``timeout / 8`` (10-250 ms) expires the
+    late ones, so a try gives up between ``timeout`` and ``timeout`` plus one
+    sweep. The timer runs only while exchanges are in flight.
+    """
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.every = min(0.25, max(0.01, timeout / 8))
+        self.pending: dict[HttpProxy, float] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, proxy: HttpProxy, loop: asyncio.AbstractEventLoop) -> None:
+        self.pending[proxy] = loop.time() + self.timeout
+        if self._timer is None:
+            self._timer = loop.call_later(self.every, self._sweep, loop)
+
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
+        late = [proxy for proxy, deadline in self.pending.items() if deadline <= now]
+        for proxy in late:
+            del self.pending[proxy]
+            proxy._fast_expired()
+        self._timer = loop.call_later(self.every, self._sweep, loop) if self.pending else None
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.pending.clear()
+
+
 class UpstreamPool:
     def __init__(self, settings: HttpSettings) -> None:
         self.settings = settings
         self._idle: dict[Address, list[UpstreamConnection]] = {}
+        self.deadlines = TryDeadlines(settings.per_try_timeout)
 
     def idle(self, address: Address) -> UpstreamConnection | None:
         """A pooled connection to ``address``, if one is open."""
@@ -237,6 +345,7 @@ class UpstreamPool:
             conn.transport.close()
 
     def close(self) -> None:
+        self.deadlines.close()
         for conns in self._idle.values():
             for conn in conns:
                 self.discard(conn)
@@ -276,8 +385,11 @@ class HttpProxy(asyncio.Protocol):
         stats: dict[str, int],
         on_route_used: Callable[[], None] | None = None,
         active: dict[Address, int] | None = None,
+        first: Callable[[], Address | None] | None = None,
     ) -> None:
         self.choose = choose
+        # the first try alone, cheaper than choose() (else choose()[0][0])
+        self.first = first
         self.active = active  # requests in flight per upstream (least-connections)
         self.pool = pool
         self.settings = settings
@@ -292,7 +404,15 @@ class HttpProxy(asyncio.Protocol):
         self.closed = False
         self.paused = False
         self.upstream: UpstreamConnection | None = None
-        self.worker: asyncio.Task[None] | None = None
+        self.worker: asyncio.Task[None] | None = None  # the general path, started when needed
+        self.inflight = False  # a request is being forwarded (either path)
+        # the fast path's exchange in flight
+        self._xff = b""
+        self._fast_request = b""
+        self._fast_groups: Sequence[Sequence[Address]] | None = None
+        self._fast_counted: Address | None = None
+        self._fast_limit = settings.max_head_bytes
+        self.loop = asyncio.get_running_loop()
 
     # ---- client side
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -301,10 +421,21 @@ class HttpProxy(asyncio.Protocol):
         peer = self.transport.get_extra_info("peername")
         if peer:
             self.client_ip = str(peer[0])
+        self._xff = b"X-Forwarded-For: " + self.client_ip.encode() + b"\r\n\r\n"
         self.stats["connections"] = self.stats.get("connections", 0) + 1
-        self.worker = asyncio.get_running_loop().create_task(self._work())
 
     def data_received(self, data: bytes) -> None:
+        if (
+            not self.inflight
+            and self.current is None
+            and not self.queue
+            and len(data) <= self._fast_limit
+            and data.endswith(b"\r\n\r\n")
+            and (m := _PLAIN.fullmatch(data)) is not None
+            and _NOT_PLAIN.search(data) is None
+            and self._fast(data, m[1] == b"HEAD")
+        ):
+            return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -355,7 +486,7 @@ class HttpProxy(asyncio.Protocol):
         assert self.current is not None
         self.queue.append(self.current)
         self.current = None
-        self.wake.set()
+        self._wake_worker()
         if len(self.queue) >= self.settings.max_pipelined and self.transport is not None:
             self.transport.pause_reading()
             self.paused = True
@@ -371,14 +502,137 @@ class HttpProxy(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.wake.set()
-        if self.upstream is not None:
-            self.pool.discard(self.upstream)
+        conn = self.upstream
+        if conn is not None:
+            if conn.owner is self:  # a fast exchange: nobody is left to answer
+                conn.owner = None
+                self._fast_end()
+            self.pool.discard(conn)
 
-    # ---- the worker: one request at a time, in order
+    # ---- the fast path: a plain request, forwarded by callbacks
+    def _fast(self, data: bytes, head_only: bool) -> bool:
+        """Make the first try of a plain request; False when it must take the
+        general path instead (no route, or no pooled connection yet)."""
+        groups: Sequence[Sequence[Address]] | None = None
+        if self.first is not None:
+            address = self.first()
+            if address is None:
+                return False
+        else:
+            groups = self.choose()
+            if not groups or not groups[0]:
+                return False
+            address = groups[0][0]
+        if self.on_route_used is not None:
+            self.on_route_used()
+        conn = self.pool.idle(address)
+        if conn is None:
+            return False
+        stats = self.stats
+        stats["requests"] = stats.get("requests", 0) + 1
+        stats["fast_path"] = stats.get("fast_path", 0) + 1
+        request = data[:-2] + self._xff
+        self.inflight = True
+        self.upstream = conn
+        self._fast_request = request
+        self._fast_groups = groups
+        active = self.active
+        if active is not None:
+            active[address] = active.get(address, 0) + 1
+            self._fast_counted = address
+        conn.start_fast(request, head_only, self)
+        self.pool.deadlines.add(self, self.loop)
+        return True
+
+    def _fast_end(self) -> None:
+        """The fast exchange is over, however it ended."""
+        self.pool.deadlines.pending.pop(self, None)
+        if self._fast_counted is not None and self.active is not None:
+            count_down(self.active, self._fast_counted)
+            self._fast_counted = None
+        self.upstream = None
+        self.inflight = False
+
+    def _fast_head(self, conn: UpstreamConnection, status: int) -> None:
+        self.pool.deadlines.pending.pop(self, None)
+        if status in RETRY_STATUSES:  # GET and HEAD are idempotent: the next try
+            conn.owner = None
+            self.pool.discard(conn)
+            address = conn.address
+            self._fast_fallback(f"{address[0]}:{address[1]}: answered {status}", address)
+            return
+        client = self.transport
+        if self.closed or client is None or client.is_closing():
+            conn.owner = None
+            self.pool.discard(conn)
+            self._fast_end()
+            return
+        conn.commit(client)
+
+    def _fast_done(self, conn: UpstreamConnection, reusable: bool) -> None:
+        key = conn.served_key
+        self.stats[key] = self.stats.get(key, 0) + 1
+        if reusable:
+            self.pool.release(conn)
+        else:
+            self.pool.discard(conn)
+        self._fast_end()
+        if self.queue:  # requests that came in behind this one
+            self._wake_worker()
+
+    def _fast_failed(self, conn: UpstreamConnection, exc: Exception) -> None:
+        self.pool.discard(conn)
+        if conn.sink is not None:  # the response broke after it started
+            self._fast_end()
+            if self.transport is not None:
+                self.transport.abort()
+            self.closed = True
+            return
+        address = conn.address
+        stale = conn.reused and not conn.got_bytes  # a pooled connection the server had closed
+        self._fast_fallback(f"{address[0]}:{address[1]}: {exc}", None if stale else address)
+
+    def _fast_expired(self) -> None:
+        conn = self.upstream
+        if conn is None or conn.owner is not self:
+            return
+        conn.owner = None
+        self.pool.discard(conn)
+        address = conn.address
+        self._fast_fallback(
+            f"{address[0]}:{address[1]}: no answer within {self.settings.per_try_timeout:g} s",
+            address,
+            skip_region=True,  # a region that hangs: do not wait on its other endpoints
+        )
+
+    def _fast_fallback(self, error: str, failed: Address | None, skip_region: bool = False) -> None:
+        """The first try failed before anything reached the client: the
+        general path makes the next tries, ahead of anything queued. It
+        skips ``failed`` (None: a stale pooled connection, worth a fresh
+        one) or, with ``skip_region``, the whole first region."""
+        req = Request()
+        req.data = self._fast_request
+        req.method = "HEAD" if req.data.startswith(b"HEAD") else "GET"
+        req.groups = self._fast_groups
+        req.failed = failed
+        req.skip_region = skip_region
+        req.last_error = error
+        self._fast_end()
+        if self.closed:
+            return
+        self.queue.appendleft(req)
+        self._wake_worker()
+
+    # ---- the general path: one request at a time, in order, in a task
+    def _wake_worker(self) -> None:
+        if self.worker is None:
+            self.worker = asyncio.get_running_loop().create_task(self._work())
+        self.wake.set()
+
     async def _work(self) -> None:
         try:
             while not self.closed:
-                if not self.queue:
+                if not self.queue or self.inflight:
                     self.wake.clear()
                     await self.wake.wait()
                     continue
@@ -390,7 +644,11 @@ class HttpProxy(asyncio.Protocol):
                 ):
                     self.transport.resume_reading()
                     self.paused = False
-                await self._forward(req)
+                self.inflight = True
+                try:
+                    await self._forward(req)
+                finally:
+                    self.inflight = False
                 if not req.keep_alive and self.transport is not None:
                     self.transport.close()
                     return
@@ -402,10 +660,13 @@ class HttpProxy(asyncio.Protocol):
     async def _forward(self, req: Request) -> None:
         client = self.transport
         assert client is not None
-        self.stats["requests"] = self.stats.get("requests", 0) + 1
-        groups = self.choose()
-        if self.on_route_used is not None:
-            self.on_route_used()
+        if not req.last_error:  # (a request the fast path began is counted already)
+            self.stats["requests"] = self.stats.get("requests", 0) + 1
+        groups = req.groups
+        if groups is None:
+            groups = self.choose()
+            if self.on_route_used is not None:
+                self.on_route_used()
         if not any(groups):
             self.stats["refused"] = self.stats.get("refused", 0) + 1
             client.write(
@@ -418,10 +679,14 @@ class HttpProxy(asyncio.Protocol):
             return
         data = req.serialize(self.client_ip)
         idempotent = req.method in IDEMPOTENT
-        last_error = "no upstream answered"
-        tries = 0
-        for group in groups:  # regions in failover order
+        last_error = req.last_error or "no upstream answered"
+        tries = 1 if req.last_error else 0  # the fast path made the first one
+        for gi, group in enumerate(groups):  # regions in failover order
+            if gi == 0 and req.skip_region:
+                continue
             for address in group:  # endpoints of one region
+                if gi == 0 and address == req.failed:
+                    continue
                 if tries > 0:
                     self.stats["retries"] = self.stats.get("retries", 0) + 1
                 tries += 1

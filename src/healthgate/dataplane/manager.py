@@ -28,7 +28,6 @@ import asyncio
 import bisect
 import contextlib
 import heapq
-import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -109,7 +108,7 @@ class DataPlane:
         self.settings = settings or DataPlaneSettings()
         self.listeners: dict[str, Listener] = {}
         self.pool = UpstreamPool(self.settings.http)
-        self._rr: dict[str, itertools.count[int]] = {}
+        self._rr: dict[str, int] = {}  # round-robin position per producer rule
         # open connections (L4) and requests in flight (L7) per upstream address
         self.active: dict[Address, int] = {}
         self._resources: Mapping[ResourcePath, Resource] = {}
@@ -121,6 +120,9 @@ class DataPlane:
         self._upstreams: dict[
             str, tuple[int, Mapping[ResourcePath, Resource], list[tuple[str | None, Address]]]
         ] = {}
+        # per producer rule: (the endpoints tuple the engine gave, the rule
+        # entry, their addresses) - rebuilt only when either changes
+        self._addresses: dict[str, tuple[object, object, list[Address]]] = {}
         self.propagation = [0] * (len(PROPAGATION_BUCKETS) + 1)
         self.propagation_sum = 0.0
 
@@ -220,8 +222,11 @@ class DataPlane:
                 def groups() -> list[list[Address]]:
                     return [self.producer_upstreams(path)]
 
+            def first() -> Address | None:
+                return self.consumer_first(path) if spec.consumer else None
+
             return lambda: HttpProxy(
-                groups, self.pool, s.http, stats, self._route_used, self.active
+                groups, self.pool, s.http, stats, self._route_used, self.active, first
             )
         live = self._live.setdefault(path, set())
         return lambda: TcpProxy(choose, s.connect_timeout, stats, live, self.active)
@@ -267,6 +272,18 @@ class DataPlane:
                 groups.append([address])
         return groups
 
+    def consumer_first(self, frontend: str) -> Address | None:
+        """The first try of :meth:`consumer_upstream_groups` alone (the HTTP
+        fast path's), without building the fallbacks."""
+        targets = self._targets(frontend)
+        if not targets:
+            return None
+        rule, address = targets[0]
+        if rule is not None and rule in self.listeners:
+            chosen = self.producer_upstreams(rule, 1)
+            return chosen[0] if chosen else None
+        return address
+
     def _targets(self, frontend: str) -> list[tuple[str | None, Address]]:
         """(producer rule, its address) per region of the route, resolved once
         per route-table version and resource change, not per request."""
@@ -295,38 +312,44 @@ class DataPlane:
             return None
         return str(fr_path), (fr.ip_address, fr.port_list()[0])
 
-    def producer_upstreams(self, frontend: str) -> list[Address]:
-        """Up to three endpoints of a producer rule's backend service, HEALTHY
+    def producer_upstreams(self, frontend: str, n: int = 3) -> list[Address]:
+        """Up to ``n`` endpoints of a producer rule's backend service, HEALTHY
         ones only (all of them when none is): rotated round robin, or with
-        least-connections the least busy first (ties in round-robin order)."""
+        least-connections the least busy first (ties in round-robin order).
+        Read per connection or request: the addresses are rebuilt only when
+        the engine's endpoint tuple or the rule changes."""
         rule = self._rules.get(frontend)
         if rule is None or rule[0] is not self._resources:
             fr = self._resources.get(ResourcePath.parse(frontend))
             bs_path = fr.ref("backend_service") if isinstance(fr, ForwardingRule) else None
             port = fr.port_list()[0] if isinstance(fr, ForwardingRule) else 0
             rule = self._rules[frontend] = (self._resources, bs_path, port)
-        _, bs_path, port = rule
+        bs_path = rule[1]
         if bs_path is None:
             return []
         endpoints = self.engine.healthy_endpoints(bs_path) or self.engine.all_endpoints(bs_path)
-        if not endpoints:
+        cached = self._addresses.get(frontend)
+        if cached is None or cached[0] is not endpoints or cached[1] is not rule:
+            port = rule[2]
+            cached = (endpoints, rule, [(ip, p if p is not None else port) for ip, p in endpoints])
+            self._addresses[frontend] = cached
+        addresses = cached[2]
+        count = len(addresses)
+        if not count:
             return []
-        counter = self._rr.setdefault(frontend, itertools.count())
-        start = next(counter) % len(endpoints)
+        turn = self._rr.get(frontend, 0)
+        self._rr[frontend] = turn + 1
+        start = turn % count
         if self.settings.balance == "least-connections":
-            n = len(endpoints)
-            addresses = [(ip, p if p is not None else port) for ip, p in endpoints]
             active = self.active
             best = heapq.nsmallest(
-                3, range(n), key=lambda i: (active.get(addresses[i], 0), (i - start) % n)
+                n, range(count), key=lambda i: (active.get(addresses[i], 0), (i - start) % count)
             )
             return [addresses[i] for i in best]
-        ordered = (
-            endpoints[start : start + 3]
-            if start + 3 <= len(endpoints)
-            else (endpoints[start:] + endpoints[:start])[:3]
-        )
-        return [(ip, p if p is not None else port) for ip, p in ordered]
+        end = start + n
+        if end <= count:
+            return addresses[start:end]
+        return (addresses[start:] + addresses[:start])[:n]
 
     def routes_changed(self, frontends: list[str]) -> None:
         """Called with the front ends whose route just changed. With
