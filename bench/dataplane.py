@@ -125,6 +125,20 @@ def start_nginx(work: Path, name: str, body: str, cpu: int) -> Proc:
     )
 
 
+def wait_healthy(api: int, backend_service: str, timeout: float = 30) -> None:
+    """Until the backend service's endpoint is HEALTHY (its first health
+    checks), so that the proxies balance over healthy endpoints, as in use."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        doc = httpx.get(f"http://127.0.0.1:{api}/v1/{backend_service}", timeout=5).json()
+        if doc.get("status", {}).get("healthy"):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"{backend_service} not HEALTHY within {timeout:g} s")
+
+
 def wrk(url: str, duration: float, conns: int) -> tuple[float, float]:
     out = subprocess.run(
         pinned(["wrk", "-t1", f"-c{conns}", f"-d{int(duration)}s", "--latency", url], 0),
@@ -294,7 +308,7 @@ backend betcp
             for port in (ha_http, ng_port, hg_front, hg_api):
                 wait_port(port)
             wait_port(hg_prod, "127.0.9.100")
-            time.sleep(6)  # the backend's first health checks
+            wait_healthy(hg_api, "projects/bench/regions/r1/backendServices/web")
             targets = [  # name, URL, the proxy's process (with its children)
                 ("haproxy", f"http://127.0.0.1:{ha_http}/", haproxy),
                 ("nginx", f"http://127.0.0.1:{ng_port}/", nginx),

@@ -164,7 +164,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.head: asyncio.Future[int] | None = None
         self.done: asyncio.Future[bool] | None = None
         self.owner: HttpProxy | None = None  # a fast-path exchange: callbacks, no futures
-        self.buffer = bytearray()
+        self.buffer: list[bytes] = []  # what came before the commit (usually one read)
         self.sink: asyncio.Transport | None = None  # the client, once committed
         self.head_only = False
         self.got_bytes = False
@@ -183,20 +183,25 @@ class UpstreamConnection(asyncio.Protocol):
         self.transport.write(request)
 
     def start_fast(self, request: bytes, head_only: bool, owner: HttpProxy) -> None:
-        """Send ``request``; report to ``owner`` by callbacks (``_fast_*``)."""
-        self._reset_exchange()
-        self.head_only = head_only
+        """Send ``request``; report to ``owner`` by callbacks (``_fast_*``).
+        (The exchange's fields set here and not by _reset_exchange: this runs
+        per request, and a pooled connection is only ever idle between
+        exchanges, with no future, buffer or sink left over.)"""
         self.owner = owner
+        self.head_only = head_only
+        self.got_bytes = False
+        self.status = 0
         assert self.transport is not None
         self.transport.write(request)
 
     def commit(self, client: asyncio.Transport) -> None:
         """Send what was buffered to the client; stream the rest directly."""
         self.sink = client
-        if self.buffer:
+        buffer = self.buffer
+        if buffer:
             if not client.is_closing():
-                client.write(bytes(self.buffer))
-            self.buffer.clear()
+                client.write(buffer[0] if len(buffer) == 1 else b"".join(buffer))
+            buffer.clear()
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
@@ -205,7 +210,7 @@ class UpstreamConnection(asyncio.Protocol):
             if not sink.is_closing():  # a client that left mid-response: read on, drop
                 sink.write(data)
         else:
-            self.buffer += data
+            self.buffer.append(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
@@ -332,7 +337,9 @@ class UpstreamPool:
         return conn
 
     def release(self, conn: UpstreamConnection) -> None:
-        idle = self._idle.setdefault(conn.address, [])
+        idle = self._idle.get(conn.address)
+        if idle is None:
+            idle = self._idle[conn.address] = []
         if conn.closed or len(idle) >= self.settings.max_idle_per_upstream:
             self.discard(conn)
         else:

@@ -136,6 +136,7 @@ class ApplyResult:
 
 class _Aggregate:
     __slots__ = (
+        "all_cache",
         "check",
         "healthy",
         "healthy_cache",
@@ -157,6 +158,7 @@ class _Aggregate:
         self.unknown = 0
         self.slots: dict[EndpointKey, int] = {}
         self.healthy_cache: tuple[EndpointKey, ...] | None = None
+        self.all_cache: tuple[EndpointKey, ...] | None = None  # until slots change
 
 
 class _Node:
@@ -722,7 +724,7 @@ class HealthEngine:
                 continue
             slot = self._alloc_slot(agg_id, key, HEALTHY if not enabled else UNKNOWN, now)
             agg.slots[key] = slot
-            agg.healthy_cache = None
+            agg.healthy_cache = agg.all_cache = None
             agg.total += 1
             if enabled:
                 agg.unknown += 1
@@ -782,7 +784,7 @@ class HealthEngine:
         return slot
 
     def _free_slot(self, agg: _Aggregate, slot: int) -> None:
-        agg.healthy_cache = None
+        agg.healthy_cache = agg.all_cache = None
         state = self._state[slot]
         agg.total -= 1
         agg.healthy -= state == HEALTHY
@@ -954,9 +956,16 @@ class HealthEngine:
         return cached
 
     def all_endpoints(self, backend_service: ResourcePath) -> tuple[EndpointKey, ...]:
+        """Every endpoint of a backend service, cached until one is added or
+        removed (the data plane's fail-open choice reads it per connection)."""
         agg_id = self._agg_ids.get(backend_service)
         agg = self._aggs[agg_id] if agg_id is not None else None
-        return tuple(agg.slots) if agg is not None else ()
+        if agg is None:
+            return ()
+        cached = agg.all_cache
+        if cached is None:
+            cached = agg.all_cache = tuple(agg.slots)
+        return cached
 
     def counts(self, backend_service: ResourcePath) -> tuple[int, int, int] | None:
         """(total, healthy, unknown) of one backend service."""
