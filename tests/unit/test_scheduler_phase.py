@@ -40,3 +40,38 @@ def test_after_a_stall_longer_than_half_an_interval_keys_are_spread_again() -> N
         nexts.append(sched._next_due(entry, 11.0))
     assert all(11.0 <= n <= 12.0 for n in nexts)
     assert max(nexts) - min(nexts) > 0.8  # spread over the interval, not one clump
+
+
+class _FakeLoop:
+    """Just the clock and the timer the tick uses."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+        self.timers: list[float] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, at: float, callback: object) -> _FakeLoop:
+        self.timers.append(at)
+        return self
+
+    def cancel(self) -> None:  # (the timer handle)
+        pass
+
+
+def test_a_tick_on_a_slot_boundary_arms_the_next_one_a_tick_later() -> None:
+    """now / tick for a time on a slot boundary can come out just below the
+    whole number (12.35 / 0.01 = 1234.99..); the next tick must still be due
+    after now, not at once: that would run tick after tick until the clock
+    moved (uvloop's clock moves in whole milliseconds)."""
+    sched = ProbeScheduler(Prober(), lambda *a: None, rng=random.Random(0))
+    for i in range(1000, 2000):
+        now = i * 0.01
+        loop = _FakeLoop(now)
+        sched._loop = loop  # type: ignore[assignment]
+        sched._tick_at = now
+        sched._in_flight = 1  # something in flight: tick again one tick later
+        sched._tick()
+        assert loop.timers, now
+        assert loop.timers[-1] == pytest.approx(now + 0.01), now

@@ -253,7 +253,11 @@ class ProbeScheduler:
         # Starts first, so that they are on time however many results wait.
         slots = self._slots
         wheel = self._wheel
-        last = int(now / settings.tick)
+        # (+1e-6: now / tick of a time on a slot boundary can come out just
+        # below the whole number - 12.35 / 0.01 is 1234.99.. - and then the
+        # next tick would be due at once, again and again until the clock
+        # moves on: uvloop's clock moves in whole milliseconds)
+        last = int(now / settings.tick + 1e-6)
         entries = self._entries
         while slots and slots[0] <= last:
             for key, generation, at in wheel.pop(heapq.heappop(slots)):
