@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
@@ -75,3 +76,59 @@ def test_a_tick_on_a_slot_boundary_arms_the_next_one_a_tick_later() -> None:
         sched._tick()
         assert loop.timers, now
         assert loop.timers[-1] == pytest.approx(now + 0.01), now
+
+
+class _SlowBatch:
+    """A batch prober whose every start costs 200 µs of CPU: an overload."""
+
+    backlog = False
+
+    def __init__(self) -> None:
+        self.started: list[int] = []
+
+    def handles(self, spec: ProbeSpec) -> bool:
+        return True
+
+    @property
+    def in_flight(self) -> int:
+        return 0  # (results do not matter here)
+
+    def start(self, key: int, spec: ProbeSpec, now: float) -> None:
+        end = time.perf_counter() + 0.0002
+        while time.perf_counter() < end:
+            pass
+        self.started.append(key)
+
+    def cancel(self, key: int) -> None:
+        pass
+
+
+def test_an_overloaded_tick_leaves_the_rest_for_the_next_one_due_at_once() -> None:
+    """1,000 probes due together at 200 µs each are 200 ms of work: a tick
+    does about one tick's worth (10 ms), and the next tick is due at once, so
+    the event loop serves everything else in between; every probe still
+    starts, once."""
+    batch = _SlowBatch()
+    sched = ProbeScheduler(
+        Prober(),
+        lambda *a: None,
+        rng=random.Random(0),
+        batch=batch,  # type: ignore[arg-type]
+    )
+    loop = _FakeLoop(100.0)
+    sched._loop = loop  # type: ignore[assignment]
+    for key in range(1000):
+        sched.upsert(key, SPEC)
+        sched._arm(key, sched._entries[key], 100.0)
+    per_tick = []
+    for _ in range(1000):  # bounded
+        before = len(batch.started)
+        sched._tick()
+        per_tick.append(len(batch.started) - before)
+        if len(batch.started) == 1000:
+            break
+        assert loop.timers[-1] <= loop.now  # the rest is due at once
+    assert sorted(batch.started) == list(range(1000))
+    assert len(per_tick) > 5  # spread over ticks ...
+    assert max(per_tick) < 400  # ... none of them anywhere near the whole 200 ms
+    assert sched.stats.deferred_ticks == len(per_tick) - 1

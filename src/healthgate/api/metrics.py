@@ -113,6 +113,11 @@ class EngineCollector(Collector):
             "Probes running now",
             value=self.health.scheduler.in_flight,
         )
+        yield CounterMetricFamily(
+            "healthgate_prober_deferred_ticks",
+            "Scheduler ticks that left due probes or results for the next tick (prober overloaded)",
+            value=sched.deferred_ticks,
+        )
         yield GaugeMetricFamily(
             "healthgate_prober_max_lag_seconds",
             "Largest event-loop lag seen by the prober",

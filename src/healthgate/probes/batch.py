@@ -56,6 +56,7 @@ import os
 import select
 import socket
 import struct
+import time
 from collections.abc import Callable, Hashable
 from typing import Final, cast
 
@@ -80,6 +81,7 @@ _NOT_YET: Final = frozenset({errno.EAGAIN, errno.ENOTCONN, errno.EINPROGRESS})
 _family: Final = cast(Callable[[socket.socket], int], _socket.socket.family.__get__)
 
 _SLOTS_PER_S: Final = 100  # deadline wheel: 10 ms slots
+_EVENTS: Final = 256  # epoll events read at a time (poll checks its time budget between reads)
 _POOL_MAX: Final = 1024  # disconnected sockets kept for reuse, per address family
 
 try:  # connect(AF_UNSPEC) dissolves a TCP association and leaves the socket reusable
@@ -159,6 +161,7 @@ class BatchProber:
         self._expiry_count = 0
         self._requests: dict[Hashable, tuple[ProbeSpec, bytes]] = {}  # by key
         self._pool: dict[int, list[socket.socket]] = {socket.AF_INET: [], socket.AF_INET6: []}
+        self.backlog = False  # the last poll stopped with events still ready
 
     @staticmethod
     def handles(spec: ProbeSpec) -> bool:
@@ -259,12 +262,18 @@ class BatchProber:
 
     # ------------------------------------------------------------------ poll
 
-    def poll(self, now: float) -> list[tuple[Hashable, ProbeResult]]:
-        """Finish what is ready and what has run out of time, without blocking."""
+    def poll(self, now: float, until: float = float("inf")) -> list[tuple[Hashable, ProbeResult]]:
+        """Finish what is ready and what has run out of time, without blocking.
+
+        Stops early once ``time.perf_counter()`` passes ``until`` with events
+        still waiting; ``backlog`` then says to call again soon (and timeouts
+        wait for that call: a probe whose answer is in but not yet read must
+        not be expired)."""
         done: list[tuple[Hashable, ProbeResult]] = []
         fds = self._fds
+        self.backlog = False
         while True:
-            events = self._ep.poll(0, 4096)
+            events = self._ep.poll(0, _EVENTS)
             for fd, ev in events:
                 p = fds.get(fd)
                 if p is None:
@@ -277,8 +286,11 @@ class BatchProber:
                 result = self._event(p, ev, now)
                 if result is not None:
                     done.append((p.key, result))
-            if len(events) < 4096:
+            if len(events) < _EVENTS:
                 break
+            if time.perf_counter() > until:
+                self.backlog = True
+                return done
         slots, expiry = self._expiry_slots, self._expiry
         last = int(now * _SLOTS_PER_S)
         while slots and slots[0] <= last:

@@ -47,6 +47,7 @@ import heapq
 import logging
 import random
 import resource
+import time
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -78,6 +79,7 @@ class SchedulerStats:
     suspect: int = 0
     dropped: int = 0  # results of a spec that changed or was removed meanwhile
     max_lag: float = 0.0
+    deferred_ticks: int = 0  # ticks that left due work for the next one (overload)
 
 
 class _Entry:
@@ -251,6 +253,14 @@ class ProbeScheduler:
             self._last_lag_at = now
             log.warning("prober event loop lagged %.0f ms behind", lag * 1000)
         # Starts first, so that they are on time however many results wait.
+        # The tick's work is bounded (one tick of CPU for the starts, then
+        # at least one batch of results): when more is due than that - the
+        # prober overloaded - the rest waits for the next tick, due at once,
+        # and the loop serves the API and the listeners in between instead of
+        # stalling for seconds.
+        budget_end = time.perf_counter() + settings.tick
+        deferred = False
+        launched = 0
         slots = self._slots
         wheel = self._wheel
         # (+1e-6: now / tick of a time on a slot boundary can come out just
@@ -259,8 +269,10 @@ class ProbeScheduler:
         # moves on: uvloop's clock moves in whole milliseconds)
         last = int(now / settings.tick + 1e-6)
         entries = self._entries
-        while slots and slots[0] <= last:
-            for key, generation, at in wheel.pop(heapq.heappop(slots)):
+        while slots and slots[0] <= last and not deferred:
+            slot = heapq.heappop(slots)
+            keys = wheel.pop(slot)
+            for i, (key, generation, at) in enumerate(keys):
                 entry = entries.get(key)
                 if entry is None or entry.generation != generation or entry.due != at:
                     continue  # removed, changed or re-armed since
@@ -270,15 +282,32 @@ class ProbeScheduler:
                     self._waiting.append((key, generation))
                     continue
                 self._launch(loop, key, entry, loop.time())
+                launched += 1
+                if not launched % 32 and time.perf_counter() > budget_end:
+                    deferred = True
+                    rest = keys[i + 1 :]
+                    if rest:
+                        again = wheel.get(slot)
+                        if again is None:
+                            wheel[slot] = rest
+                            heapq.heappush(slots, slot)
+                        else:
+                            again[:0] = rest
+                    break
         batch = self.batch
         if batch is not None and batch.in_flight:
             end = loop.time()  # (after the starts: some may have ended already)
-            for key, result in batch.poll(end):
+            for key, result in batch.poll(end, budget_end):
                 entry = entries.get(key)
                 if entry is not None and entry.in_batch:
                     self._ended(key, entry, result, end)
-        self._start_waiting(loop)
-        if self._in_flight or self._waiting:
+            deferred = deferred or batch.backlog
+        if not deferred:
+            self._start_waiting(loop)
+        if deferred:
+            stats.deferred_ticks += 1
+            nxt = last * settings.tick  # due now: after whatever else the loop has ready
+        elif self._in_flight or self._waiting:
             nxt = (last + 1) * settings.tick
         elif slots:
             nxt = max(slots[0], last + 1) * settings.tick
