@@ -14,8 +14,8 @@ with wrk on core 0; the proxy under test runs alone on core 1:
   (done in-process: the front end balances over that rule's healthy endpoints).
 
 HTTP: wrk -t1 -c50 keep-alive, requests/s, p99 latency, and the proxy's CPU
-time per request (utime + stime of its processes over the run: on this noisy
-VM requests/s vary by +-30 % between runs, CPU per request much less).
+time per request (utime + stime of its processes over the run: a second
+view of the same ratio; both vary by 10-30 % between runs on these VMs).
 TCP bulk: one client downloads the 256 MB file through each L4 proxy, MB/s.
 Ratios are to HAProxy. Goals (issue 6): one healthgate hop >= 0.75x HAProxy's
 requests/s, TCP bulk >= 0.9x HAProxy's throughput.

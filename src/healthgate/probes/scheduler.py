@@ -36,6 +36,12 @@ exactly the spec's.
   SUSPECT, which the engine treats as no evidence at all. It is counted and
   logged. (A refusal or a wrong status is real evidence whatever our lag;
   only timeouts are converted.)
+* **Bounded ticks.** A tick starts probes for at most one tick of CPU, then
+  reads results in batches until that budget is spent. When more is due (the
+  prober is overloaded), the rest waits for the next tick, due at once, and
+  the event loop serves the API and the listeners in between instead of
+  stalling; the probes started late have a large lag at start, so their
+  timeouts are SUSPECT as above. Counted in ``stats.deferred_ticks``.
 
 All times are the event loop's monotonic clock (``loop.time()``).
 """
