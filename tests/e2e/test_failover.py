@@ -102,15 +102,55 @@ class Stack:
 
 
 class Client:
-    """Sends GET requests through the front end until stopped; bounded."""
+    """Sends GET requests through the front end until stopped; bounded.
 
-    def __init__(self, port: int, max_requests: int = 20_000) -> None:
+    With ``plain``, over one kept-alive socket with no header but ``Host``
+    (the front end's fast path, docs/dataplane.md); else with httpx, whose
+    ``Connection: keep-alive`` header takes the general path."""
+
+    def __init__(self, port: int, max_requests: int = 20_000, plain: bool = False) -> None:
+        self.port = port
         self.url = f"http://127.0.0.1:{port}/"
         self.results: list[tuple[float, int, str]] = []
         self.errors: list[str] = []
         self.stop = threading.Event()
         self.max = max_requests
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread = threading.Thread(target=self._run_plain if plain else self._run, daemon=True)
+
+    def _run_plain(self) -> None:
+        sock: socket.socket | None = None
+        buf = b""
+        while not self.stop.is_set() and len(self.results) < self.max:
+            try:
+                if sock is None:
+                    sock = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+                    buf = b""
+                sock.sendall(b"GET / HTTP/1.1\r\nHost: front\r\n\r\n")
+                while b"\r\n\r\n" not in buf:
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        raise ConnectionError("closed by the front end")
+                    buf += chunk
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                while len(buf) < length:
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        raise ConnectionError("closed mid-response")
+                    buf += chunk
+                body, buf = buf[:length].decode(), buf[length:]
+                status = int(head.split(b" ")[1])
+                self.results.append((time.monotonic(), status, body.split(" ")[0]))
+                if status != 200:
+                    self.errors.append(f"{status}: {body.strip()}")
+            except (OSError, ValueError, IndexError) as exc:
+                self.errors.append(repr(exc))
+                if sock is not None:
+                    sock.close()
+                sock = None
+            time.sleep(0.02)
+        if sock is not None:
+            sock.close()
 
     def _run(self) -> None:
         with httpx.Client(timeout=10) as c:
@@ -153,10 +193,12 @@ class Episode:
         return [region for t, _, region in self.client.results if t > t0]
 
 
-def break_and_heal(stack: Stack, mode: str, fail_within: float, settle: float) -> Episode:
+def break_and_heal(
+    stack: Stack, mode: str, fail_within: float, settle: float, plain: bool = False
+) -> Episode:
     """Break us-east1 in ``mode`` while a client sends GETs, wait for the
     route to move, heal it, wait for the route to come back."""
-    with Client(stack.front) as client:
+    with Client(stack.front, plain=plain) as client:
         time.sleep(0.5)
         broke = time.monotonic()
         stack.backends.set_mode("us-east1", mode)
@@ -177,6 +219,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         yield s
 
 
+@pytest.mark.parametrize("client_kind", ["httpx", "plain"])
 @pytest.mark.parametrize(
     ("mode", "window"),
     [
@@ -185,9 +228,13 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         ("503", failure_window(0, INTERVAL, THRESHOLD)),
     ],
 )
-def test_failover_and_failback_with_no_client_error(stack: Stack, mode: str, window: float) -> None:
+def test_failover_and_failback_with_no_client_error(
+    stack: Stack, mode: str, window: float, client_kind: str
+) -> None:
+    """Both request paths of the front end: httpx's requests take the general
+    path, the plain client's the fast path (checked on the metrics)."""
     assert stack.routed_region() == "us-east1"
-    ep = break_and_heal(stack, mode, window + PHASE + 5, settle=0.5)
+    ep = break_and_heal(stack, mode, window + PHASE + 5, settle=0.5, plain=client_kind == "plain")
     client, moved, back = ep.client, ep.moved, ep.back
     assert client.errors == [], client.errors[:5]
     assert len(client.results) > 50
@@ -198,6 +245,19 @@ def test_failover_and_failback_with_no_client_error(stack: Stack, mode: str, win
     after = ep.regions_after(0.2)
     assert during and set(during) == {"region=europe-west1"}
     assert after and set(after) == {"region=us-east1"}
+    fast = fast_path_requests(stack)
+    if client_kind == "plain":
+        assert fast > len(ep.client.results) / 2, fast
+    else:
+        assert fast == 0, fast
+
+
+def fast_path_requests(stack: Stack) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in stack.api.get("/metrics").text.splitlines()
+        if line.startswith("healthgate_listener_events_total{") and 'event="fast_path"' in line
+    )
 
 
 def test_dry_run_moves_nothing(stack: Stack) -> None:

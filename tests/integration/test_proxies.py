@@ -525,3 +525,45 @@ def test_http_client_leaving_during_a_fast_exchange_releases_the_upstream() -> N
     waiting, left = run_async(go())
     assert waiting == 1 and left == 0
     assert seen[-1] == b"closed"
+
+
+def test_http_every_endpoint_gets_a_pooled_connection_for_the_fast_path() -> None:
+    """Round robin over two endpoints: the fast path finds no pooled
+    connection to an endpoint at first, and the general path must then go to
+    that same endpoint (not the next in turn), or one endpoint would never
+    get a pooled connection and half the requests would miss the fast path."""
+    seen_a: list[bytes] = []
+    seen_b: list[bytes] = []
+
+    async def go() -> dict[str, int]:
+        async with (
+            Server(scripted(b"a", [], seen_a)) as a,
+            Server(scripted(b"b", [], seen_b)) as b,
+        ):
+            ups = [("127.0.0.1", a.port), ("127.0.0.1", b.port)]
+            turn = [0]
+
+            def choose() -> list[list[tuple[str, int]]]:  # round robin, as the data plane does
+                turn[0] += 1
+                return [[ups[turn[0] % 2], ups[(turn[0] + 1) % 2]]]
+
+            stats: dict[str, int] = {}
+            settings = HttpSettings()
+            pool = UpstreamPool(settings)
+            proxy = await asyncio.get_running_loop().create_server(
+                lambda: HttpProxy(choose, pool, settings, stats), "127.0.0.1", 0
+            )
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", proxy.sockets[0].getsockname()[1]
+            )
+            for i in range(20):
+                answer = await exchange(reader, writer, get(b"/%d" % i))
+                assert answer.startswith(b"HTTP/1.1 200")
+            writer.close()
+            proxy.close()
+            return stats
+
+    stats = run_async(go())
+    assert stats["requests"] == 20
+    assert stats["fast_path"] >= 18  # all but the first request to each endpoint
+    assert len(seen_a) >= 5 and len(seen_b) >= 5  # and the two still share the load

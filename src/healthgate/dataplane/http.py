@@ -418,6 +418,10 @@ class HttpProxy(asyncio.Protocol):
         self._fast_request = b""
         self._fast_groups: Sequence[Sequence[Address]] | None = None
         self._fast_counted: Address | None = None
+        # the endpoint the fast path chose but had no pooled connection to:
+        # the general path tries it first (and pools a connection to it), or
+        # that endpoint would never get one while its neighbours do
+        self._pin: Address | None = None
         self._fast_limit = settings.max_head_bytes
         self.loop = asyncio.get_running_loop()
 
@@ -534,6 +538,7 @@ class HttpProxy(asyncio.Protocol):
             self.on_route_used()
         conn = self.pool.idle(address)
         if conn is None:
+            self._pin = address
             return False
         stats = self.stats
         stats["requests"] = stats.get("requests", 0) + 1
@@ -674,6 +679,9 @@ class HttpProxy(asyncio.Protocol):
             groups = self.choose()
             if self.on_route_used is not None:
                 self.on_route_used()
+            pin, self._pin = self._pin, None
+            if pin is not None and groups and groups[0] and groups[0][0] != pin:
+                groups = [[pin, *(a for a in groups[0] if a != pin)], *groups[1:]]
         if not any(groups):
             self.stats["refused"] = self.stats.get("refused", 0) + 1
             client.write(
