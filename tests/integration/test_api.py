@@ -219,12 +219,26 @@ def test_health_events_and_states(api: httpx.Client) -> None:
         f"/v1/projects/{producer}/events", params={"kind": "HealthSource", "state": "UNHEALTHY"}
     ).json()["items"]
     assert only and all(e["kind"] == "HealthSource" and e["to"] == "UNHEALTHY" for e in only)
-    by_resource = api.get(
-        f"/v1/projects/{producer}/events",
-        params={"resource": f"projects/{producer}/regions/europe-west1/"},
-    ).json()["items"]
-    assert by_resource and all("europe-west1" in e["path"] for e in by_resource)
+
+    def europe_events() -> list[dict[str, Any]]:
+        return list(
+            api.get(
+                f"/v1/projects/{producer}/events",
+                params={"resource": f"projects/{producer}/regions/europe-west1/"},
+            ).json()["items"]
+        )
+
+    # (europe-west1's endpoints fail on their own probe phases: wait for them
+    # too, not only for us-east1's)
+    wait_for(lambda: bool(europe_events()), 10, what="europe-west1 events")
+    by_resource = europe_events()
+    assert all("europe-west1" in e["path"] for e in by_resource)
     # the consumer's log holds its NEGs and routes only
+    wait_for(
+        lambda: bool(api.get(f"/v1/projects/{consumer}/events").json()["items"]),
+        10,
+        what="consumer events",
+    )
     consumer_events = api.get(f"/v1/projects/{consumer}/events").json()["items"]
     assert consumer_events and {e["kind"] for e in consumer_events} <= {
         "NetworkEndpointGroup",
