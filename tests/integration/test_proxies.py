@@ -381,8 +381,9 @@ def scripted(name: bytes, plan: list[str], seen: list[bytes]) -> Any:
                 if action == "drop":
                     break
                 status = 503 if action == "503" else 200
+                body = b"" if head.startswith(b"HEAD ") else name  # (a HEAD answer has no body)
                 writer.write(
-                    b"HTTP/1.1 %d X\r\nContent-Length: %d\r\n\r\n%s" % (status, len(name), name)
+                    b"HTTP/1.1 %d X\r\nContent-Length: %d\r\n\r\n%s" % (status, len(name), body)
                 )
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -567,3 +568,33 @@ def test_http_every_endpoint_gets_a_pooled_connection_for_the_fast_path() -> Non
     assert stats["requests"] == 20
     assert stats["fast_path"] >= 18  # all but the first request to each endpoint
     assert len(seen_a) >= 5 and len(seen_b) >= 5  # and the two still share the load
+
+
+def test_http_head_on_the_fast_path_then_more_requests() -> None:
+    """A HEAD answer's Content-Length announces a body that never comes: the
+    fast path forwards the head alone and does not pool that connection, and
+    the requests after it on the same client connection are answered."""
+    seen: list[bytes] = []
+
+    async def go() -> tuple[bytes, bytes, bytes, int, dict[str, int]]:
+        async with Server(scripted(b"a", [], seen)) as up:
+            stats: dict[str, int] = {}
+            proxy = await http_proxy_to([("127.0.0.1", up.port)], stats)
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", proxy.sockets[0].getsockname()[1]
+            )
+            first = await exchange(reader, writer, get(b"/1"))  # pools a connection
+            writer.write(b"HEAD /2 HTTP/1.1\r\nHost: x\r\n\r\n")
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            fast_after_head = stats.get("fast_path", 0)
+            after = await exchange(reader, writer, get(b"/3"))
+            writer.close()
+            proxy.close()
+            return first, head, after, fast_after_head, stats
+
+    first, head, after, fast_after_head, stats = run_async(go())
+    assert fast_after_head == 1  # the HEAD went the fast path
+    assert first.endswith(b"a") and after.endswith(b"a")
+    assert head.startswith(b"HTTP/1.1 200") and b"Content-Length: 1" in head
+    assert [h.split(b" ")[:2] for h in seen] == [[b"GET", b"/1"], [b"HEAD", b"/2"], [b"GET", b"/3"]]
+    assert stats["requests"] == 3
