@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -36,14 +37,22 @@ def pinned(cmd: list[str], cpu: int) -> list[str]:
     return ["taskset", "-c", str(cpu), *cmd] if shutil.which("taskset") else cmd
 
 
-def wait_port(port: int, host: str = "127.0.0.1", timeout: float = 30) -> None:
+def wait_until(pred: Callable[[], object], timeout: float, what: str, every: float = 0.1) -> None:
+    """Poll ``pred`` until it is true; TimeoutError naming ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(every)
+    raise TimeoutError(what)
+
+
+def wait_port(port: int, host: str = "127.0.0.1", timeout: float = 30) -> None:
+    def listening() -> bool:
         with socket.socket() as s:
-            if s.connect_ex((host, port)) == 0:
-                return
-        time.sleep(0.05)
-    raise TimeoutError(f"{host}:{port} not listening")
+            return s.connect_ex((host, port)) == 0
+
+    wait_until(listening, timeout, f"{host}:{port} not listening", every=0.05)
 
 
 class Proc:

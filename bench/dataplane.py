@@ -38,7 +38,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Proc, cpu_seconds, free_port, pinned, wait_port
+from common import Proc, cpu_seconds, free_port, pinned, wait_port, wait_until
 
 HERE = Path(__file__).resolve().parent
 
@@ -130,13 +130,11 @@ def wait_healthy(api: int, backend_service: str, timeout: float = 30) -> None:
     checks), so that the proxies balance over healthy endpoints, as in use."""
     import httpx
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def healthy() -> bool:
         doc = httpx.get(f"http://127.0.0.1:{api}/v1/{backend_service}", timeout=5).json()
-        if doc.get("status", {}).get("healthy"):
-            return
-        time.sleep(0.2)
-    raise TimeoutError(f"{backend_service} not HEALTHY within {timeout:g} s")
+        return bool(doc.get("status", {}).get("healthy"))
+
+    wait_until(healthy, timeout, f"{backend_service} not HEALTHY within {timeout:g} s", every=0.2)
 
 
 def wrk(url: str, duration: float, conns: int) -> tuple[float, float]:
@@ -425,11 +423,7 @@ def propagation(
         return str(route["target"]).split("/")[3]
 
     def wait_target(region: str) -> None:
-        deadline = time.monotonic() + 20
-        while target() != region:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"route to {region}")
-            time.sleep(0.05)
+        wait_until(lambda: target() == region, 20, f"route to {region}", every=0.05)
 
     def histogram() -> tuple[dict[str, float], float]:
         buckets, total = {}, 0.0

@@ -38,7 +38,7 @@ import httpx
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Proc, cpu_seconds, pinned
+from common import Proc, cpu_seconds, pinned, wait_until
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -51,15 +51,6 @@ def active_opens() -> int:
         if line.startswith("Tcp:")
     ]
     return int(rows[1][rows[0].index("ActiveOpens")])
-
-
-def wait_until(pred: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise TimeoutError(what)
 
 
 def measure(pid: int, warmup: float, duration: float, counter: Any) -> tuple[float, int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -78,9 +79,7 @@ def test_tcp_server_banner_before_any_client_byte_is_delivered() -> None:
     async def go() -> bytes:
         async with Server(banner) as upstream:
             proxy = await tcp_proxy_to([("127.0.0.1", upstream.port)], {})
-            reader, writer = await asyncio.open_connection(
-                "127.0.0.1", proxy.sockets[0].getsockname()[1]
-            )
+            reader, writer = await connect(proxy)
             line = await asyncio.wait_for(reader.readline(), 5)
             writer.close()
             proxy.close()
@@ -108,16 +107,25 @@ def test_tcp_no_upstream_resets_the_client() -> None:
     assert run_async(go()) in (b"", b"reset")
 
 
+Choose = Callable[[], Sequence[Sequence[tuple[str, int]]]]
+
+
+async def http_proxy(choose: Choose, pool: UpstreamPool, stats: dict[str, int]) -> asyncio.Server:
+    """An L7 listener on an ephemeral loopback port over ``choose``'s regions."""
+    return await asyncio.get_running_loop().create_server(
+        lambda: HttpProxy(choose, pool, pool.settings, stats), "127.0.0.1", 0
+    )
+
+
 async def http_proxy_to(
     upstreams: list[tuple[str, int]], stats: dict[str, int], **kw: Any
 ) -> asyncio.Server:
-    loop = asyncio.get_running_loop()
-    settings = HttpSettings(**kw)
-    pool = UpstreamPool(settings)
     groups = [[u] for u in upstreams]  # one endpoint per region
-    return await loop.create_server(
-        lambda: HttpProxy(lambda: groups, pool, settings, stats), "127.0.0.1", 0
-    )
+    return await http_proxy(lambda: groups, UpstreamPool(HttpSettings(**kw)), stats)
+
+
+async def connect(proxy: asyncio.Server) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection("127.0.0.1", proxy.sockets[0].getsockname()[1])
 
 
 async def request(port: int, raw: bytes) -> bytes:
@@ -240,17 +248,11 @@ def test_http_gives_up_on_a_hung_region_but_not_on_a_refused_endpoint() -> None:
             Server(answering(b"same-region")) as same,
             Server(answering(b"next-region")) as nxt,
         ):
-            loop = asyncio.get_running_loop()
-            settings = HttpSettings(per_try_timeout=0.3)
-            pool = UpstreamPool(settings)
+            pool = UpstreamPool(HttpSettings(per_try_timeout=0.3))
             a, b, c = ("127.0.0.1", hung.port), ("127.0.0.1", same.port), ("127.0.0.1", nxt.port)
             refused = ("127.0.0.1", free_port())
-            hung_first = await loop.create_server(
-                lambda: HttpProxy(lambda: [[a, b], [c]], pool, settings, {}), "127.0.0.1", 0
-            )
-            refused_first = await loop.create_server(
-                lambda: HttpProxy(lambda: [[refused, b], [c]], pool, settings, {}), "127.0.0.1", 0
-            )
+            hung_first = await http_proxy(lambda: [[a, b], [c]], pool, {})
+            refused_first = await http_proxy(lambda: [[refused, b], [c]], pool, {})
             req = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
             one = await request(hung_first.sockets[0].getsockname()[1], req)
             two = await request(refused_first.sockets[0].getsockname()[1], req)
@@ -414,9 +416,7 @@ def test_http_plain_requests_take_the_fast_path_in_order_with_x_forwarded_for() 
         async with Server(scripted(b"a", [], seen)) as up:
             stats: dict[str, int] = {}
             proxy = await http_proxy_to([("127.0.0.1", up.port)], stats)
-            reader, writer = await asyncio.open_connection(
-                "127.0.0.1", proxy.sockets[0].getsockname()[1]
-            )
+            reader, writer = await connect(proxy)
             answers = [await exchange(reader, writer, get(b"/1"))]  # opens the pooled connection
             answers.append(await exchange(reader, writer, get(b"/2")))  # fast
             answers.append(await exchange(reader, writer, get(b"/3")))  # fast
@@ -468,15 +468,11 @@ def test_http_fast_path_failures_are_retried_like_the_general_path(
             Server(scripted(b"b", [], seen)) as b,
         ):
             stats: dict[str, int] = {}
-            settings = HttpSettings(per_try_timeout=0.3)
-            pool = UpstreamPool(settings)
             groups = [[("127.0.0.1", a.port), ("127.0.0.1", a2.port)], [("127.0.0.1", b.port)]]
-            proxy = await asyncio.get_running_loop().create_server(
-                lambda: HttpProxy(lambda: groups, pool, settings, stats), "127.0.0.1", 0
+            proxy = await http_proxy(
+                lambda: groups, UpstreamPool(HttpSettings(per_try_timeout=0.3)), stats
             )
-            reader, writer = await asyncio.open_connection(
-                "127.0.0.1", proxy.sockets[0].getsockname()[1]
-            )
+            reader, writer = await connect(proxy)
             first = await exchange(reader, writer, get(b"/1"))
             assert first.endswith(b"a")
             answer = await exchange(reader, writer, get(b"/2"))
@@ -497,17 +493,9 @@ def test_http_client_leaving_during_a_fast_exchange_releases_the_upstream() -> N
 
     async def go() -> tuple[int, int]:
         async with Server(scripted(b"a", ["ok", "hang"], seen)) as up:
-            settings = HttpSettings()
-            pool = UpstreamPool(settings)
-            loop = asyncio.get_running_loop()
-            proxy = await loop.create_server(
-                lambda: HttpProxy(lambda: [[("127.0.0.1", up.port)]], pool, settings, {}),
-                "127.0.0.1",
-                0,
-            )
-            reader, writer = await asyncio.open_connection(
-                "127.0.0.1", proxy.sockets[0].getsockname()[1]
-            )
+            pool = UpstreamPool(HttpSettings())
+            proxy = await http_proxy(lambda: [[("127.0.0.1", up.port)]], pool, {})
+            reader, writer = await connect(proxy)
             await exchange(reader, writer, get(b"/1"))
             writer.write(get(b"/2"))
             for _ in range(500):  # bounded: until the upstream has the request
@@ -549,14 +537,8 @@ def test_http_every_endpoint_gets_a_pooled_connection_for_the_fast_path() -> Non
                 return [[ups[turn[0] % 2], ups[(turn[0] + 1) % 2]]]
 
             stats: dict[str, int] = {}
-            settings = HttpSettings()
-            pool = UpstreamPool(settings)
-            proxy = await asyncio.get_running_loop().create_server(
-                lambda: HttpProxy(choose, pool, settings, stats), "127.0.0.1", 0
-            )
-            reader, writer = await asyncio.open_connection(
-                "127.0.0.1", proxy.sockets[0].getsockname()[1]
-            )
+            proxy = await http_proxy(choose, UpstreamPool(HttpSettings()), stats)
+            reader, writer = await connect(proxy)
             for i in range(20):
                 answer = await exchange(reader, writer, get(b"/%d" % i))
                 assert answer.startswith(b"HTTP/1.1 200")
@@ -580,9 +562,7 @@ def test_http_head_on_the_fast_path_then_more_requests() -> None:
         async with Server(scripted(b"a", [], seen)) as up:
             stats: dict[str, int] = {}
             proxy = await http_proxy_to([("127.0.0.1", up.port)], stats)
-            reader, writer = await asyncio.open_connection(
-                "127.0.0.1", proxy.sockets[0].getsockname()[1]
-            )
+            reader, writer = await connect(proxy)
             first = await exchange(reader, writer, get(b"/1"))  # pools a connection
             writer.write(b"HEAD /2 HTTP/1.1\r\nHost: x\r\n\r\n")
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)

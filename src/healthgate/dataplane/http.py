@@ -422,7 +422,6 @@ class HttpProxy(asyncio.Protocol):
         # the general path tries it first (and pools a connection to it), or
         # that endpoint would never get one while its neighbours do
         self._pin: Address | None = None
-        self._fast_limit = settings.max_head_bytes
         self.loop = asyncio.get_running_loop()
 
     # ---- client side
@@ -440,7 +439,7 @@ class HttpProxy(asyncio.Protocol):
             not self.inflight
             and self.current is None
             and not self.queue
-            and len(data) <= self._fast_limit
+            and len(data) <= self.settings.max_head_bytes
             and data.endswith(b"\r\n\r\n")
             and (m := _PLAIN.fullmatch(data)) is not None
             and _NOT_PLAIN.search(data) is None
@@ -638,7 +637,7 @@ class HttpProxy(asyncio.Protocol):
     # ---- the general path: one request at a time, in order, in a task
     def _wake_worker(self) -> None:
         if self.worker is None:
-            self.worker = asyncio.get_running_loop().create_task(self._work())
+            self.worker = self.loop.create_task(self._work())
         self.wake.set()
 
     async def _work(self) -> None:

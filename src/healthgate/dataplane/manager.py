@@ -222,9 +222,7 @@ class DataPlane:
                 def groups() -> list[list[Address]]:
                     return [self.producer_upstreams(path)]
 
-            def first() -> Address | None:
-                return self.consumer_first(path) if spec.consumer else None
-
+            first = (lambda: self.consumer_first(path)) if spec.consumer else None
             return lambda: HttpProxy(
                 groups, self.pool, s.http, stats, self._route_used, self.active, first
             )
@@ -263,26 +261,26 @@ class DataPlane:
         """The same, one group per region, for the HTTP proxy: a try that times
         out gives up on its whole region, a fast failure tries the next
         endpoint of the same region."""
-        groups: list[list[Address]] = []
-        for i, (rule, address) in enumerate(self._targets(frontend)):
-            if rule is not None and rule in self.listeners:
-                # the chosen region gets a few endpoints to try, the others one each
-                groups.append(self.producer_upstreams(rule)[: 3 if i == 0 else 1])
-            else:
-                groups.append([address])
-        return groups
+        # the chosen region gets a few endpoints to try, the others one each
+        return [
+            self._region(rule, address, 3 if i == 0 else 1)
+            for i, (rule, address) in enumerate(self._targets(frontend))
+        ]
 
     def consumer_first(self, frontend: str) -> Address | None:
         """The first try of :meth:`consumer_upstream_groups` alone (the HTTP
         fast path's), without building the fallbacks."""
         targets = self._targets(frontend)
-        if not targets:
-            return None
-        rule, address = targets[0]
+        chosen = self._region(*targets[0], 1) if targets else []
+        return chosen[0] if chosen else None
+
+    def _region(self, rule: str | None, address: Address, n: int) -> list[Address]:
+        """Up to ``n`` candidates in one region of a route: endpoints of its
+        published rule when this process serves that rule (the producer's
+        choice, done here), else the rule's address."""
         if rule is not None and rule in self.listeners:
-            chosen = self.producer_upstreams(rule, 1)
-            return chosen[0] if chosen else None
-        return address
+            return self.producer_upstreams(rule, n)
+        return [address]
 
     def _targets(self, frontend: str) -> list[tuple[str | None, Address]]:
         """(producer rule, its address) per region of the route, resolved once
