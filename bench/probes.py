@@ -53,12 +53,19 @@ def active_opens() -> int:
     return int(rows[1][rows[0].index("ActiveOpens")])
 
 
-def measure(pid: int, warmup: float, duration: float, counter: Any) -> tuple[float, int]:
+def measure(
+    pid: int, warmup: float, duration: float, counter: Any, extra: Any = None
+) -> tuple[float, int, Any]:
+    """CPU seconds and checks over ``duration`` after ``warmup``; ``extra``
+    (when given) is read at both ends of the same window, for deltas of
+    other counters."""
     time.sleep(warmup)
+    e0 = extra() if extra else None
     c0, n0, t0 = cpu_seconds(pid), counter(), time.monotonic()
     time.sleep(duration)
     c1, n1, t1 = cpu_seconds(pid), counter(), time.monotonic()
-    return c1 - c0, int((n1 - n0) * duration / (t1 - t0))
+    e1 = extra() if extra else None
+    return c1 - c0, int((n1 - n0) * duration / (t1 - t0)), (e0, e1)
 
 
 def run_haproxy(
@@ -87,14 +94,21 @@ def run_haproxy(
     cfg.write_text("\n".join(lines) + "\n")
     proc = Proc(pinned(["haproxy", "-db", "-f", str(cfg)], 0), work / "haproxy.log")
     try:
-        cpu, checks = measure(proc.p.pid, warmup, duration, active_opens)
+        cpu, checks, _ = measure(proc.p.pid, warmup, duration, active_opens)
     finally:
         proc.stop()
     return {"checker": "haproxy", "cpu": cpu, "checks": checks}
 
 
 def run_healthgate(
-    count: int, base: int, check: str, keepalive: bool, work: Path, warmup: float, duration: float
+    count: int,
+    base: int,
+    check: str,
+    keepalive: bool,
+    work: Path,
+    warmup: float,
+    duration: float,
+    serve_args: list[str],
 ) -> dict[str, Any]:
     docs = [
         {
@@ -147,24 +161,35 @@ def run_healthgate(
     ]
     if keepalive:
         cmd.append("--keepalive-probes")
+    cmd += serve_args
     proc = Proc(pinned(cmd, 0), work / "healthgate.log")
     url = f"http://127.0.0.1:{port}"
 
-    def metric(name: str) -> float:
+    def metrics(*names: str) -> tuple[float, ...]:
+        """Counters from one scrape (so that they belong together)."""
+        values = dict.fromkeys(names, 0.0)
         for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-        return 0.0
+            name, _, value = line.partition(" ")
+            if name in values:
+                values[name] = float(value)
+        return tuple(values.values())
+
+    def metric(name: str) -> float:
+        return metrics(name)[0]
 
     try:
         wait_until(lambda: _ready(url), 60, "healthgate ready")
-        late0 = metric("healthgate_probes_late_total")
-        started0 = metric("healthgate_probes_started_total")
-        cpu, checks = measure(
-            proc.p.pid, warmup, duration, lambda: metric("healthgate_probes_started_total")
+        # the on-time share over the same window as the CPU (the warm-up,
+        # with its start-up transient - every endpoint UNKNOWN -> HEALTHY -
+        # is left out of both)
+        cpu, checks, ((late0, started0), (late1, started1)) = measure(
+            proc.p.pid,
+            warmup,
+            duration,
+            lambda: metric("healthgate_probes_started_total"),
+            lambda: metrics("healthgate_probes_late_total", "healthgate_probes_started_total"),
         )
-        late = metric("healthgate_probes_late_total") - late0
-        started = metric("healthgate_probes_started_total") - started0
+        late, started = late1 - late0, started1 - started0
         outcomes = {
             line.split("{")[1].split("}")[0]: float(line.split()[1])
             for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines()
@@ -204,6 +229,12 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=15.0)
     ap.add_argument("--base-port", type=int, default=21000)
     ap.add_argument("--json", help="write the rows here too")
+    ap.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        help="an extra argument for healthgate serve (repeatable), e.g. --serve-arg=--probe-tick-ms=5",
+    )
     args = ap.parse_args()
     if not shutil.which("haproxy"):
         print("haproxy is not installed: apt-get install -y haproxy", file=sys.stderr)
@@ -237,13 +268,27 @@ def main() -> int:
                     runs = [
                         run_haproxy(count, args.base_port, check, work, args.warmup, args.duration),
                         run_healthgate(
-                            count, args.base_port, check, False, work, args.warmup, args.duration
+                            count,
+                            args.base_port,
+                            check,
+                            False,
+                            work,
+                            args.warmup,
+                            args.duration,
+                            args.serve_arg,
                         ),
                     ]
                     if check == "http":
                         runs.append(
                             run_healthgate(
-                                count, args.base_port, check, True, work, args.warmup, args.duration
+                                count,
+                                args.base_port,
+                                check,
+                                True,
+                                work,
+                                args.warmup,
+                                args.duration,
+                                args.serve_arg,
                             )
                         )
                     base = runs[0]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 
 import pytest
 
+from healthgate.health.states import Outcome, ProbeResult
 from healthgate.probes.prober import Prober
 from healthgate.probes.scheduler import ProbeScheduler, _Entry
 from healthgate.probes.spec import ProbeSpec
@@ -132,3 +134,84 @@ def test_an_overloaded_tick_leaves_the_rest_for_the_next_one_due_at_once() -> No
     assert len(per_tick) > 5  # spread over ticks ...
     assert max(per_tick) < 400  # ... none of them anywhere near the whole 200 ms
     assert sched.stats.deferred_ticks == len(per_tick) - 1
+
+
+@pytest.mark.parametrize(
+    ("keys", "interval", "tick_ms"),
+    [
+        (1, 1.0, 10),  # low rates: the longest tick, the fewest wake-ups
+        (1000, 1.0, 10),  # 10 starts per 10 ms tick
+        (2000, 1.0, 10),  # 20: still within starts_per_tick
+        (2500, 1.0, 8),
+        (5000, 1.0, 4),
+        (10_000, 1.0, 2),  # 20 starts per 2 ms tick
+        (50_000, 1.0, 2),  # never below min_tick
+        (10_000, 5.0, 10),  # the rate is what counts, not the number of keys
+    ],
+)
+def test_the_tick_shortens_as_the_probe_rate_rises(
+    keys: int, interval: float, tick_ms: int
+) -> None:
+    sched = ProbeScheduler(Prober(), lambda *a: None, rng=random.Random(0))
+    spec = ProbeSpec("TCP", "127.0.0.1", 1, timeout=1.0, interval=interval)
+    for key in range(keys):
+        sched.upsert(key, spec)
+    assert sched.tick == pytest.approx(tick_ms / 1000)
+    for key in range(keys):  # and lengthens again as keys go
+        sched.remove(key)
+    assert sched.tick == pytest.approx(0.010)
+
+
+class _VirtualLoop(_FakeLoop):
+    """A virtual clock that runs the armed timer (one at a time, like the tick's)."""
+
+    def call_at(self, at: float, callback: object) -> _FakeLoop:
+        self.timers.append(at)
+        self.callback = callback
+        return self
+
+
+class _InstantBatch(_SlowBatch):
+    """Every probe ends as it starts (and costs nothing)."""
+
+    def start(self, key: int, spec: ProbeSpec, now: float) -> ProbeResult:  # type: ignore[override]
+        self.started.append(key)
+        return ProbeResult(Outcome.OK, 0.0)
+
+
+@pytest.mark.parametrize(("keys", "tick_ms"), [(1000, 10), (10_000, 2)])
+def test_in_virtual_time_ticks_follow_the_rate_and_starts_stay_within_half_a_tick(
+    keys: int, tick_ms: int
+) -> None:
+    batch = _InstantBatch()
+    starts: list[float] = []  # lateness of each start (< 0: early)
+
+    sched = ProbeScheduler(
+        Prober(),
+        lambda *a: None,
+        rng=random.Random(1),
+        batch=batch,  # type: ignore[arg-type]
+    )
+    loop = _VirtualLoop(1000.0)
+    sched._loop = loop  # type: ignore[assignment]
+    launch = sched._launch
+
+    def timed_launch(lp: object, key: object, entry: _Entry, now: float) -> None:
+        starts.append(now - entry.due)
+        launch(lp, key, entry, now)  # type: ignore[arg-type]
+
+    sched._launch = timed_launch  # type: ignore[method-assign,assignment]
+    for key in range(keys):  # (with the loop set, each key is armed in its first interval)
+        sched.upsert(key, SPEC)
+    wakes = []
+    for _ in range(5000):  # bounded: 2 virtual seconds at most
+        loop.now = loop.timers[-1]
+        if loop.now > 1002.0:
+            break
+        wakes.append(loop.now)
+        sched._tick()
+    assert len(starts) >= keys  # every key started (about twice)
+    gaps = sorted(b - a for a, b in itertools.pairwise(wakes[len(wakes) // 2 :]))
+    assert gaps[len(gaps) // 2] == pytest.approx(tick_ms / 1000)  # the tick in use
+    half = tick_ms / 2000
+    assert all(-half - 1e-9 <= lateness <= half + 1e-9 for lateness in starts)

@@ -8,7 +8,7 @@ rate is dominated by *wake-ups*, not by work: every return from an idle
 handshake. A probe run as a Task on the event loop wakes it three times (its
 timer, the connect, the answer). HAProxy wakes about once per four checks.
 
-So the scheduler drives this prober from one *tick* (10 ms by default): at
+So the scheduler drives this prober from one *tick* (10 ms at low rates): at
 each tick it starts every probe that is due and calls :meth:`poll`, which
 reads a private ``epoll`` set without blocking and finishes every probe whose
 socket is ready or whose deadline has passed. A thousand probes a second then
@@ -81,7 +81,7 @@ _NOT_YET: Final = frozenset({errno.EAGAIN, errno.ENOTCONN, errno.EINPROGRESS})
 _family: Final = cast(Callable[[socket.socket], int], _socket.socket.family.__get__)
 
 _SLOTS_PER_S: Final = 100  # deadline wheel: 10 ms slots
-_EVENTS: Final = 256  # epoll events read at a time (poll checks its time budget between reads)
+_EVENTS: Final = 64  # epoll events read at a time (poll checks its time budget between reads)
 _POOL_MAX: Final = 1024  # disconnected sockets kept for reuse, per address family
 
 try:  # connect(AF_UNSPEC) dissolves a TCP association and leaves the socket reusable
