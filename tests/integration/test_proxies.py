@@ -14,6 +14,7 @@ from healthgate.dataplane.http import HttpProxy, HttpSettings, UpstreamPool
 from healthgate.dataplane.manager import DataPlane, DataPlaneSettings
 from healthgate.dataplane.tcp import TcpProxy
 from healthgate.health.engine import HealthEngine
+from healthgate.health.states import Outcome, ProbeResult
 from tests.helpers import resources, run_async
 from tests.integration.servers import Server, free_port
 
@@ -356,6 +357,43 @@ def test_least_connections_prefers_the_endpoint_with_fewest_open_connections() -
     assert nxt == first  # the only endpoint with no open connection gets the next one
     first, nxt = run_async(go("round-robin"))
     assert nxt != first  # round robin moves on whatever is open
+
+
+def test_the_fast_paths_first_try_follows_endpoint_health_at_once() -> None:
+    """The fast path's first try is derived once per engine generation: an
+    endpoint that turns HEALTHY or UNHEALTHY changes the very next choice,
+    and the rotation is the producer's round robin over the HEALTHY ones
+    (over all of them while none is: fail open)."""
+    ports = [free_port(), free_port(), free_port()]
+    world = producer_world(ports, free_port())
+    engine = HealthEngine()
+    slots = {t.port: t.slot for t in engine.apply(world.values(), 0.0).added}
+    dp = DataPlane(engine)
+    frontend = str(next(path for path in world if "forwardingRules" in str(path)))
+
+    def chosen(n: int) -> set[int]:
+        return {a[1] for a in (dp.first_try(frontend, consumer=False) for _ in range(n)) if a}
+
+    def probe(port: int, ok: bool, now: float) -> None:
+        for i in range(3):  # the default thresholds: 3 in a row
+            engine.on_result(
+                now + i, slots[port], ProbeResult(Outcome.OK if ok else Outcome.REFUSED, 0.01)
+            )
+
+    async def go() -> list[set[int]]:
+        await dp.sync(world)
+        try:
+            seen = [chosen(6)]  # nothing HEALTHY yet: all three in turn
+            probe(ports[0], True, 1.0)
+            probe(ports[1], True, 1.0)
+            seen.append(chosen(6))  # the two HEALTHY ones, from the next request on
+            probe(ports[1], False, 10.0)
+            seen.append(chosen(6))
+            return seen
+        finally:
+            await dp.close()
+
+    assert run_async(go()) == [set(ports), {ports[0], ports[1]}, {ports[0]}]
 
 
 def test_unknown_balance_policy_is_refused_by_name() -> None:

@@ -395,7 +395,8 @@ class HttpProxy(asyncio.Protocol):
         first: Callable[[], Address | None] | None = None,
     ) -> None:
         self.choose = choose
-        # the first try alone, cheaper than choose() (else choose()[0][0])
+        # the first try alone, cheaper than choose() (else choose()[0][0]);
+        # it calls on_route_used itself when the route it reads has changed
         self.first = first
         self.active = active  # requests in flight per upstream (least-connections)
         self.pool = pool
@@ -524,7 +525,7 @@ class HttpProxy(asyncio.Protocol):
         """Make the first try of a plain request; False when it must take the
         general path instead (no route, or no pooled connection yet)."""
         groups: Sequence[Sequence[Address]] | None = None
-        if self.first is not None:
+        if self.first is not None:  # (which observes the route's use itself)
             address = self.first()
             if address is None:
                 return False
@@ -533,8 +534,8 @@ class HttpProxy(asyncio.Protocol):
             if not groups or not groups[0]:
                 return False
             address = groups[0][0]
-        if self.on_route_used is not None:
-            self.on_route_used()
+            if self.on_route_used is not None:
+                self.on_route_used()
         conn = self.pool.idle(address)
         if conn is None:
             self._pin = address

@@ -95,6 +95,9 @@ class HealthView(Protocol):
     """What the data plane reads of health: the engine itself in the serving
     process, a snapshot of it in a worker process."""
 
+    # moves on whenever what the other three return may have changed
+    generation: int
+
     def route_table(self) -> RouteTable: ...
 
     def healthy_endpoints(self, backend_service: ResourcePath) -> tuple[EndpointKey, ...]: ...
@@ -123,6 +126,10 @@ class DataPlane:
         # per producer rule: (the endpoints tuple the engine gave, the rule
         # entry, their addresses) - rebuilt only when either changes
         self._addresses: dict[str, tuple[object, object, list[Address]]] = {}
+        # per listener: the fast path's first-try candidates (see first_try)
+        self._plans: dict[
+            str, tuple[int, Mapping[ResourcePath, Resource], list[Address], str | None]
+        ] = {}
         self.propagation = [0] * (len(PROPAGATION_BUCKETS) + 1)
         self.propagation_sum = 0.0
 
@@ -222,7 +229,12 @@ class DataPlane:
                 def groups() -> list[list[Address]]:
                     return [self.producer_upstreams(path)]
 
-            first = (lambda: self.consumer_first(path)) if spec.consumer else None
+            first = None
+            if s.balance == "round-robin":  # (least-connections looks at every request's load)
+
+                def first() -> Address | None:
+                    return self.first_try(path, spec.consumer)
+
             return lambda: HttpProxy(
                 groups, self.pool, s.http, stats, self._route_used, self.active, first
             )
@@ -267,12 +279,47 @@ class DataPlane:
             for i, (rule, address) in enumerate(self._targets(frontend))
         ]
 
-    def consumer_first(self, frontend: str) -> Address | None:
-        """The first try of :meth:`consumer_upstream_groups` alone (the HTTP
-        fast path's), without building the fallbacks."""
-        targets = self._targets(frontend)
-        chosen = self._region(*targets[0], 1) if targets else []
-        return chosen[0] if chosen else None
+    def first_try(self, frontend: str, consumer: bool) -> Address | None:
+        """The first try of a request alone (the HTTP fast path's): the first
+        address that :meth:`consumer_upstream_groups` (or, for a producer
+        rule, :meth:`producer_upstreams`) would give, with the same round
+        robin. The candidates are derived once per engine generation and
+        resource change; a request then costs a dict read and a modulo. The
+        first request after a route change, which rebuilds them, observes the
+        route's propagation."""
+        plan = self._plans.get(frontend)
+        if plan is None or plan[0] != self.engine.generation or plan[1] is not self._resources:
+            plan = self._plan(frontend, consumer)
+        addresses, turns = plan[2], plan[3]
+        count = len(addresses)
+        if count < 2 or turns is None:
+            return addresses[0] if count else None
+        turn = self._rr.get(turns, 0)
+        self._rr[turns] = turn + 1
+        return addresses[turn % count]
+
+    def _plan(
+        self, frontend: str, consumer: bool
+    ) -> tuple[int, Mapping[ResourcePath, Resource], list[Address], str | None]:
+        """(generation, resources, the first region's candidates, the producer
+        rule whose round robin rotates them) for :meth:`first_try`."""
+        generation = self.engine.generation
+        addresses: list[Address] = []
+        turns: str | None = None
+        if not consumer:
+            addresses, turns = self._producer_addresses(frontend), frontend
+        else:
+            self._route_used()
+            targets = self._targets(frontend)
+            if targets:
+                rule, address = targets[0]
+                if rule is not None and rule in self.listeners:
+                    addresses, turns = self._producer_addresses(rule), rule
+                else:
+                    addresses = [address]
+        plan = (generation, self._resources, addresses, turns)
+        self._plans[frontend] = plan
+        return plan
 
     def _region(self, rule: str | None, address: Address, n: int) -> list[Address]:
         """Up to ``n`` candidates in one region of a route: endpoints of its
@@ -316,22 +363,7 @@ class DataPlane:
         least-connections the least busy first (ties in round-robin order).
         Read per connection or request: the addresses are rebuilt only when
         the engine's endpoint tuple or the rule changes."""
-        rule = self._rules.get(frontend)
-        if rule is None or rule[0] is not self._resources:
-            fr = self._resources.get(ResourcePath.parse(frontend))
-            bs_path = fr.ref("backend_service") if isinstance(fr, ForwardingRule) else None
-            port = fr.port_list()[0] if isinstance(fr, ForwardingRule) else 0
-            rule = self._rules[frontend] = (self._resources, bs_path, port)
-        bs_path = rule[1]
-        if bs_path is None:
-            return []
-        endpoints = self.engine.healthy_endpoints(bs_path) or self.engine.all_endpoints(bs_path)
-        cached = self._addresses.get(frontend)
-        if cached is None or cached[0] is not endpoints or cached[1] is not rule:
-            port = rule[2]
-            cached = (endpoints, rule, [(ip, p if p is not None else port) for ip, p in endpoints])
-            self._addresses[frontend] = cached
-        addresses = cached[2]
+        addresses = self._producer_addresses(frontend)
         count = len(addresses)
         if not count:
             return []
@@ -348,6 +380,26 @@ class DataPlane:
         if end <= count:
             return addresses[start:end]
         return (addresses[start:] + addresses[:start])[:n]
+
+    def _producer_addresses(self, frontend: str) -> list[Address]:
+        """The addresses of a producer rule's HEALTHY endpoints (of all of
+        them when none is), in the engine's order."""
+        rule = self._rules.get(frontend)
+        if rule is None or rule[0] is not self._resources:
+            fr = self._resources.get(ResourcePath.parse(frontend))
+            bs_path = fr.ref("backend_service") if isinstance(fr, ForwardingRule) else None
+            port = fr.port_list()[0] if isinstance(fr, ForwardingRule) else 0
+            rule = self._rules[frontend] = (self._resources, bs_path, port)
+        bs_path = rule[1]
+        if bs_path is None:
+            return []
+        endpoints = self.engine.healthy_endpoints(bs_path) or self.engine.all_endpoints(bs_path)
+        cached = self._addresses.get(frontend)
+        if cached is None or cached[0] is not endpoints or cached[1] is not rule:
+            port = rule[2]
+            cached = (endpoints, rule, [(ip, p if p is not None else port) for ip, p in endpoints])
+            self._addresses[frontend] = cached
+        return cached[2]
 
     def routes_changed(self, frontends: list[str]) -> None:
         """Called with the front ends whose route just changed. With

@@ -260,6 +260,7 @@ class HealthSnapshot:
     def __init__(self) -> None:
         self.table = RouteTable(0, {})
         self.endpoints: dict[ResourcePath, tuple[tuple[EndpointKey, ...], ...]] = {}
+        self.generation = 0  # one per snapshot received
 
     def route_table(self) -> RouteTable:
         return self.table
@@ -303,6 +304,7 @@ async def run_worker(index: int) -> None:
                 before = view.table.routes
                 view.table = RouteTable(version, routes, published)
                 view.endpoints = endpoints
+                view.generation += 1
                 changed = [f for f, r in routes.items() if before.get(f) != r]
                 if changed:
                     dp.routes_changed(changed)

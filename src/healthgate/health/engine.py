@@ -238,6 +238,11 @@ class HealthEngine:
 
         self._route_version = 0
         self._route_table = RouteTable(0, MappingProxyType({}))
+        # Moves on whenever a route or any backend service's set of HEALTHY
+        # (or of all) endpoints may have changed: readers that derive
+        # something from those (the data plane's per-request choice) rebuild
+        # it when this differs from what they saw, and read nothing else.
+        self.generation = 0
         self._now = 0.0
 
     # ------------------------------------------------------------------ hot path
@@ -268,6 +273,7 @@ class HealthEngine:
         agg.healthy += (new == HEALTHY) - (old == HEALTHY)
         agg.unknown += (new == UNKNOWN) - (old == UNKNOWN)
         agg.healthy_cache = None
+        self.generation += 1
         key = self._key[slot]
         assert key is not None
         if new == HEALTHY:
@@ -507,6 +513,7 @@ class HealthEngine:
 
     def _publish_routes(self) -> None:
         self._route_version += 1
+        self.generation += 1
         routes = {p: n.extra for p, n in self._routes.items() if isinstance(n.extra, Route)}
         self._route_table = RouteTable(self._route_version, MappingProxyType(routes), self._now)
 
@@ -593,6 +600,7 @@ class HealthEngine:
         )
         if routes_removed:
             self._publish_routes()  # a front end is gone: no snapshot may still carry it
+        self.generation += 1  # (whatever changed, readers re-derive)
         return result
 
     def _sync_nodes(
@@ -725,6 +733,7 @@ class HealthEngine:
             slot = self._alloc_slot(agg_id, key, HEALTHY if not enabled else UNKNOWN, now)
             agg.slots[key] = slot
             agg.healthy_cache = agg.all_cache = None
+            self.generation += 1
             agg.total += 1
             if enabled:
                 agg.unknown += 1
@@ -744,6 +753,7 @@ class HealthEngine:
         agg.healthy += (new == HEALTHY) - (old == HEALTHY)
         agg.unknown += (new == UNKNOWN) - (old == UNKNOWN)
         agg.healthy_cache = None
+        self.generation += 1
         return _STATES[old]
 
     def _drop_aggregate(self, path: ResourcePath, result: ApplyResult) -> None:
@@ -785,6 +795,7 @@ class HealthEngine:
 
     def _free_slot(self, agg: _Aggregate, slot: int) -> None:
         agg.healthy_cache = agg.all_cache = None
+        self.generation += 1
         state = self._state[slot]
         agg.total -= 1
         agg.healthy -= state == HEALTHY
