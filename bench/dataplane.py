@@ -313,7 +313,7 @@ backend betcp
                 ("healthgate L4 hop", f"http://127.0.9.100:{hg_prod}/", serve),
                 ("healthgate front end (L7)", f"http://127.0.0.1:{hg_front}/", serve),
             ]
-            for _ in range(args.repeats):
+            for repeat in range(args.repeats):
                 for name, url, proc in targets:
                     cpu0 = cpu_seconds(proc.p.pid, children=True)
                     rps, p99 = wrk(url, args.duration, args.conns)
@@ -321,6 +321,7 @@ backend betcp
                     rows.append(
                         {
                             "test": "http",
+                            "repeat": repeat,
                             "proxy": name,
                             "rps": rps,
                             "p99_ms": p99,
@@ -333,7 +334,7 @@ backend betcp
                     ("healthgate L4 hop", "127.0.9.100", hg_prod),
                 ):
                     mbps = bulk(host, port, "/big", size)
-                    rows.append({"test": "tcp-bulk", "proxy": name, "MBps": mbps})
+                    rows.append({"test": "tcp-bulk", "repeat": repeat, "proxy": name, "MBps": mbps})
                     print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
             if args.flips:
                 prop = propagation(work, be_port, hg_api, hg_front, manifest, args.flips)
@@ -349,21 +350,34 @@ backend betcp
     for test in ("http", "tcp-bulk"):
         group = [r for r in rows if r["test"] == test]
         key = "rps" if test == "http" else "MBps"
-        reference = _median([r[key] for r in group if r["proxy"] == "haproxy"])
-        ref_cpu = _median(
-            [r.get("cpu_us_per_request", 0.0) for r in group if r["proxy"] == "haproxy"]
-        )
+        # ratios are taken within each repeat (HAProxy's run a few seconds
+        # before), then their median: the machine's speed drifts by more
+        # than the differences measured over the minutes of a whole run
+        reference = {r["repeat"]: r for r in group if r["proxy"] == "haproxy"}
         for proxy in dict.fromkeys(r["proxy"] for r in group):
             vals = [r for r in group if r["proxy"] == proxy]
             v = _median([r[key] for r in vals])
             p99 = _median([r.get("p99_ms", 0.0) for r in vals])
+            ratio = _median([r[key] / reference[r["repeat"]][key] for r in vals])
             line = (
                 f"{test:<9} {proxy:<32} {v if test == 'http' else 0:>9.0f} {p99:>7.2f}"
-                f" {v if test != 'http' else 0:>8.0f} {v / reference:>9.2f}"
+                f" {v if test != 'http' else 0:>8.0f} {ratio:>9.2f}"
             )
             if test == "http":
                 us = _median([r["cpu_us_per_request"] for r in vals])
-                line += f" {us:>10.1f} {ref_cpu / us:>16.2f}"
+                by_cpu = _median(
+                    [
+                        reference[r["repeat"]]["cpu_us_per_request"] / r["cpu_us_per_request"]
+                        for r in vals
+                    ]
+                )
+                line += f" {us:>10.1f} {by_cpu:>16.2f}"
+                if len(vals) > 1:
+                    line += (
+                        "  (per repeat: "
+                        + " ".join(f"{r[key] / reference[r['repeat']][key]:.2f}" for r in vals)
+                        + ")"
+                    )
             print(line)
     for r in rows:
         if r["test"] == "propagation":
@@ -373,8 +387,9 @@ backend betcp
                 f"p99 <= {r['p99_le_ms']} ms, mean {r['mean_ms']:.3f} ms"
             )
     print(
-        "\n'x HAProxy by CPU' is HAProxy's CPU per request over the proxy's: the requests/s"
-        " each would reach alone on a core.\n"
+        "\n'x HAProxy' columns are medians of the ratios within each repeat; 'x HAProxy by CPU'"
+        " is HAProxy's CPU per request over the proxy's: the requests/s each would reach alone"
+        " on a core.\n"
         "goals: one healthgate hop >= 0.75x HAProxy's requests/s on one core; TCP bulk >= 0.9x HAProxy's throughput; "
         "propagation p99 <= 5 ms"
     )

@@ -112,7 +112,8 @@ class DataPlane:
         self.listeners: dict[str, Listener] = {}
         self.pool = UpstreamPool(self.settings.http)
         self._rr: dict[str, int] = {}  # round-robin position per producer rule
-        # open connections (L4) and requests in flight (L7) per upstream address
+        # open connections (L4) and requests in flight (L7) per upstream
+        # address, counted with least-connections only
         self.active: dict[Address, int] = {}
         self._resources: Mapping[ResourcePath, Resource] = {}
         self._seen_version = 0
@@ -219,6 +220,8 @@ class DataPlane:
 
         if spec.layer == "udp":
             return lambda: UdpListener(choose, s.udp_idle_timeout, stats)
+        # connections / requests in flight per upstream: only least-connections reads them
+        active = self.active if s.balance == "least-connections" else None
         if spec.layer == "http":
             if spec.consumer:
 
@@ -236,10 +239,10 @@ class DataPlane:
                     return self.first_try(path, spec.consumer)
 
             return lambda: HttpProxy(
-                groups, self.pool, s.http, stats, self._route_used, self.active, first
+                groups, self.pool, s.http, stats, self._route_used, active, first
             )
         live = self._live.setdefault(path, set())
-        return lambda: TcpProxy(choose, s.connect_timeout, stats, live, self.active)
+        return lambda: TcpProxy(choose, s.connect_timeout, stats, live, active)
 
     async def _close(self, listener: Listener) -> None:
         for transport in listener.datagrams:
