@@ -159,6 +159,7 @@ class ProbeScheduler:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tick_handle: asyncio.TimerHandle | None = None
         self._tick_at = float("inf")  # when the armed tick is due
+        self._ticking = False  # inside _tick
         self._last_lag_at = float("-inf")
         self._closed = False
         soft = raise_open_file_limit()
@@ -269,7 +270,7 @@ class ProbeScheduler:
             keys = self._wheel[slot] = []
             heapq.heappush(self._slots, slot)
             wake = self._wake_for(slot)
-            if wake < self._tick_at:
+            if wake < self._tick_at and not self._ticking:  # (a tick sets the next one as it ends)
                 self._schedule_tick(wake)
         keys.append((key, entry.generation, due))
 
@@ -283,6 +284,13 @@ class ProbeScheduler:
         self._tick_handle = loop.call_at(at, self._tick)
 
     def _tick(self) -> None:
+        self._ticking = True
+        try:
+            self._run_tick()
+        finally:
+            self._ticking = False
+
+    def _run_tick(self) -> None:
         loop = self._require_loop()
         now = loop.time()
         settings = self.settings
