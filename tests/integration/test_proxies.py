@@ -487,6 +487,43 @@ def test_http_plain_requests_take_the_fast_path_in_order_with_x_forwarded_for() 
 
 
 @pytest.mark.parametrize(
+    ("head", "fast"),
+    [
+        (b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n", True),
+        (b"HEAD /a HTTP/1.1\r\nHost: x\r\n\r\n", True),
+        (b"GET /a HTTP/1.1\r\nHost: x\r\nX-Te: 1\r\nMy-Connection: 2\r\n\r\n", True),
+        (b"GET /a HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\n\r\n", False),
+        (b"GET /a HTTP/1.1\r\nHost: x\r\nCONNECTION: keep-alive\r\n\r\n", False),
+        (b"GET /a HTTP/1.1\r\nhost: x\r\nte: trailers\r\n\r\n", False),
+        (b"GET /a HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 10.0.0.1\r\n\r\n", False),
+        (b"GET /a HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", False),
+        (b"GET http://x/a HTTP/1.1\r\nHost: x\r\n\r\n", False),
+        (b"OPTIONS /a HTTP/1.1\r\nHost: x\r\n\r\n", False),
+    ],
+)
+def test_http_which_requests_take_the_fast_path(head: bytes, fast: bool) -> None:
+    """Header names are matched whatever their case, whole names only; every
+    request is answered either way."""
+
+    async def go() -> tuple[bytes, int]:
+        async with Server(scripted(b"a", [], [])) as up:
+            stats: dict[str, int] = {}
+            proxy = await http_proxy_to([("127.0.0.1", up.port)], stats)
+            reader, writer = await connect(proxy)
+            await exchange(reader, writer, get(b"/"))  # opens the pooled connection
+            before = stats.get("fast_path", 0)
+            writer.write(head)
+            answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            writer.close()
+            proxy.close()
+            return answer, stats.get("fast_path", 0) - before
+
+    answer, took = run_async(go())
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert took == (1 if fast else 0)
+
+
+@pytest.mark.parametrize(
     ("failure", "served_by", "retries"),
     [("503", b"a2", 1), ("hang", b"b", 1), ("drop", b"a", 1)],
 )

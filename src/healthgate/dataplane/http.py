@@ -75,11 +75,11 @@ _PLAIN = re.compile(
     rb"(GET|HEAD) /[!-~]* HTTP/1\.1\r\n(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t -~]*\r\n)*\r\n"
 )
 # Headers the general path rewrites, drops or acts on (each header line
-# starts right after a "\n").
+# starts right after a "\n"), searched for in the lower-cased head (faster
+# than re.IGNORECASE: 0.5 against 0.95 µs for a short head).
 _NOT_PLAIN = re.compile(
     rb"\n(?:connection|keep-alive|proxy-connection|te|trailer|upgrade|transfer-encoding"
-    rb"|content-length|expect|x-forwarded-for):",
-    re.IGNORECASE,
+    rb"|content-length|expect|x-forwarded-for):"
 )
 
 
@@ -443,7 +443,7 @@ class HttpProxy(asyncio.Protocol):
             and len(data) <= self.settings.max_head_bytes
             and data.endswith(b"\r\n\r\n")
             and (m := _PLAIN.fullmatch(data)) is not None
-            and _NOT_PLAIN.search(data) is None
+            and _NOT_PLAIN.search(data.lower()) is None
             and self._fast(data, m[1] == b"HEAD")
         ):
             return
