@@ -366,8 +366,7 @@ class ProbeScheduler:
             nxt = self._wake_for(max(slots[0], last + k))
         else:
             return
-        if nxt < self._tick_at:  # (a probe ended in this tick may have armed an earlier one)
-            self._schedule_tick(nxt)
+        self._schedule_tick(nxt)  # (nothing arms a tick while this one runs)
 
     def _launch(
         self, loop: asyncio.AbstractEventLoop, key: Hashable, entry: _Entry, now: float
