@@ -374,7 +374,8 @@ def test_the_fast_paths_first_try_follows_endpoint_health_at_once() -> None:
     frontend = str(next(path for path in world if "forwardingRules" in str(path)))
 
     def chosen(n: int) -> set[int]:
-        return {a[1] for a in (dp.first_try(frontend, consumer=False) for _ in range(n)) if a}
+        choices = [dp.first_try(frontend, consumer=False) for _ in range(n)]
+        return {choice[0][1] for choice in choices if choice}
 
     def probe(port: int, ok: bool, now: float) -> None:
         for i in range(3):  # the default thresholds: 3 in a row
@@ -563,6 +564,45 @@ def test_http_fast_path_failures_are_retried_like_the_general_path(
     assert stats["retries"] == retries
     if failure == "hang":
         assert seen_a[-1] == b"closed"  # the hung try's connection was given up
+
+
+def test_http_a_fast_try_that_hangs_skips_its_region_where_the_route_has_moved_it() -> None:
+    """The fast path's try to a1 (region A: a1, a2) hangs; meanwhile the
+    route moved to region B, with A as its fallback. The retry chooses again
+    and must skip region A, now second, not whatever is first: B answers.
+    (Skipping by position tried B's place, then A's a2, which hangs too: a
+    502 to the client - caught by the e2e failover test, 3 runs in 8.)"""
+    seen_a: list[bytes] = []
+
+    async def go() -> tuple[bytes, list[bytes]]:
+        async with (
+            Server(scripted(b"a1", ["ok", "hang"], seen_a)) as a1,
+            Server(scripted(b"a2", ["hang"] * 5, [])) as a2,
+            Server(scripted(b"b", [], [])) as b,
+        ):
+            region_a = [("127.0.0.1", a1.port), ("127.0.0.1", a2.port)]
+            route = [region_a, [("127.0.0.1", b.port)]]
+            pool = UpstreamPool(HttpSettings(per_try_timeout=0.3))
+            stats: dict[str, int] = {}
+            proxy = await asyncio.get_running_loop().create_server(
+                lambda: HttpProxy(
+                    lambda: route, pool, pool.settings, stats, first=lambda: (region_a[0], region_a)
+                ),
+                "127.0.0.1",
+                0,
+            )
+            reader, writer = await connect(proxy)
+            answers = [await exchange(reader, writer, get(b"/1"))]  # pools a connection to a1
+            route = [[("127.0.0.1", b.port)], [region_a[1]]]  # the failover, during the next try
+            answers.append(await exchange(reader, writer, get(b"/2")))
+            writer.close()
+            proxy.close()
+            assert stats["fast_path"] == 1
+            return answers[1], seen_a
+
+    answer, seen = run_async(go())
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"b"), answer
+    assert seen[-1] == b"closed"  # the hung try was given up
 
 
 def test_http_client_leaving_during_a_fast_exchange_releases_the_upstream() -> None:

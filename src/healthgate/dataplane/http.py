@@ -101,10 +101,10 @@ class Request:
         "groups",
         "head_bytes",
         "headers",
+        "hung",
         "keep_alive",
         "last_error",
         "method",
-        "skip_region",
         "url",
     )
 
@@ -116,12 +116,15 @@ class Request:
         self.keep_alive = True
         self.head_bytes = 0
         # set when the fast path made the first try: what it sent, the route
-        # it used (when it had one), the endpoint not to try again, whether to
-        # give up on the first region, and why
+        # it used (when it had one), the endpoint not to try again, the
+        # region not to try again (one that hung: all its candidates), and
+        # why. By address, not by position: without a recorded route the
+        # general path chooses again, and the route may have moved meanwhile
+        # (the hung region no longer first, but a fallback).
         self.data: bytes | None = None
         self.groups: Sequence[Sequence[Address]] | None = None
         self.failed: Address | None = None
-        self.skip_region = False
+        self.hung: Sequence[Address] | None = None
         self.last_error = ""
 
     def serialize(self, client_ip: str) -> bytes:
@@ -392,11 +395,12 @@ class HttpProxy(asyncio.Protocol):
         stats: dict[str, int],
         on_route_used: Callable[[], None] | None = None,
         active: dict[Address, int] | None = None,
-        first: Callable[[], Address | None] | None = None,
+        first: Callable[[], tuple[Address, Sequence[Address]] | None] | None = None,
     ) -> None:
         self.choose = choose
-        # the first try alone, cheaper than choose() (else choose()[0][0]);
-        # it calls on_route_used itself when the route it reads has changed
+        # the first try alone, cheaper than choose() (else choose()[0][0]):
+        # (its endpoint, every candidate of its region); it calls
+        # on_route_used itself when the route it reads has changed
         self.first = first
         self.active = active  # requests in flight per upstream (least-connections)
         self.pool = pool
@@ -418,6 +422,7 @@ class HttpProxy(asyncio.Protocol):
         self._xff = b""
         self._fast_request = b""
         self._fast_groups: Sequence[Sequence[Address]] | None = None
+        self._fast_region: Sequence[Address] = ()  # the candidates of the try's region
         self._fast_counted: Address | None = None
         # the endpoint the fast path chose but had no pooled connection to:
         # the general path tries it first (and pools a connection to it), or
@@ -526,14 +531,16 @@ class HttpProxy(asyncio.Protocol):
         general path instead (no route, or no pooled connection yet)."""
         groups: Sequence[Sequence[Address]] | None = None
         if self.first is not None:  # (which observes the route's use itself)
-            address = self.first()
-            if address is None:
+            choice = self.first()
+            if choice is None:
                 return False
+            address, region = choice
         else:
             groups = self.choose()
             if not groups or not groups[0]:
                 return False
-            address = groups[0][0]
+            region = groups[0]
+            address = region[0]
             if self.on_route_used is not None:
                 self.on_route_used()
         conn = self.pool.idle(address)
@@ -548,6 +555,7 @@ class HttpProxy(asyncio.Protocol):
         self.upstream = conn
         self._fast_request = request
         self._fast_groups = groups
+        self._fast_region = region
         active = self.active
         if active is not None:
             active[address] = active.get(address, 0) + 1
@@ -614,20 +622,22 @@ class HttpProxy(asyncio.Protocol):
         self._fast_fallback(
             f"{address[0]}:{address[1]}: no answer within {self.settings.per_try_timeout:g} s",
             address,
-            skip_region=True,  # a region that hangs: do not wait on its other endpoints
+            hung=self._fast_region,  # a region that hangs: do not wait on its other endpoints
         )
 
-    def _fast_fallback(self, error: str, failed: Address | None, skip_region: bool = False) -> None:
+    def _fast_fallback(
+        self, error: str, failed: Address | None, hung: Sequence[Address] | None = None
+    ) -> None:
         """The first try failed before anything reached the client: the
         general path makes the next tries, ahead of anything queued. It
         skips ``failed`` (None: a stale pooled connection, worth a fresh
-        one) or, with ``skip_region``, the whole first region."""
+        one) and, when given, every region with an endpoint in ``hung``."""
         req = Request()
         req.data = self._fast_request
         req.method = "HEAD" if req.data.startswith(b"HEAD") else "GET"
         req.groups = self._fast_groups
         req.failed = failed
-        req.skip_region = skip_region
+        req.hung = hung
         req.last_error = error
         self._fast_end()
         if self.closed:
@@ -696,11 +706,12 @@ class HttpProxy(asyncio.Protocol):
         idempotent = req.method in IDEMPOTENT
         last_error = req.last_error or "no upstream answered"
         tries = 1 if req.last_error else 0  # the fast path made the first one
-        for gi, group in enumerate(groups):  # regions in failover order
-            if gi == 0 and req.skip_region:
-                continue
+        hung = req.hung
+        for group in groups:  # regions in failover order
+            if hung is not None and any(address in hung for address in group):
+                continue  # the region whose first try hung, wherever the route now has it
             for address in group:  # endpoints of one region
-                if gi == 0 and address == req.failed:
+                if address == req.failed:
                     continue
                 if tries > 0:
                     self.stats["retries"] = self.stats.get("retries", 0) + 1

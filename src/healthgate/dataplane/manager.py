@@ -235,7 +235,7 @@ class DataPlane:
             first = None
             if s.balance == "round-robin":  # (least-connections looks at every request's load)
 
-                def first() -> Address | None:
+                def first() -> tuple[Address, list[Address]] | None:
                     return self.first_try(path, spec.consumer)
 
             return lambda: HttpProxy(
@@ -282,11 +282,12 @@ class DataPlane:
             for i, (rule, address) in enumerate(self._targets(frontend))
         ]
 
-    def first_try(self, frontend: str, consumer: bool) -> Address | None:
+    def first_try(self, frontend: str, consumer: bool) -> tuple[Address, list[Address]] | None:
         """The first try of a request alone (the HTTP fast path's): the first
         address that :meth:`consumer_upstream_groups` (or, for a producer
         rule, :meth:`producer_upstreams`) would give, with the same round
-        robin. The candidates are derived once per engine generation and
+        robin, and every candidate of its region (for the retry to skip when
+        that region hangs). The candidates are derived once per engine generation and
         resource change; a request then costs a dict read and a modulo. The
         first request after a route change, which rebuilds them, observes the
         route's propagation."""
@@ -296,10 +297,10 @@ class DataPlane:
         addresses, turns = plan[2], plan[3]
         count = len(addresses)
         if count < 2 or turns is None:
-            return addresses[0] if count else None
+            return (addresses[0], addresses) if count else None
         turn = self._rr.get(turns, 0)
         self._rr[turns] = turn + 1
-        return addresses[turn % count]
+        return addresses[turn % count], addresses
 
     def _plan(
         self, frontend: str, consumer: bool
