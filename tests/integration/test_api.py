@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from healthgate.model.names import KIND_TO_COLLECTION
 from tests.helpers import example_world
@@ -296,10 +297,14 @@ def test_metrics_and_operations(api: httpx.Client) -> None:
 
     def probed() -> str | None:  # the first probes are spread over the first interval
         text = api.get("/metrics").text
-        return text if "healthgate_probe_duration_seconds_bucket{" in text else None
+        return text if "healthgate_endpoint_probe_success{" in text else None
 
     text = wait_for(probed, 15, what="a probe result in /metrics")
+    # the whole (streamed) text is valid exposition, one family per name
+    names = [f.name for f in text_string_to_metric_families(text)]
+    assert len(names) == len(set(names))
     for family in (
+        "healthgate_endpoint_probe_success",
         "healthgate_probe_duration_seconds_bucket",
         "healthgate_backend_service_endpoints",
         "healthgate_health_state",

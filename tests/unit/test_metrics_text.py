@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from healthgate.api.metrics import endpoint_series
+from healthgate.api.metrics import endpoint_series, endpoint_series_parts
 from healthgate.health.engine import ProbeTarget
 from healthgate.health.states import Outcome, ProbeResult
 from healthgate.runtime.health_service import HealthService
@@ -32,3 +32,17 @@ def test_endpoint_series_parse_and_follow_the_last_probe() -> None:
         return str(t.backend_service), f"{t.ip}:{t.port}" if t.port else t.ip
 
     assert got == {label(ok): 1.0, label(failed): 0.0}
+
+
+def test_endpoint_series_in_parts_are_the_whole_text() -> None:
+    """/metrics streams the series in parts (the event loop runs between
+    them): cut anywhere, they add up to the same text."""
+    health = HealthService()
+    for target in health.engine.apply(resources(example_world()), 0.0).added:
+        health.engine.on_result(1.0, target.slot, ProbeResult(Outcome.OK, 0.01, 200))
+    whole = endpoint_series(health)
+    assert whole.count("endpoint_probe_success{") >= 2
+    for per_part in (1, 2, 1000):
+        parts = list(endpoint_series_parts(health, per_part))
+        assert "".join(parts) == whole
+        assert all(p.endswith("\n") for p in parts)

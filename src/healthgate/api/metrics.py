@@ -131,24 +131,36 @@ def endpoint_series(health: HealthService) -> str:
     objects, 10,000 endpoints took 300-600 ms of the event loop per scrape -
     time the prober did not have. Label values are resource paths and IP
     addresses, which need no escaping."""
+    return "".join(endpoint_series_parts(health))
+
+
+def endpoint_series_parts(health: HealthService, per_part: int = 1000) -> Iterator[str]:
+    """:func:`endpoint_series` in parts of ``per_part`` endpoints, for a
+    response that gives the event loop back between them: the whole text for
+    10,000 endpoints (1.3 MB) takes 12-15 ms to build, and the prober's ticks
+    are 2 ms apart at that size."""
     engine = health.engine
-    lines = [
-        "# HELP healthgate_endpoint_probe_success 1 if the endpoint's last probe succeeded, else 0",
-        "# TYPE healthgate_endpoint_probe_success gauge",
-    ]
+    yield (
+        "# HELP healthgate_endpoint_probe_success 1 if the endpoint's last probe succeeded, else 0\n"
+        "# TYPE healthgate_endpoint_probe_success gauge\n"
+    )
     left = MAX_ENDPOINT_SERIES
-    for path in engine.backend_services():
+    for path in list(engine.backend_services()):
         if left <= 0:
             break
         prefix = f'healthgate_endpoint_probe_success{{backend_service="{path}",endpoint="'
-        for (ip, port), ok in engine.last_probe_ok(path)[:left]:
-            lines.append(f"{prefix}{ip}:{port}" if port else f"{prefix}{ip}")
-            lines.append('"} 1.0\n' if ok else '"} 0.0\n')
-            left -= 1
-    return "\n".join(lines[:2]) + "\n" + "".join(lines[2:])
+        pairs = engine.last_probe_ok(path)[:left]
+        left -= len(pairs)
+        for start in range(0, len(pairs), per_part):
+            lines = []
+            for (ip, port), ok in pairs[start : start + per_part]:
+                lines.append(f"{prefix}{ip}:{port}" if port else f"{prefix}{ip}")
+                lines.append('"} 1.0\n' if ok else '"} 0.0\n')
+            yield "".join(lines)
 
 
 def render_metrics(health: HealthService, recorder: TransitionRecorder) -> str:
+    """Every series but the per-endpoint ones (:func:`endpoint_series_parts`)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector(health, recorder))
-    return generate_latest(registry).decode() + endpoint_series(health)
+    return generate_latest(registry).decode()
