@@ -80,6 +80,18 @@ def test_a_tick_on_a_slot_boundary_arms_the_next_one_a_tick_later() -> None:
         assert loop.timers[-1] == pytest.approx(now + 0.01), now
 
 
+def scheduler_on(loop: _FakeLoop, batch: object, seed: int = 0) -> ProbeScheduler:
+    """A scheduler over ``batch`` on the fake ``loop`` (as if started there)."""
+    sched = ProbeScheduler(
+        Prober(),
+        lambda *a: None,
+        rng=random.Random(seed),
+        batch=batch,  # type: ignore[arg-type]
+    )
+    sched._loop = loop  # type: ignore[assignment]
+    return sched
+
+
 class _SlowBatch:
     """A batch prober whose every start costs 200 µs of CPU: an overload."""
 
@@ -111,14 +123,8 @@ def test_an_overloaded_tick_leaves_the_rest_for_the_next_one_due_at_once() -> No
     the event loop serves everything else in between; every probe still
     starts, once."""
     batch = _SlowBatch()
-    sched = ProbeScheduler(
-        Prober(),
-        lambda *a: None,
-        rng=random.Random(0),
-        batch=batch,  # type: ignore[arg-type]
-    )
     loop = _FakeLoop(100.0)
-    sched._loop = loop  # type: ignore[assignment]
+    sched = scheduler_on(loop, batch)
     for key in range(1000):
         sched.upsert(key, SPEC)
         sched._arm(key, sched._entries[key], 100.0)
@@ -186,14 +192,8 @@ def test_in_virtual_time_ticks_follow_the_rate_and_starts_stay_within_half_a_tic
     batch = _InstantBatch()
     starts: list[float] = []  # lateness of each start (< 0: early)
 
-    sched = ProbeScheduler(
-        Prober(),
-        lambda *a: None,
-        rng=random.Random(1),
-        batch=batch,  # type: ignore[arg-type]
-    )
     loop = _VirtualLoop(1000.0)
-    sched._loop = loop  # type: ignore[assignment]
+    sched = scheduler_on(loop, batch, seed=1)
     launch = sched._launch
 
     def timed_launch(lp: object, key: object, entry: _Entry, now: float) -> None:

@@ -46,7 +46,7 @@ from typing import cast
 
 import httptools
 
-from healthgate.dataplane.tcp import count_down
+from healthgate.dataplane.tcp import count_down, served_key
 
 log = logging.getLogger("healthgate.dataplane")
 
@@ -156,7 +156,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def __init__(self, address: Address) -> None:
         self.address = address
-        self.served_key = f"served_by {address[0]}:{address[1]}"  # its counter in stats
+        self.served_key = served_key(address)  # its counter in stats
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.reused = False
@@ -721,7 +721,7 @@ class HttpProxy(asyncio.Protocol):
                     active[address] = active.get(address, 0) + 1
                 try:
                     await self._try(address, data, req.method == "HEAD", idempotent, client)
-                    key = f"served_by {address[0]}:{address[1]}"
+                    key = served_key(address)
                     self.stats[key] = self.stats.get(key, 0) + 1
                     return
                 except _Retry as exc:

@@ -317,10 +317,8 @@ class DataPlane:
             targets = self._targets(frontend)
             if targets:
                 rule, address = targets[0]
-                if rule is not None and rule in self.listeners:
-                    addresses, turns = self._producer_addresses(rule), rule
-                else:
-                    addresses = [address]
+                turns = self._served_here(rule)
+                addresses = self._producer_addresses(turns) if turns else [address]
         plan = (generation, self._resources, addresses, turns)
         self._plans[frontend] = plan
         return plan
@@ -329,9 +327,13 @@ class DataPlane:
         """Up to ``n`` candidates in one region of a route: endpoints of its
         published rule when this process serves that rule (the producer's
         choice, done here), else the rule's address."""
-        if rule is not None and rule in self.listeners:
-            return self.producer_upstreams(rule, n)
-        return [address]
+        local = self._served_here(rule)
+        return self.producer_upstreams(local, n) if local else [address]
+
+    def _served_here(self, rule: str | None) -> str | None:
+        """``rule`` when this process serves that published rule itself (its
+        endpoints are then chosen here), else None (reached at its address)."""
+        return rule if rule is not None and rule in self.listeners else None
 
     def _targets(self, frontend: str) -> list[tuple[str | None, Address]]:
         """(producer rule, its address) per region of the route, resolved once

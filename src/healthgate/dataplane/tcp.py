@@ -26,6 +26,11 @@ Address = tuple[str, int]
 HIGH_WATER = 256 * 1024
 
 
+def served_key(address: Address) -> str:
+    """The listener counter of connections / requests an upstream served."""
+    return f"served_by {address[0]}:{address[1]}"
+
+
 def count_down(active: dict[Address, int], address: Address) -> None:
     """One connection or request to ``address`` fewer (least-connections)."""
     left = active.get(address, 1) - 1
@@ -175,7 +180,7 @@ class TcpProxy(Pipe):
             self.live.add(self)
         if self.active is not None:
             self.active[address] = self.active.get(address, 0) + 1
-        key = f"served_by {address[0]}:{address[1]}"
+        key = served_key(address)
         self.stats[key] = self.stats.get(key, 0) + 1
         self.link(upstream)  # replays what the client sent (and its EOF)
         upstream.link(self)  # replays what the upstream already sent

@@ -16,6 +16,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import cast
 
+from healthgate.dataplane.tcp import served_key
+
 log = logging.getLogger("healthgate.dataplane")
 
 Address = tuple[str, int]
@@ -94,7 +96,7 @@ class UdpListener(asyncio.DatagramProtocol):
             self.sessions[client] = session
             self.pending.pop(client, None)
             self.stats["sessions"] = self.stats.get("sessions", 0) + 1
-            key = f"served_by {address[0]}:{address[1]}"
+            key = served_key(address)
             self.stats[key] = self.stats.get(key, 0) + 1
             assert session.transport is not None
             for data in queued:

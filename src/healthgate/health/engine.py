@@ -272,8 +272,7 @@ class HealthEngine:
         self._since[slot] = now
         agg.healthy += (new == HEALTHY) - (old == HEALTHY)
         agg.unknown += (new == UNKNOWN) - (old == UNKNOWN)
-        agg.healthy_cache = None
-        self.generation += 1
+        self._endpoints_changed(agg)
         key = self._key[slot]
         assert key is not None
         if new == HEALTHY:
@@ -732,8 +731,7 @@ class HealthEngine:
                 continue
             slot = self._alloc_slot(agg_id, key, HEALTHY if not enabled else UNKNOWN, now)
             agg.slots[key] = slot
-            agg.healthy_cache = agg.all_cache = None
-            self.generation += 1
+            self._endpoints_changed(agg, membership=True)
             agg.total += 1
             if enabled:
                 agg.unknown += 1
@@ -752,8 +750,7 @@ class HealthEngine:
         self._fail[slot] = 0
         agg.healthy += (new == HEALTHY) - (old == HEALTHY)
         agg.unknown += (new == UNKNOWN) - (old == UNKNOWN)
-        agg.healthy_cache = None
-        self.generation += 1
+        self._endpoints_changed(agg)
         return _STATES[old]
 
     def _drop_aggregate(self, path: ResourcePath, result: ApplyResult) -> None:
@@ -794,8 +791,7 @@ class HealthEngine:
         return slot
 
     def _free_slot(self, agg: _Aggregate, slot: int) -> None:
-        agg.healthy_cache = agg.all_cache = None
-        self.generation += 1
+        self._endpoints_changed(agg, membership=True)
         state = self._state[slot]
         agg.total -= 1
         agg.healthy -= state == HEALTHY
@@ -950,6 +946,15 @@ class HealthEngine:
                 )
             )
         return out
+
+    def _endpoints_changed(self, agg: _Aggregate, membership: bool = False) -> None:
+        """An aggregate's HEALTHY endpoints (with ``membership``, its set of
+        endpoints too) changed: drop the cached tuples, and move the
+        generation on for the readers that derive from them."""
+        agg.healthy_cache = None
+        if membership:
+            agg.all_cache = None
+        self.generation += 1
 
     def healthy_endpoints(self, backend_service: ResourcePath) -> tuple[EndpointKey, ...]:
         """The HEALTHY endpoints of a backend service, cached until one flips:
