@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class HealthState(IntEnum):
@@ -31,8 +31,11 @@ class Outcome(IntEnum):
     NOT_CHECKED = 9  # health check disabled
 
 
-@dataclass(frozen=True, slots=True)
-class ProbeResult:
+class ProbeResult(NamedTuple):
+    """One probe's result. A named tuple, not a frozen dataclass: one is made
+    per probe, and building a frozen dataclass costs twice as much (each
+    field goes through ``object.__setattr__``)."""
+
     outcome: Outcome
     latency: float = 0.0  # seconds from probe start to result
     status: int = 0  # HTTP status, when there was one
