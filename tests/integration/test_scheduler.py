@@ -197,7 +197,7 @@ def test_changes_and_removals_take_effect_without_touching_others() -> None:
         results: dict[Hashable, int] = {}
         sched = ProbeScheduler(
             prober,
-            lambda k, t, r: results.__setitem__(k, results.get(k, 0) + 1),
+            lambda t, ended: results.update((k, results.get(k, 0) + 1) for k, _ in ended),
             rng=random.Random(1),
         )
         sched.start()
@@ -223,7 +223,7 @@ def test_concurrency_cap_delays_but_never_drops() -> None:
         done: list[Hashable] = []
         sched = ProbeScheduler(
             prober,
-            lambda k, t, r: done.append(k),
+            lambda t, ended: done.extend(k for k, _ in ended),
             SchedulerSettings(max_in_flight=5),
             rng=random.Random(2),
         )
@@ -246,7 +246,7 @@ def test_timeouts_during_prober_lag_are_suspect_not_failures() -> None:
         got: list[ProbeResult] = []
         sched = ProbeScheduler(
             prober,
-            lambda k, t, r: got.append(r),
+            lambda t, ended: got.extend(r for _, r in ended),
             SchedulerSettings(lag_threshold=0.1),
             rng=random.Random(3),
         )

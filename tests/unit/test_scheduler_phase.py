@@ -77,7 +77,10 @@ def test_a_tick_on_a_slot_boundary_arms_the_next_one_a_tick_later() -> None:
         sched._in_flight = 1  # something in flight: tick again one tick later
         sched._tick()
         assert loop.timers, now
-        assert loop.timers[-1] == pytest.approx(now + 0.01), now
+        # (a tick of an even number of slots wakes up to one slot early: the
+        # half tick it may start early is not a whole number of slots)
+        nxt = loop.timers[-1]
+        assert now + sched.tick - sched._res - 1e-9 <= nxt <= now + sched.tick + 1e-9, now
 
 
 def scheduler_on(loop: _FakeLoop, batch: object, seed: int = 0) -> ProbeScheduler:
@@ -145,9 +148,11 @@ def test_an_overloaded_tick_leaves_the_rest_for_the_next_one_due_at_once() -> No
 @pytest.mark.parametrize(
     ("keys", "interval", "tick_ms"),
     [
-        (1, 1.0, 10),  # low rates: the longest tick, the fewest wake-ups
-        (1000, 1.0, 10),  # 10 starts per 10 ms tick
-        (2000, 1.0, 10),  # 20: still within starts_per_tick
+        (1, 1.0, 20),  # low rates: the longest tick, the fewest wake-ups
+        (500, 1.0, 20),  # 10 starts per 20 ms tick
+        (1000, 1.0, 20),  # 20: still within starts_per_tick
+        (1500, 1.0, 12),
+        (2000, 1.0, 10),
         (2500, 1.0, 8),
         (5000, 1.0, 4),
         (10_000, 1.0, 2),  # 20 starts per 2 ms tick
@@ -165,7 +170,7 @@ def test_the_tick_shortens_as_the_probe_rate_rises(
     assert sched.tick == pytest.approx(tick_ms / 1000)
     for key in range(keys):  # and lengthens again as keys go
         sched.remove(key)
-    assert sched.tick == pytest.approx(0.010)
+    assert sched.tick == pytest.approx(0.020)
 
 
 class _VirtualLoop(_FakeLoop):
@@ -185,7 +190,7 @@ class _InstantBatch(_SlowBatch):
         return ProbeResult(Outcome.OK, 0.0)
 
 
-@pytest.mark.parametrize(("keys", "tick_ms"), [(1000, 10), (10_000, 2)])
+@pytest.mark.parametrize(("keys", "tick_ms"), [(1000, 20), (2000, 10), (10_000, 2)])
 def test_in_virtual_time_ticks_follow_the_rate_and_starts_stay_within_half_a_tick(
     keys: int, tick_ms: int
 ) -> None:

@@ -228,10 +228,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--probe-tick-ms",
         type=positive_float,
-        default=10.0,
+        default=20.0,
         help="the longest tick: how often the prober wakes while probes are in flight at low "
         "rates (it shortens to 2 ms at high rates, ~20 starts per tick); probes start within "
-        "half a tick of due, and response times are measured to one tick (default 10)",
+        "half a tick of due, and response times are measured to one tick (default 20)",
     )
     p.add_argument("--verify-tls", action="store_true", help="verify HTTPS probe certificates")
     p.add_argument("--ca-file", help="CA bundle for --verify-tls")

@@ -48,7 +48,7 @@ from healthgate.health.states import (
     RouteChange,
     Transition,
 )
-from healthgate.health.threshold import step
+from healthgate.health.threshold import RUN_CAP, step
 from healthgate.model.names import ResourcePath
 from healthgate.model.resources import (
     BackendService,
@@ -285,6 +285,36 @@ class HealthEngine:
         sources = self._sources_by_bs.get(agg.path)
         if sources:
             self._propagate(now, records, sources=sources)
+        return records
+
+    def on_results(self, now: float, results: Iterable[tuple[int, ProbeResult]]) -> list[Record]:
+        """Feed the results of probes that ended together (a tick's worth);
+        returns the transitions they caused. The same as :meth:`on_result`
+        for each in turn; the steady state - a success for an endpoint
+        already HEALTHY - is taken here without the threshold machine's call:
+        what :func:`step` does then is grow the success run (capped), zero the
+        failure run and keep the state."""
+        records: list[Record] = []
+        states, ok_runs, fail_runs = self._state, self._ok, self._fail
+        details = self._last_detail
+        last_outcome, last_status = self._last_outcome, self._last_status
+        last_latency, last_time = self._last_latency, self._last_time
+        for slot, result in results:
+            if result.outcome is not Outcome.OK or states[slot] != HEALTHY:
+                records += self.on_result(now, slot, result)
+                continue
+            run = ok_runs[slot]
+            if run < RUN_CAP:
+                ok_runs[slot] = run + 1
+            fail_runs[slot] = 0
+            last_outcome[slot] = Outcome.OK
+            last_status[slot] = result.status
+            last_latency[slot] = result.latency
+            last_time[slot] = now
+            if result.detail:
+                details[slot] = result.detail
+            elif details:
+                details.pop(slot, None)
         return records
 
     def _endpoint_transition(

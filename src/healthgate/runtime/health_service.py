@@ -14,6 +14,7 @@ import bisect
 import logging
 import time
 from collections.abc import Callable, Hashable, Iterable
+from typing import cast
 
 from healthgate.health.engine import ApplyResult, HealthEngine, ProbeTarget, RouteTable
 from healthgate.health.states import Outcome, ProbeResult, Record
@@ -83,7 +84,7 @@ class HealthService:
         self.clock = clock
         self.scheduler = ProbeScheduler(
             Prober(probe_settings),
-            self._on_result,
+            self._on_results,
             scheduler_settings,
             batch=BatchProber(probe_settings),
         )
@@ -129,18 +130,24 @@ class HealthService:
     def route_table(self) -> RouteTable:
         return self.engine.route_table()
 
-    def _on_result(self, key: Hashable, _loop_time: float, result: ProbeResult) -> None:
-        assert isinstance(key, int)
-        self.results += 1
-        self.probe_stats.observe(result)
-        if not result.ok and self.failure_log.rate and self.failure_log.allow():
-            log.info(
-                "probe failed: %s: %s (%d similar lines suppressed so far)",
-                self.engine.endpoint_path(key),
-                result.describe(),
-                self.failure_log.suppressed,
-            )
-        records = self.engine.on_result(self.clock(), key, result)
+    def _on_results(self, _loop_time: float, results: list[tuple[Hashable, ProbeResult]]) -> None:
+        """A tick's results: counted, failures logged (rate-limited), and
+        into the engine in one call. The keys are the engine's slots."""
+        self.results += len(results)
+        observe = self.probe_stats.observe
+        failure_log = self.failure_log
+        for key, result in results:
+            observe(result)
+            if result.outcome is not Outcome.OK and failure_log.rate and failure_log.allow():
+                log.info(
+                    "probe failed: %s: %s (%d similar lines suppressed so far)",
+                    self.engine.endpoint_path(cast(int, key)),
+                    result.describe(),
+                    failure_log.suppressed,
+                )
+        records = self.engine.on_results(
+            self.clock(), cast("list[tuple[int, ProbeResult]]", results)
+        )
         if records:
             self.emit(records)
 
