@@ -33,23 +33,31 @@ class Batched:
         self.batch = BatchProber(settings)
 
     async def probe(self, spec: ProbeSpec, key: Any = None) -> ProbeResult:
-        loop = asyncio.get_running_loop()
         key = "k" if key is None else key
-        result = self.batch.start(key, spec, loop.time())
-        for _ in range(int(spec.timeout / 0.002) + 500):  # bounded: the deadline and then some
-            if result is not None:
-                return result
-            await asyncio.sleep(0.002)
-            for k, r in self.batch.poll(loop.time()):
-                assert k == key
-                result = r
-        raise AssertionError(f"no result from the batch prober after {spec.timeout} s")
+        started = self.batch.start(key, spec, asyncio.get_running_loop().time())
+        return await batch_result(self.batch, key, spec, started)
 
     def forget(self, key: Any) -> None:
         self.batch.cancel(key)
 
     async def close(self) -> None:
         self.batch.close()
+
+
+async def batch_result(
+    batch: BatchProber, key: Any, spec: ProbeSpec, result: ProbeResult | None
+) -> ProbeResult:
+    """The result of the probe of ``key`` just started (``result``: what
+    start returned), polling every 2 ms as a tick would."""
+    loop = asyncio.get_running_loop()
+    for _ in range(int(spec.timeout / 0.002) + 500):  # bounded: the deadline and then some
+        if result is not None:
+            return result
+        await asyncio.sleep(0.002)
+        for k, r in batch.poll(loop.time()):
+            assert k == key
+            result = r
+    raise AssertionError(f"no result from the batch prober after {spec.timeout} s")
 
 
 PROBERS: dict[str, Callable[[ProbeSettings | None], Prober | Batched]] = {
@@ -312,6 +320,77 @@ def test_keepalive_retries_a_stale_connection_once(prober_kind: str) -> None:
         return out
 
     assert [r.outcome for r in run_async(go())] == [Outcome.OK] * 3
+
+
+OK_KEPT = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+
+def test_a_kept_connection_whose_server_went_away_ends_its_probe_once() -> None:
+    """The server closed the kept connection and stopped listening before
+    the next probe was sent on it: the one retry, on a fresh connection, is
+    refused - one result, and nothing more when the probe's deadline passes
+    (the retry ended the probe; its deadline entry must not end it again)."""
+    conns: list[asyncio.StreamWriter] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await servers.read_head(reader)
+        writer.write(OK_KEPT)
+        await writer.drain()
+        conns.append(writer)
+
+    async def go() -> tuple[ProbeResult, ProbeResult, list[tuple[Any, ProbeResult]]]:
+        loop = asyncio.get_running_loop()
+        batch = BatchProber(ProbeSettings(keepalive=True))
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        s = spec("HTTP", server.sockets[0].getsockname()[1])
+        first = await batch_result(batch, "k", s, batch.start("k", s, loop.time()))
+        server.close()
+        await server.wait_closed()
+        for writer in conns:
+            writer.close()
+            await writer.wait_closed()
+        started = loop.time()  # no poll since: the probe goes out on the closed connection
+        second = await batch_result(batch, "k", s, batch.start("k", s, started))
+        after = batch.poll(started + s.timeout + 0.1)
+        batch.close()
+        return first, second, after
+
+    first, second, after = run_async(go())
+    assert first.outcome is Outcome.OK
+    assert second.outcome is Outcome.REFUSED, second
+    assert after == []
+
+
+def test_a_kept_probe_is_not_timed_out_by_the_deadline_of_the_one_before() -> None:
+    """A kept-alive connection's probe state serves the key's next probe; the
+    first probe's deadline, when it comes, must leave the second alone."""
+
+    async def answer_then_hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await servers.read_head(reader)
+        writer.write(OK_KEPT)
+        await writer.drain()
+        await servers.read_head(reader)
+        await asyncio.Event().wait()  # the second request is never answered
+
+    async def go() -> tuple[ProbeResult, list[Any], list[tuple[Any, Outcome]]]:
+        loop = asyncio.get_running_loop()
+        batch = BatchProber(ProbeSettings(keepalive=True))
+        async with Server(answer_then_hang) as srv:
+            s = spec("HTTP", srv.port, timeout=1.0)
+            t0 = loop.time()
+            first = await batch_result(batch, "k", s, batch.start("k", s, t0))
+            # the next probe, as if 0.9 s later (the times are the caller's)
+            assert batch.start("k", s, t0 + 0.9) is None
+            at_first_deadline = batch.poll(t0 + 1.05)
+            at_second = [(k, r.outcome) for k, r in batch.poll(t0 + 1.95)]
+            assert srv.connections == 1  # the same connection both times
+        batch.close()
+        return first, at_first_deadline, at_second
+
+    first, at_first_deadline, at_second = run_async(go())
+    assert first.outcome is Outcome.OK
+    assert at_first_deadline == []
+    assert at_second == [("k", Outcome.TIMEOUT)]
 
 
 # ------------------------------------------------------------------ gRPC

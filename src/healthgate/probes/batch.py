@@ -96,9 +96,10 @@ except (OSError, AttributeError):
     _UNSPEC = None
 
 # A probe waits for its socket to become writable (the connect, or the rest of the
-# request), then for the answer (HTTP).
+# request), then for the answer (HTTP); a kept-alive connection between probes is idle.
 _CONNECTING: Final = 0
 _SENT: Final = 1
+_IDLE: Final = 2
 
 
 def errno_result(err: int, latency: float) -> ProbeResult:
@@ -112,6 +113,9 @@ def errno_result(err: int, latency: float) -> ProbeResult:
 
 
 class _Probe:
+    """One probe in flight - and, kept alive, its connection between probes:
+    the same object serves the key's next probe (see :meth:`BatchProber.start`)."""
+
     __slots__ = (
         "active",
         "buf",
@@ -119,6 +123,7 @@ class _Probe:
         "fd",
         "key",
         "pending",
+        "request",
         "reused",
         "sock",
         "spec",
@@ -134,6 +139,7 @@ class _Probe:
         self.sock: socket.socket | None = None
         self.fd = -1
         self.state = _CONNECTING
+        self.request = b""  # HTTP: the whole request
         self.pending = b""  # request bytes still to write
         self.buf = b""
         self.reused = False
@@ -152,8 +158,8 @@ class BatchProber:
         self._ep = select.epoll()
         self._fds: dict[int, _Probe] = {}
         self._running: dict[Hashable, _Probe] = {}
-        self._idle: dict[Hashable, socket.socket] = {}  # kept-alive connections, by key
-        self._idle_fds: dict[int, Hashable] = {}
+        # kept-alive connections between probes, by key (their fds stay in _fds)
+        self._idle: dict[Hashable, _Probe] = {}
         # deadlines on a wheel of 10 ms slots (a probe times out up to one slot
         # late): appending is O(1), a heap of occupied slot numbers finds the next
         self._expiry: dict[int, list[_Probe]] = {}
@@ -177,22 +183,22 @@ class BatchProber:
         """Begin a probe of ``key``. Returns its result when it is already
         known (a synchronous refusal, a local error), else None: the result
         comes from a later :meth:`poll`."""
+        if spec.type == "HTTP" and self._idle:
+            kept = self._idle.pop(key, None)
+            if kept is not None:
+                if kept.spec is spec and self._reuse(kept, now):
+                    self._expire_at(kept)
+                    return None
+                self._drop_idle(kept)
         p = _Probe(key, spec, now)
         if spec.type == "HTTP":
-            keepalive = self.settings.keepalive
             cached = self._requests.get(key)
             if cached is not None and cached[0] is spec:
-                p.pending = cached[1]
+                p.request = cached[1]
             else:  # a new key, or its spec changed
-                p.pending = build_request(spec.path, spec.host or spec.ip, keepalive)
-                self._requests[key] = (spec, p.pending)
-            if keepalive:
-                sock = self._idle.pop(key, None)
-                if sock is not None:
-                    self._idle_fds.pop(sock.fileno(), None)
-                    if self._reuse(p, sock):
-                        self._expire_at(p)
-                        return None
+                p.request = build_request(spec.path, spec.host or spec.ip, self.settings.keepalive)
+                self._requests[key] = (spec, p.request)
+            p.pending = p.request
         result = self._connect(p, now)
         if result is None:
             self._expire_at(p)
@@ -207,19 +213,30 @@ class BatchProber:
         probes.append(p)
         self._expiry_count += 1
 
-    def _reuse(self, p: _Probe, sock: socket.socket) -> bool:
+    def _reuse(self, p: _Probe, now: float) -> bool:
+        """The next probe of a kept-alive connection (``p``, idle): send the
+        request again. False when the connection is gone (then dropped)."""
+        sock = p.sock
+        assert sock is not None
         try:
-            sent = sock.send(p.pending)
+            sent = sock.send(p.request)
         except OSError:
-            self._release(sock)
+            self._drop_idle(p)
             return False
-        p.sock, p.fd, p.reused, p.state = sock, sock.fileno(), True, _SENT
-        p.pending = p.pending[sent:]
-        if p.pending:  # a full send buffer on a health check: wait until writable
-            p.state = _CONNECTING
-        self._fds[p.fd] = p
+        p.start, p.deadline, p.active, p.reused, p.buf = now, now + p.spec.timeout, True, True, b""
+        if sent == len(p.request):
+            p.state = _SENT
+        else:  # a full send buffer on a health check: wait until writable
+            p.state, p.pending = _CONNECTING, p.request[sent:]
         self._running[p.key] = p
         return True
+
+    def _drop_idle(self, p: _Probe) -> None:
+        """Close a kept-alive connection that is idle (no longer in ``_idle``)."""
+        self._fds.pop(p.fd, None)
+        if p.sock is not None:
+            self._release(p.sock)
+            p.sock = None
 
     def _connect(self, p: _Probe, now: float) -> ProbeResult | None:
         spec = p.spec
@@ -277,12 +294,12 @@ class BatchProber:
             for fd, ev in events:
                 p = fds.get(fd)
                 if p is None:
-                    key = self._idle_fds.pop(fd, None)
-                    if key is not None:  # a kept connection spoke or closed while idle
-                        sock = self._idle.pop(key, None)
-                        if sock is not None:
-                            self._release(sock)
-                    continue  # (or a pooled socket's own disconnect)
+                    continue  # a pooled socket's own disconnect
+                if p.state == _IDLE:  # a kept connection spoke or closed while idle
+                    if self._idle.get(p.key) is p:
+                        del self._idle[p.key]
+                    self._drop_idle(p)
+                    continue
                 result = self._event(p, ev, now)
                 if result is not None:
                     done.append((p.key, result))
@@ -297,7 +314,10 @@ class BatchProber:
             probes = expiry.pop(heapq.heappop(slots))
             self._expiry_count -= len(probes)
             for p in probes:
-                if p.active:
+                # (a kept-alive probe object serves its key's next probes
+                # too: an entry of an earlier one finds it active again, but
+                # not yet due)
+                if p.active and p.deadline <= now:
                     self._finish(p, False)
                     done.append((p.key, ProbeResult(Outcome.TIMEOUT, now - p.start)))
         if self._expiry_count > 4 * len(self._running) + 4096:
@@ -369,21 +389,24 @@ class BatchProber:
         self._finish(p, False)
         p.active = True
         p.state = _CONNECTING
-        p.pending = self._requests[p.key][1]
-        return self._connect(p, now)
+        p.pending = p.request
+        result = self._connect(p, now)
+        if result is not None:  # (refused at once, say): ended here, not at its deadline
+            p.active = False
+        return result
 
     def _finish(self, p: _Probe, keep: bool) -> None:
         p.active = False
-        self._fds.pop(p.fd, None)
         if self._running.get(p.key) is p:
             del self._running[p.key]
-        sock = p.sock
-        if sock is None:
+        if keep:  # idle until the key's next probe; it stays in the epoll set and _fds
+            p.state = _IDLE
+            self._idle[p.key] = p
             return
-        if keep:
-            self._idle[p.key] = sock
-            self._idle_fds[p.fd] = p.key
-        else:
+        self._fds.pop(p.fd, None)
+        sock = p.sock
+        if sock is not None:
+            p.sock = None
             self._release(sock)
 
     def _socket(self, family: int) -> socket.socket:
@@ -418,18 +441,17 @@ class BatchProber:
         if p is not None:
             p.state = _CONNECTING
             self._finish(p, False)
-        sock = self._idle.pop(key, None)
-        if sock is not None:
-            self._idle_fds.pop(sock.fileno(), None)
-            self._release(sock)
+        kept = self._idle.pop(key, None)
+        if kept is not None:
+            self._drop_idle(kept)
 
     def close(self) -> None:
         for key in list(self._running):
             self.cancel(key)
-        for sock in self._idle.values():
-            sock.close()
+        for kept in self._idle.values():
+            if kept.sock is not None:
+                kept.sock.close()
         self._idle.clear()
-        self._idle_fds.clear()
         self._expiry.clear()
         self._expiry_slots.clear()
         self._expiry_count = 0
