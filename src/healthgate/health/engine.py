@@ -67,6 +67,7 @@ UNKNOWN = HealthState.UNKNOWN
 HEALTHY = HealthState.HEALTHY
 UNHEALTHY = HealthState.UNHEALTHY
 _STATES = (UNKNOWN, HEALTHY, UNHEALTHY)
+_OK = Outcome.OK  # (a global: Outcome.OK goes through the enum's metaclass, ~10x slower)
 
 EndpointKey = tuple[str, int | None]  # (ip, serving port)
 
@@ -300,14 +301,14 @@ class HealthEngine:
         last_outcome, last_status = self._last_outcome, self._last_status
         last_latency, last_time = self._last_latency, self._last_time
         for slot, result in results:
-            if result.outcome is not Outcome.OK or states[slot] != HEALTHY:
+            if result.outcome is not _OK or states[slot] != HEALTHY:
                 records += self.on_result(now, slot, result)
                 continue
             run = ok_runs[slot]
             if run < RUN_CAP:
                 ok_runs[slot] = run + 1
             fail_runs[slot] = 0
-            last_outcome[slot] = Outcome.OK
+            last_outcome[slot] = _OK
             last_status[slot] = result.status
             last_latency[slot] = result.latency
             last_time[slot] = now

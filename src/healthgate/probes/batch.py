@@ -80,6 +80,11 @@ _NOT_YET: Final = frozenset({errno.EAGAIN, errno.ENOTCONN, errno.EINPROGRESS})
 # enum member each time, ~1.5 us, once per probe.
 _family: Final = cast(Callable[[socket.socket], int], _socket.socket.family.__get__)
 
+# Outcomes used per probe, as module constants: ``Outcome.OK`` is a lookup through
+# the enum's metaclass, ~100 ns here against ~10 ns for a global.
+_OK: Final = Outcome.OK
+_TIMEOUT: Final = Outcome.TIMEOUT
+
 _SLOTS_PER_S: Final = 100  # deadline wheel: 10 ms slots
 _EVENTS: Final = 64  # epoll events read at a time (poll checks its time budget between reads)
 _POOL_MAX: Final = 1024  # disconnected sockets kept for reuse, per address family
@@ -261,7 +266,7 @@ class BatchProber:
         if spec.type == "TCP":
             if err == 0:
                 self._release(sock)
-                return ProbeResult(Outcome.OK, now - p.start)
+                return ProbeResult(_OK, now - p.start)
         else:
             try:
                 sent = sock.send(p.pending)
@@ -319,7 +324,7 @@ class BatchProber:
                 # not yet due)
                 if p.active and p.deadline <= now:
                     self._finish(p, False)
-                    done.append((p.key, ProbeResult(Outcome.TIMEOUT, now - p.start)))
+                    done.append((p.key, ProbeResult(_TIMEOUT, now - p.start)))
         if self._expiry_count > 4 * len(self._running) + 4096:
             # finished probes stay on the wheel until their slot passes; with
             # long timeouts they would pile up, so drop them now and then
@@ -340,7 +345,7 @@ class BatchProber:
                 return ProbeResult(Outcome.RESET, now - p.start, 0, "connection closed")
             if p.spec.type == "TCP":
                 self._finish(p, False)
-                return ProbeResult(Outcome.OK, now - p.start)
+                return ProbeResult(_OK, now - p.start)
             try:
                 sent = sock.send(p.pending)
             except OSError as exc:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from healthgate.health.states import Outcome, ProbeResult
 from healthgate.probes.http import HttpHead, HttpProbeProtocol, build_request
@@ -48,17 +48,24 @@ class ProbeSettings:
     max_body_bytes: int = 65536  # a kept-alive response's body must fit, or the connection closes
 
 
+# Outcomes used per probe, as module constants: ``Outcome.OK`` is a lookup through
+# the enum's metaclass, ~100 ns here against ~10 ns for a global.
+_OK: Final = Outcome.OK
+_STATUS: Final = Outcome.STATUS
+
+
 def verdict(spec: ProbeSpec, head: HttpHead, latency: float) -> ProbeResult:
     """The result of an HTTP(S) probe from what was read of the response."""
-    if head.error == "reset":
+    error = head.error
+    if not error:  # (the usual case first: this runs per probe)
+        if spec.expects(head.status):
+            return ProbeResult(_OK, latency, head.status)
+        return ProbeResult(_STATUS, latency, head.status, "not in expectedStatusCodes")
+    if error == "reset":
         return ProbeResult(Outcome.RESET, latency)
-    if head.error == "closed":
+    if error == "closed":
         return ProbeResult(Outcome.RESET, latency, 0, "closed without an answer")
-    if head.error:
-        return ProbeResult(Outcome.MALFORMED, latency, 0, head.error)
-    if spec.expects(head.status):
-        return ProbeResult(Outcome.OK, latency, head.status)
-    return ProbeResult(Outcome.STATUS, latency, head.status, "not in expectedStatusCodes")
+    return ProbeResult(Outcome.MALFORMED, latency, 0, error)
 
 
 class _TcpConnectProtocol(asyncio.Protocol):

