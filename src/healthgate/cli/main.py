@@ -103,7 +103,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         probe=ProbeSettings(
             keepalive=args.keepalive_probes, verify_tls=args.verify_tls, ca_file=args.ca_file
         ),
-        scheduler=SchedulerSettings(tick=args.probe_tick_ms / 1000),
+        scheduler=SchedulerSettings(tick=args.probe_tick_ms / 1000)
+        if args.probe_tick_ms
+        else SchedulerSettings(),
         dataplane=DataPlaneSettings(
             enabled=not args.no_dataplane,
             drain_on_failover=args.drain_on_failover,
@@ -228,10 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--probe-tick-ms",
         type=positive_float,
-        default=20.0,
+        default=None,
         help="the longest tick: how often the prober wakes while probes are in flight at low "
         "rates (it shortens to 2 ms at high rates, ~20 starts per tick); probes start within "
-        "half a tick of due, and response times are measured to one tick (default 20)",
+        "half a tick of due, and response times are measured to one tick (default 16)",
     )
     p.add_argument("--verify-tls", action="store_true", help="verify HTTPS probe certificates")
     p.add_argument("--ca-file", help="CA bundle for --verify-tls")
