@@ -8,11 +8,11 @@ rate is dominated by *wake-ups*, not by work: every return from an idle
 handshake. A probe run as a Task on the event loop wakes it three times (its
 timer, the connect, the answer). HAProxy wakes about once per four checks.
 
-So the scheduler drives this prober from one *tick* (10 ms at low rates): at
+So the scheduler drives this prober from one *tick* (16 ms at low rates): at
 each tick it starts every probe that is due and calls :meth:`poll`, which
 reads a private ``epoll`` set without blocking and finishes every probe whose
 socket is ready or whose deadline has passed. A thousand probes a second then
-cost 100 wake-ups, not 3,000, and each wake-up does a batch of work with warm
+cost ~60 wake-ups, not 3,000, and each wake-up does a batch of work with warm
 caches. Times are measured at tick resolution: a response time or a timeout is
 known to within one tick, which is far below the seconds the health windows
 are made of.
@@ -36,9 +36,11 @@ What a probe does on the wire (HAProxy does the same):
   with the request. The status line and headers are read (at most
   ``max_head_bytes``), then the connection is reset. With ``keepalive`` the
   connection stays open between probes when the response allows it
-  (:func:`~healthgate.probes.http.parse_head`), stays in the epoll set, and a
-  kept connection that turns out to be closed before any byte of the answer
-  is retried once on a fresh connection within the same deadline.
+  (:func:`~healthgate.probes.http.parse_head`), stays in the epoll set and
+  the fd map with its probe state, which serves the key's next probe (a send,
+  no allocation, no map moves); and a kept connection that turns out to be
+  closed before any byte of the answer is retried once on a fresh connection
+  within the same deadline.
 
 HTTPS and gRPC are not here: they run as coroutines on the event loop
 (:class:`~healthgate.probes.prober.Prober`), where TLS and grpcio live.

@@ -14,7 +14,7 @@ exactly the spec's.
   probe whose socket is ready or whose deadline has passed. While anything
   is in flight the tick runs every tick; otherwise it sleeps until the next
   due time. This is the point of the design: at 1,000 probes a second the
-  process wakes about 100 times a second instead of 3,000, and a wake-up is
+  process wakes about 60 times a second instead of 3,000, and a wake-up is
   the dominant cost on these machines (see docs/benchmarks.md). HTTPS and
   gRPC probes run as tasks of the coroutine
   :class:`~healthgate.probes.prober.Prober`; the tick starts them too.
