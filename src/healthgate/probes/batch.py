@@ -302,11 +302,12 @@ class BatchProber:
                 p = fds.get(fd)
                 if p is None:
                     continue  # a pooled socket's own disconnect
-                if p.state == _IDLE:  # a kept connection spoke or closed while idle
-                    if self._idle.get(p.key) is p:
-                        del self._idle[p.key]
-                    self._drop_idle(p)
-                    continue
+                if p.state == _IDLE:
+                    if ev & _READABLE:  # a kept connection spoke or closed while idle
+                        if self._idle.get(p.key) is p:
+                            del self._idle[p.key]
+                        self._drop_idle(p)
+                    continue  # (writable only: a late ACK of the last request)
                 result = self._event(p, ev, now)
                 if result is not None:
                     done.append((p.key, result))
