@@ -17,7 +17,11 @@ class HealthState(IntEnum):
 
 
 class Outcome(IntEnum):
-    """What one probe saw. Every failure is a value, never an exception."""
+    """What one probe saw. Every failure is a value, never an exception.
+
+    Code that runs per probe names the members it needs as module globals
+    (``_OK = Outcome.OK``): ``Outcome.OK`` is a lookup through the enum's
+    metaclass, ~100 ns on these machines against ~10 ns for a global."""
 
     OK = 0
     TIMEOUT = 1
@@ -40,10 +44,6 @@ class ProbeResult(NamedTuple):
     latency: float = 0.0  # seconds from probe start to result
     status: int = 0  # HTTP status, when there was one
     detail: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome is Outcome.OK
 
     def describe(self) -> str:
         ms = f"{self.latency * 1000:.0f} ms"

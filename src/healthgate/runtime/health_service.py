@@ -26,8 +26,7 @@ from healthgate.probes.spec import ProbeSpec
 
 log = logging.getLogger("healthgate.health")
 
-# Outcomes used per probe, as module constants: ``Outcome.OK`` is a lookup through
-# the enum's metaclass, ~100 ns here against ~10 ns for a global.
+# per-probe outcomes as globals (see the note on Outcome)
 _OK = Outcome.OK
 
 RecordListener = Callable[[list[Record]], None]
