@@ -35,19 +35,22 @@ PROBE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2
 
 
 class ProbeStats:
-    """A probe-duration histogram by outcome: one list increment per probe."""
+    """A probe-duration histogram by outcome: one list increment per probe
+    (a tick's results at a time)."""
 
     def __init__(self) -> None:
         self.buckets: dict[Outcome, list[int]] = {}
         self.sums: dict[Outcome, float] = {}
 
-    def observe(self, result: ProbeResult) -> None:
-        counts = self.buckets.get(result.outcome)
-        if counts is None:
-            counts = self.buckets[result.outcome] = [0] * (len(PROBE_BUCKETS) + 1)
-            self.sums[result.outcome] = 0.0
-        counts[bisect.bisect_left(PROBE_BUCKETS, result.latency)] += 1
-        self.sums[result.outcome] += result.latency
+    def observe(self, results: Iterable[tuple[Hashable, ProbeResult]]) -> None:
+        buckets, sums = self.buckets, self.sums
+        for _, (outcome, latency, _status, _detail) in results:
+            counts = buckets.get(outcome)
+            if counts is None:
+                counts = buckets[outcome] = [0] * (len(PROBE_BUCKETS) + 1)
+                sums[outcome] = 0.0
+            counts[bisect.bisect_left(PROBE_BUCKETS, latency)] += 1
+            sums[outcome] += latency
 
 
 class FailureLogLimiter:
@@ -137,17 +140,17 @@ class HealthService:
         """A tick's results: counted, failures logged (rate-limited), and
         into the engine in one call. The keys are the engine's slots."""
         self.results += len(results)
-        observe = self.probe_stats.observe
+        self.probe_stats.observe(results)
         failure_log = self.failure_log
-        for key, result in results:
-            observe(result)
-            if result.outcome is not _OK and failure_log.rate and failure_log.allow():
-                log.info(
-                    "probe failed: %s: %s (%d similar lines suppressed so far)",
-                    self.engine.endpoint_path(cast(int, key)),
-                    result.describe(),
-                    failure_log.suppressed,
-                )
+        if failure_log.rate:
+            for key, result in results:
+                if result.outcome is not _OK and failure_log.allow():
+                    log.info(
+                        "probe failed: %s: %s (%d similar lines suppressed so far)",
+                        self.engine.endpoint_path(cast(int, key)),
+                        result.describe(),
+                        failure_log.suppressed,
+                    )
         records = self.engine.on_results(
             self.clock(), cast("list[tuple[int, ProbeResult]]", results)
         )
