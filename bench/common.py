@@ -8,8 +8,10 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -71,3 +73,25 @@ class Proc:
                 self.p.kill()
                 self.p.wait(15)
         self.log.close()
+
+
+@contextmanager
+def backend_endpoints(count: int, base_port: int, work: Path) -> Iterator[Proc]:
+    """bench/backends.py holding ``count`` HTTP endpoints on 127.0.0.1 from
+    ``base_port``, pinned to core 1, once it says it is ready (an error with
+    its log if it dies first); stopped on the way out."""
+    log = work / "backends.log"
+    script = Path(__file__).resolve().parent / "backends.py"
+    cmd = [sys.executable, str(script), "--count", str(count), "--base-port", str(base_port)]
+    backend = Proc(pinned(cmd, 1), log)
+
+    def ready() -> bool:
+        if backend.p.poll() is not None:
+            raise RuntimeError(f"the backend process failed:\n{log.read_text()[-2000:]}")
+        return b"\nready\n" in b"\n" + log.read_bytes()
+
+    try:
+        wait_until(ready, 120, "backends ready")
+        yield backend
+    finally:
+        backend.stop()

@@ -25,15 +25,15 @@ import socket
 import struct
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import uvloop
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Proc, pinned, wait_until
+from healthgate.probes.scheduler import raise_open_file_limit
 
-HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import backend_endpoints
+
 REQUEST = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: floor\r\nAccept: */*\r\n\r\n"
 _connect = ctypes.CDLL(None).connect
 _UNSPEC = ctypes.create_string_buffer(struct.pack("=HH12x", socket.AF_UNSPEC, 0), 16)
@@ -118,10 +118,6 @@ async def run(
     return cpu / max(d1 - d0, 1) * 1e6
 
 
-def _ready(log: Path) -> Callable[[], bool]:
-    return lambda: b"ready" in log.read_bytes()
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -135,30 +131,12 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=15.0)
     ap.add_argument("--base-port", type=int, default=21000)
     args = ap.parse_args()
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
+    raise_open_file_limit()  # (for the checkers started from here, and their sockets)
     os.sched_setaffinity(0, {0})
     print("endpoints check      tick  us/check")
     with tempfile.TemporaryDirectory() as tmp:
         for count in (int(c) for c in args.counts.split(",")):
-            log = Path(tmp) / "backends.log"
-            backend = Proc(
-                pinned(
-                    [
-                        sys.executable,
-                        str(HERE / "backends.py"),
-                        "--count",
-                        str(count),
-                        "--base-port",
-                        str(args.base_port),
-                    ],
-                    1,
-                ),
-                log,
-            )
-            try:
-                wait_until(_ready(log), 120, "backends ready")
+            with backend_endpoints(count, args.base_port, Path(tmp)):
                 ticks = (
                     [float(t) for t in args.ticks.split(",")]
                     if args.ticks
@@ -177,8 +155,6 @@ def main() -> int:
                             )
                         )
                         print(f"{count:9,} {check:10s} {tick_ms:4g} ms {us:8.1f}", flush=True)
-            finally:
-                backend.stop()
     return 0
 
 

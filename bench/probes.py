@@ -37,11 +37,10 @@ from typing import Any
 import httpx
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Proc, cpu_seconds, pinned, wait_until
+from healthgate.probes.scheduler import raise_open_file_limit
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import Proc, backend_endpoints, cpu_seconds, pinned, wait_until
 
 
 def active_opens() -> int:
@@ -206,12 +205,6 @@ def run_healthgate(
     }
 
 
-def _backend_ready(backend: Proc, log: Path) -> bool:
-    if backend.p.poll() is not None:
-        raise RuntimeError(f"the backend process failed:\n{log.read_text()[-2000:]}")
-    return b"\nready\n" in b"\n" + log.read_bytes()
-
-
 def _ready(url: str) -> bool:
     try:
         return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
@@ -239,31 +232,12 @@ def main() -> int:
     if not shutil.which("haproxy"):
         print("haproxy is not installed: apt-get install -y haproxy", file=sys.stderr)
         return 2
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
+    raise_open_file_limit()  # (for the checkers started from here, and their sockets)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for count in (int(c) for c in args.counts.split(",")):
-            backend = Proc(
-                pinned(
-                    [
-                        sys.executable,
-                        str(HERE / "backends.py"),
-                        "--count",
-                        str(count),
-                        "--base-port",
-                        str(args.base_port),
-                    ],
-                    1,
-                ),
-                work / "backends.log",
-            )
-            try:
-                wait_until(
-                    lambda: b"ready" in (work / "backends.log").read_bytes(), 120, "backends ready"
-                )
+            with backend_endpoints(count, args.base_port, work):
                 for check in args.checks.split(","):
                     runs = [
                         run_haproxy(count, args.base_port, check, work, args.warmup, args.duration),
@@ -306,8 +280,6 @@ def main() -> int:
                         }
                         rows.append(row)
                         print(json.dumps(row), file=sys.stderr, flush=True)
-            finally:
-                backend.stop()
     print(
         f"{'endpoints':>9} {'check':>5} {'checker':<22} {'checks/s':>9} {'CPU %':>6} {'us/check':>9} {'x HAProxy':>9} {'on time':>8}"
     )

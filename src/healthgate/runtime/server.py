@@ -171,8 +171,7 @@ class Server:
         # the collector's sight, so that collections stay short and never delay
         # probes (the probe path allocates, and full collections would rescan
         # every resource model each time).
-        gc.collect()
-        gc.freeze()
+        _collect_and_freeze()
         # ... and once more when the first probes have decided every endpoint:
         # that first round builds the probe state, the first transitions and
         # their records, all long-lived too; left in the collector's sight they
