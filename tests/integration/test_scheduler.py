@@ -8,12 +8,12 @@ import time
 from collections.abc import Hashable
 from typing import Any
 
+from healthgate.controlplane.health_service import HealthService
 from healthgate.health.states import HealthState, Outcome, ProbeResult, Record, Transition
 from healthgate.health.windows import failure_window, success_window
 from healthgate.probes.prober import Prober
 from healthgate.probes.scheduler import ProbeScheduler, SchedulerSettings
 from healthgate.probes.spec import ProbeSpec
-from healthgate.runtime.health_service import HealthService
 from tests.helpers import resources, run_async
 from tests.integration.servers import Server
 

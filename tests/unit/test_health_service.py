@@ -7,9 +7,9 @@ import random
 
 import pytest
 
+from healthgate.controlplane.health_service import HealthService
 from healthgate.health.engine import HealthEngine
 from healthgate.health.states import HealthState, Outcome, ProbeResult, Record
-from healthgate.runtime.health_service import HealthService
 from tests.helpers import example_world, resources
 
 OUTCOMES = [Outcome.OK] * 6 + [Outcome.REFUSED, Outcome.TIMEOUT, Outcome.SUSPECT, Outcome.STATUS]

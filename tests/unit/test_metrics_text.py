@@ -6,9 +6,9 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from healthgate.api.metrics import endpoint_series, endpoint_series_parts
+from healthgate.controlplane.health_service import HealthService
 from healthgate.health.engine import ProbeTarget
 from healthgate.health.states import Outcome, ProbeResult
-from healthgate.runtime.health_service import HealthService
 from tests.helpers import example_world, resources
 
 

@@ -44,8 +44,18 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from healthgate import __version__
 from healthgate.api.auth import Access, AccessError, Principal
-from healthgate.api.errors import error_response
+from healthgate.api.errors import error_response, refusal_response
 from healthgate.api.metrics import endpoint_series_parts, render_metrics
+from healthgate.controlplane.errors import ControlError, Refusal
+from healthgate.controlplane.health_service import HealthService
+from healthgate.controlplane.offload import collector_paused, off_loop, release
+from healthgate.controlplane.recorder import TransitionRecorder, iso
+from healthgate.controlplane.resources import (
+    ControlPlane,
+    Stored,
+    parse_documents,
+    split_output_fields,
+)
 from healthgate.model.manifest import ManifestLimits, parse_manifest
 from healthgate.model.names import (
     GLOBAL,
@@ -61,15 +71,6 @@ from healthgate.model.resources import (
     Resource,
 )
 from healthgate.model.validation import Document, InvalidResources, Issue
-from healthgate.runtime.control import (
-    ControlError,
-    ControlPlane,
-    Stored,
-    parse_documents,
-    split_output_fields,
-)
-from healthgate.runtime.health_service import HealthService
-from healthgate.runtime.recorder import TransitionRecorder, iso
 from healthgate.store.base import LogQuery, Store
 
 
@@ -181,7 +182,7 @@ def create_app(state: ApiState) -> FastAPI:
 
     @app.exception_handler(ControlError)
     async def on_control_error(_: Request, exc: ControlError) -> Response:
-        return error_response(exc.code, exc.message, exc.details)
+        return refusal_response(exc)
 
     @app.exception_handler(AccessError)
     async def on_access_error(_: Request, exc: AccessError) -> Response:
@@ -210,6 +211,14 @@ def create_app(state: ApiState) -> FastAPI:
     def principal(authorization: str | None) -> Principal:
         return state.access.authenticate(authorization)
 
+    def writer(authorization: str | None) -> Principal:
+        """A principal that may write something: checked before any work
+        (a viewer's manifest is never read, let alone parsed)."""
+        who = principal(authorization)
+        if not who.may_write:
+            raise AccessError(403, f"this token ({who.role} of {who.project}) may not write")
+        return who
+
     def check_read(who: Principal, project: str) -> None:
         if not who.can_read(project):
             raise AccessError(403, f"this token may not read project {project!r}")
@@ -228,11 +237,15 @@ def create_app(state: ApiState) -> FastAPI:
         for label, value in (("project", project), ("name", name)):
             if not is_valid_name(value):
                 raise ControlError(
-                    400, f"invalid {label} {value!r}", [Issue(label, f"expected {NAME_RULE}")]
+                    Refusal.INVALID,
+                    f"invalid {label} {value!r}",
+                    [Issue(label, f"expected {NAME_RULE}")],
                 )
         if region != GLOBAL and not is_valid_name(region):
             raise ControlError(
-                400, f"invalid region {region!r}", [Issue("region", f"expected {NAME_RULE}")]
+                Refusal.INVALID,
+                f"invalid region {region!r}",
+                [Issue("region", f"expected {NAME_RULE}")],
             )
         return ResourcePath(project, region, collection, name)
 
@@ -307,7 +320,9 @@ def create_app(state: ApiState) -> FastAPI:
 
     def body_to_document(body: Any, path: ResourcePath) -> tuple[Document, str | None]:
         if not isinstance(body, dict):
-            raise ControlError(400, "expected a JSON object", [Issue("", "expected a JSON object")])
+            raise ControlError(
+                Refusal.INVALID, "expected a JSON object", [Issue("", "expected a JSON object")]
+            )
         data, fingerprint = split_output_fields(body)
         expected = {"kind": path.kind, "project": path.project, "name": path.name}
         if path.is_global:
@@ -317,7 +332,7 @@ def create_app(state: ApiState) -> FastAPI:
             given = data.setdefault(key, want)
             if given != want:
                 raise ControlError(
-                    400,
+                    Refusal.INVALID,
                     f"{key} {given!r} does not match the URL ({want!r})",
                     [Issue(key, f"expected {want!r} as in the URL")],
                 )
@@ -346,7 +361,7 @@ def create_app(state: ApiState) -> FastAPI:
     async def get_one(path: ResourcePath) -> dict[str, Any]:
         stored = state.control.stored.get(path)
         if stored is None:
-            raise ControlError(404, f"{path} not found")
+            raise ControlError(Refusal.NOT_FOUND, f"{path} not found")
         return present(stored)
 
     async def create(
@@ -355,13 +370,13 @@ def create_app(state: ApiState) -> FastAPI:
         name = body.get("name") if isinstance(body, dict) else None
         if not isinstance(name, str):
             raise ControlError(
-                400, "name is required", [Issue("name", "required field is missing")]
+                Refusal.INVALID, "name is required", [Issue("name", "required field is missing")]
             )
         path = path_of(path_project, region, collection, name)
         doc, _ = body_to_document(body, path)
         check_write(who, doc.resource)
-        await state.control.apply([doc], create_only=True)
-        return JSONResponse(present(state.control.stored[path]), status_code=201)
+        outcome = await state.control.apply([doc], create_only=True)
+        return JSONResponse(present(outcome.stored[path]), status_code=201)
 
     async def replace_resource(
         path: ResourcePath, body: Any, who: Principal, if_match: str | None
@@ -369,13 +384,18 @@ def create_app(state: ApiState) -> FastAPI:
         doc, fingerprint = body_to_document(body, path)
         check_write(who, doc.resource)
         fp = fingerprint or if_match
-        await state.control.apply([doc], fingerprints={path: fp} if fp else None, replace_only=True)
-        return present(state.control.stored[path])
+        outcome = await state.control.apply(
+            [doc], fingerprints={path: fp} if fp else None, replace_only=True
+        )
+        written = outcome.stored.get(path) or state.control.stored.get(path)
+        if written is None:  # (deleted by another writer right after this one)
+            raise ControlError(Refusal.NOT_FOUND, f"{path} not found")
+        return present(written)
 
     async def delete(path: ResourcePath, who: Principal, fingerprint: str | None) -> dict[str, Any]:
         stored = state.control.stored.get(path)
         if stored is None:
-            raise ControlError(404, f"{path} not found")
+            raise ControlError(Refusal.NOT_FOUND, f"{path} not found")
         check_write(who, stored.resource)
         await state.control.delete(
             [path], fingerprints={path: fingerprint} if fingerprint else None
@@ -544,7 +564,7 @@ def create_app(state: ApiState) -> FastAPI:
         check_read(who, project)
         path = path_of(project, region, "backendServices", name)
         if path not in state.control.stored:
-            raise ControlError(404, f"{path} not found")
+            raise ControlError(Refusal.NOT_FOUND, f"{path} not found")
         engine = state.health.engine
         items = []
         for ep in engine.endpoints(path):
@@ -719,23 +739,27 @@ def create_app(state: ApiState) -> FastAPI:
             req = ApplyRequest.model_validate_json(raw)
         except Exception as exc:
             raise ControlError(
-                400,
+                Refusal.INVALID,
                 'expected {"manifest": "<YAML>", "dryRun": false} or an application/yaml body',
                 [Issue("manifest", str(exc).splitlines()[0])],
             ) from None
         return req.manifest, req.dryRun
 
-    def manifest_documents(text: str, who: Principal) -> list[Document]:
+    def parse_for(text: str, who: Principal) -> list[Document]:
         try:
             docs = parse_manifest(text, ManifestLimits(max_bytes=s.max_manifest_bytes))
         except InvalidResources as exc:
-            raise ControlError(400, "invalid manifest", exc.issues) from None
+            raise ControlError(Refusal.INVALID, "invalid manifest", exc.issues) from None
         for d in docs:
             try:
                 check_write(who, d.resource)
             except AccessError as exc:
                 raise AccessError(403, f"document {d.index}: {exc.message}") from None
         return docs
+
+    async def manifest_documents(text: str, who: Principal) -> list[Document]:
+        # parsing is CPU work (seconds for megabytes): off the event loop
+        return await off_loop(parse_for, text, who)
 
     apply_body = {
         "requestBody": {
@@ -748,23 +772,30 @@ def create_app(state: ApiState) -> FastAPI:
     }
 
     @app.post("/v1/apply", tags=["manifests"], openapi_extra=apply_body)
-    async def apply(request: Request, authorization: Auth = None) -> dict[str, Any]:
-        who = principal(authorization)
+    async def apply(request: Request, authorization: Auth = None) -> Response:
+        who = writer(authorization)
         text, dry_run = await read_manifest(request)
-        docs = manifest_documents(text, who)
-        outcome = await state.control.apply(docs, dry_run=dry_run)
-        return {
-            "dryRun": dry_run,
-            "plan": outcome.plan.to_dict(),
-            "revision": outcome.revision,
-            "fingerprints": outcome.fingerprints,
-        }
+        with collector_paused:  # (see offload.py: the big objects die inside)
+            docs = await manifest_documents(text, who)
+            outcome = await state.control.apply(docs, dry_run=dry_run)
+            body = {
+                "dryRun": dry_run,
+                "plan": outcome.plan.to_dict(),
+                "revision": outcome.revision,
+                "fingerprints": outcome.fingerprints,
+            }
+            # freeing a parsed world is work too (a million objects: ~80 ms):
+            # the last references are dropped in a worker thread, piece by piece
+            garbage: list[object] = [text, docs, outcome]  # (outcome first)
+            del docs, outcome, text
+            await off_loop(release, garbage)
+            return await json_response(body)
 
     @app.post("/v1/delete", tags=["manifests"], openapi_extra=apply_body)
     async def delete_manifest(request: Request, authorization: Auth = None) -> dict[str, Any]:
-        who = principal(authorization)
+        who = writer(authorization)
         text, dry_run = await read_manifest(request)
-        docs = manifest_documents(text, who)
+        docs = await manifest_documents(text, who)
         outcome = await state.control.delete([d.resource.path for d in docs], dry_run=dry_run)
         return {"dryRun": dry_run, "plan": outcome.plan.to_dict(), "revision": outcome.revision}
 
@@ -799,6 +830,12 @@ def create_app(state: ApiState) -> FastAPI:
 
     app.add_middleware(BodyLimit, limit_for=limit_for)
     return app
+
+
+async def json_response(body: Any) -> Response:
+    """A large answer (a plan of thousands of paths) encoded off the event loop."""
+    content = await off_loop(json.dumps, body, separators=(",", ":"))
+    return Response(content, media_type="application/json")
 
 
 def sse(event_id: int, record: Mapping[str, Any]) -> bytes:

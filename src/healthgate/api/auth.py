@@ -57,6 +57,11 @@ class Principal:
             return (is_global and kind in ("BackendService", "ForwardingRule")) or psc
         return True
 
+    @property
+    def may_write(self) -> bool:
+        """May this principal write anything at all (checked before any work)?"""
+        return self.role != "viewer"
+
     def event_kinds(self) -> tuple[str, ...] | None:
         return CONSUMER_EVENT_KINDS if self.role == "consumer" else None
 
@@ -93,9 +98,11 @@ class Access:
             return ANONYMOUS_ADMIN
         if not authorization or not authorization.lower().startswith("bearer "):
             raise AccessError(401, "missing bearer token (Authorization: Bearer TOKEN)")
-        presented = authorization[7:].strip()
+        # as bytes: compare_digest refuses str with non-ASCII characters (a
+        # hostile header must get 401, not an internal error)
+        presented = authorization[7:].strip().encode("utf-8", "surrogateescape")
         for entry in self.tokens:
-            if hmac.compare_digest(entry.token, presented):
+            if hmac.compare_digest(entry.token.encode(), presented):
                 return Principal(entry.project, entry.role)
         raise AccessError(401, "unknown bearer token")
 

@@ -11,7 +11,18 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
+from healthgate.controlplane.errors import ControlError, Refusal
 from healthgate.model.validation import Issue
+
+# a refusal's kind -> (HTTP code, status)
+REFUSAL_HTTP: dict[Refusal, tuple[int, str]] = {
+    Refusal.INVALID: (400, "INVALID_ARGUMENT"),
+    Refusal.NOT_FOUND: (404, "NOT_FOUND"),
+    Refusal.CONFLICT: (409, "ALREADY_EXISTS"),
+    Refusal.IN_USE: (409, "FAILED_PRECONDITION"),
+    Refusal.PRECONDITION_FAILED: (412, "FAILED_PRECONDITION"),
+    Refusal.UNAVAILABLE: (503, "UNAVAILABLE"),
+}
 
 STATUS = {
     400: "INVALID_ARGUMENT",
@@ -54,6 +65,9 @@ def error_response(
     details: Sequence[Issue | dict[str, Any]] = (),
     status: str | None = None,
 ) -> JSONResponse:
-    if code == 409 and status is None and "in use" in message:
-        status = "FAILED_PRECONDITION"
     return JSONResponse(error_body(code, message, details, status), status_code=code)
+
+
+def refusal_response(exc: ControlError) -> JSONResponse:
+    code, status = REFUSAL_HTTP[exc.kind]
+    return error_response(code, exc.message, exc.details, status)

@@ -19,9 +19,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from healthgate.controlplane.health_service import PROBE_BUCKETS, HealthService
+from healthgate.controlplane.recorder import TransitionRecorder
 from healthgate.health.states import Outcome
-from healthgate.runtime.health_service import PROBE_BUCKETS, HealthService
-from healthgate.runtime.recorder import TransitionRecorder
 
 MAX_ENDPOINT_SERIES = 10_000
 STATE_VALUE = {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}

@@ -386,7 +386,7 @@ def print_event(item: dict[str, Any], output: str) -> None:
     if output == "json":
         print(json.dumps(item, separators=(",", ":")), flush=True)
         return
-    from healthgate.runtime.recorder import iso
+    from healthgate.controlplane.recorder import iso
 
     name = item.get("name") or str(item.get("frontend", "")).rsplit("/", 1)[-1]
     where = f"{item['project']}/{item.get('region', 'global')}/{name}"

@@ -85,12 +85,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     import uvloop
 
+    from healthgate.controlplane.errors import ControlError
     from healthgate.dataplane.http import HttpSettings
     from healthgate.dataplane.manager import DataPlaneSettings
     from healthgate.probes.prober import ProbeSettings
     from healthgate.probes.scheduler import SchedulerSettings
-    from healthgate.runtime.control import ControlError
     from healthgate.runtime.server import ServeSettings, run_server
+    from healthgate.store.base import StoreError
 
     configure_logging(args.log_level)
     settings = ServeSettings(
@@ -121,7 +122,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         for issue in exc.details:
             print(f"  - {issue}", file=sys.stderr)
         return EXIT_REFUSED
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, StoreError) as exc:
         logging.getLogger("healthgate.serve").error("%s", exc)
         print(f"healthgate serve: {exc}", file=sys.stderr)
         return EXIT_REFUSED

@@ -43,6 +43,13 @@ KIND_TO_COLLECTION: Final[dict[str, str]] = {
 COLLECTION_TO_KIND: Final[dict[str, str]] = {c: k for k, c in KIND_TO_COLLECTION.items()}
 
 
+def brief(value: object, limit: int = 80) -> str:
+    """The repr of a rejected value, cut short: error messages never echo a
+    whole input (a manifest field may be megabytes, or an alias bomb)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def is_valid_name(name: str) -> bool:
     return bool(NAME_RE.match(name))
 

@@ -23,6 +23,9 @@ class Plan:
     delete: list[ResourcePath] = field(default_factory=list)
     result: dict[ResourcePath, Resource] = field(default_factory=dict)  # the world after
     issues: list[Issue] = field(default_factory=list)
+    # a delete's refusals, by kind: paths that do not exist, and what is in use
+    missing: list[ResourcePath] = field(default_factory=list)
+    in_use: list[Issue] = field(default_factory=list)
 
     @property
     def changes(self) -> int:
@@ -68,8 +71,10 @@ def plan_delete(current: Mapping[ResourcePath, Resource], paths: Sequence[Resour
             plan.delete.append(path)
             del plan.result[path]
         else:
+            plan.missing.append(path)
             plan.issues.append(Issue("", f"{path} not found", kind=path.kind, name=str(path)))
-    plan.issues += check_delete(plan.result.values(), plan.delete)
+    plan.in_use = check_delete(plan.result.values(), plan.delete)
+    plan.issues += plan.in_use
     return plan
 
 

@@ -31,6 +31,7 @@ from healthgate.model.names import (
     NAME_RULE,
     ReferenceError_,
     ResourcePath,
+    brief,
     is_valid_name,
     resolve_reference,
 )
@@ -63,7 +64,7 @@ def _normalise_ip(value: str) -> str:
     try:
         return str(ipaddress.ip_address(value))
     except ValueError:
-        raise ValueError(f"expected an IPv4 or IPv6 address, got {value!r}") from None
+        raise ValueError(f"expected an IPv4 or IPv6 address, got {brief(value)}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,14 +95,16 @@ class Resource(Model):
     @classmethod
     def _check_name(cls, value: str) -> str:
         if not is_valid_name(value):
-            raise ValueError(f"expected {NAME_RULE}, got {value!r}")
+            raise ValueError(f"expected {NAME_RULE}, got {brief(value)}")
         return value
 
     @field_validator("region")
     @classmethod
     def _check_region(cls, value: str) -> str:
         if value != GLOBAL and not is_valid_name(value):
-            raise ValueError(f"expected 'global' or a region name ({NAME_RULE}), got {value!r}")
+            raise ValueError(
+                f"expected 'global' or a region name ({NAME_RULE}), got {brief(value)}"
+            )
         return value
 
     @model_validator(mode="after")
@@ -191,7 +194,7 @@ class HealthCheck(Resource):
         if not REQUEST_PATH_RE.match(value):
             raise ValueError(
                 "expected 1-80 characters starting with '/', made of letters, digits and "
-                f"- / . % ? # & _ ; ~ ! ( ) * [ ] @ $ ^ : ' , +; got {value!r}"
+                f"- / . % ? # & _ ; ~ ! ( ) * [ ] @ $ ^ : ' , +; got {brief(value)}"
             )
         return value
 
@@ -199,7 +202,7 @@ class HealthCheck(Resource):
     @classmethod
     def _check_host(cls, value: str | None) -> str | None:
         if value is not None and not HOST_RE.match(value):
-            raise ValueError(f"expected a host name or IP address, got {value!r}")
+            raise ValueError(f"expected a host name or IP address, got {brief(value)}")
         return value
 
     @field_validator("expected_status_codes", mode="before")
@@ -216,7 +219,7 @@ class HealthCheck(Resource):
             m = STATUS_RE.match(item)
             if not m or (m.group(2) and int(m.group(2)) < int(m.group(1))):
                 raise ValueError(
-                    f"expected status codes 100-599 or ranges like '200-299', got {item!r}"
+                    f"expected status codes 100-599 or ranges like '200-299', got {brief(item)}"
                 )
         return value
 
@@ -479,7 +482,9 @@ class ForwardingRule(Resource):
         lo = int(m.group(1)) if m else 0
         hi = int(m.group(2) or lo) if m else 0
         if not m or not (1 <= lo <= hi <= 65535):
-            raise ValueError(f"expected a port or range like '8000-8010' in 1-65535, got {value!r}")
+            raise ValueError(
+                f"expected a port or range like '8000-8010' in 1-65535, got {brief(value)}"
+            )
         return value
 
     @model_validator(mode="after")

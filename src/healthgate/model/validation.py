@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from healthgate.model.names import ResourcePath
+from healthgate.model.names import ResourcePath, brief
 from healthgate.model.resources import (
     KIND_CLASSES,
     BackendService,
@@ -126,10 +126,10 @@ def parse_resource(
         ]
     kind = data.get("kind")
     name = data.get("name") if isinstance(data.get("name"), str) else None
-    if kind not in KIND_CLASSES:
+    if not isinstance(kind, str) or kind not in KIND_CLASSES:
         known = ", ".join(KIND_CLASSES)
         given = kind if isinstance(kind, str) else None
-        return None, [issue("kind", f"expected one of {known}, got {kind!r}", given, name)]
+        return None, [issue("kind", f"expected one of {known}, got {brief(kind)}", given, name)]
     cls = KIND_CLASSES[kind]
     try:
         return cls.model_validate(dict(data)), []
@@ -151,7 +151,7 @@ def parse_resource(
             elif err["type"] == "missing":
                 msg = "required field is missing"
             elif "input" in err and err["type"] not in ("value_error",):
-                msg = f"{msg} (got {err['input']!r})"
+                msg = f"{msg} (got {brief(err['input'])})"
             issues.append(issue(field, msg, kind, name))
         return None, issues
 

@@ -15,6 +15,7 @@ import contextlib
 import gc
 import logging
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -26,6 +27,10 @@ from fastapi import FastAPI
 
 from healthgate.api.app import ApiSettings, ApiState, create_app
 from healthgate.api.auth import Access
+from healthgate.controlplane.errors import ControlError, Refusal
+from healthgate.controlplane.health_service import HealthService
+from healthgate.controlplane.recorder import TransitionRecorder
+from healthgate.controlplane.resources import ControlPlane
 from healthgate.dataplane.manager import DataPlane, DataPlaneSettings, metrics_text
 from healthgate.dataplane.workers import WorkerPool
 from healthgate.health.states import RouteChange
@@ -34,9 +39,6 @@ from healthgate.model.resources import HealthCheck, Resource
 from healthgate.model.validation import InvalidResources
 from healthgate.probes.prober import ProbeSettings
 from healthgate.probes.scheduler import SchedulerSettings
-from healthgate.runtime.control import ControlError, ControlPlane
-from healthgate.runtime.health_service import HealthService
-from healthgate.runtime.recorder import TransitionRecorder
 from healthgate.store.sqlite import SqliteStore
 
 log = logging.getLogger("healthgate.serve")
@@ -50,6 +52,12 @@ class ServeSettings:
     tokens_file: str | None = None
     log_retention: int = 100_000
     failure_log_rate: float = 1.0  # probe-failure log lines per second (0: none)
+    # How long a thread holding the GIL may keep it while another waits (the
+    # interpreter's default is 5 ms). Planning a large manifest runs in a
+    # thread; every wake-up of the event loop (a probe tick, a request) then
+    # waits up to this long for the GIL. 1 ms keeps front-end requests and
+    # probe starts on time during a 5 MB apply (bench/apply_stall.py).
+    switch_interval: float = 0.001
     probe: ProbeSettings = field(default_factory=ProbeSettings)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     api: ApiSettings = field(default_factory=ApiSettings)
@@ -99,6 +107,7 @@ class Server:
 
     async def start(self) -> None:
         s = self.settings
+        sys.setswitchinterval(s.switch_interval)
         Path(s.db).parent.mkdir(parents=True, exist_ok=True)
         self.store = store = SqliteStore(s.db)
         self.health = health = HealthService(
@@ -124,6 +133,7 @@ class Server:
             self.dataplane = dataplane = DataPlane(health.engine, s.dataplane)
         await dataplane.sync(control.resources)  # routes are already resumed: fail static
         control.on_change.append(dataplane.sync)
+        control.start()  # from here on, every change reaches the mirror through the watch
         health.subscribe(
             lambda records: dataplane.routes_changed(
                 [r.frontend for r in records if isinstance(r, RouteChange)]
@@ -188,7 +198,9 @@ class Server:
             docs = parse_manifest(Path(manifest).read_text(encoding="utf-8"))
             outcome = await self.control.apply(docs)
         except InvalidResources as exc:
-            raise ControlError(400, f"{manifest}: invalid manifest", exc.issues) from None
+            raise ControlError(
+                Refusal.INVALID, f"{manifest}: invalid manifest", exc.issues
+            ) from None
         plan = outcome.plan
         log.info(
             "%s: %d created, %d updated, %d unchanged",
@@ -215,6 +227,8 @@ class Server:
             self._uvicorn.should_exit = True
         if self.dataplane is not None:
             await self.dataplane.close()
+        if self.control is not None:
+            await self.control.close()
         if self.health is not None:
             await self.health.close()
         if self.recorder is not None:

@@ -1,25 +1,48 @@
-"""The store interface: narrow, so that etcd can implement it later.
+"""The store interface: the one source of truth, split by concern.
 
-Three kinds of data, three rules:
+Three kinds of data, three contracts (a store implements all three; the
+memory and SQLite stores here, an etcd store for clusters later, all pass the
+one contract suite in ``tests/contract/``):
 
-* **Resources** are revisioned documents. Every write is a transaction over
-  several documents at once (all or nothing), may carry preconditions (the
-  revision each document must still have, or None for "must not exist"), and
-  bumps the store's single revision counter. Each document remembers the
-  revision that last changed it: that is its *fingerprint*. Watchers see every
-  committed change in order.
-* **States** are the engine's last known states (endpoints, sources,
-  composites, NEGs, routes), last write wins. They let a restart resume where
-  it stopped instead of from UNKNOWN (fail static).
-* **The log** is the transition log: append only, bounded by a retention
-  setting, queried by project, resource, kind, state and time.
+* :class:`ResourceStore` - **resources**, revisioned documents. The store has
+  one revision counter; every committed transaction moves it on by one, and
+  each document remembers the revision that last changed it (its
+  *fingerprint*). A write is one :class:`Txn` over several documents, all or
+  nothing, whose preconditions are checked *inside* the transaction:
+
+  - ``expect[key] = revision``: the document still has this revision
+    (a fingerprint the client sent);
+  - ``expect[key] = None``: the document does not exist (create-only);
+  - ``expect[key] = EXISTS``: it exists, at any revision (replace, delete);
+  - ``base_revision = R``: nothing at all changed since revision R. The
+    writer planned and validated the whole world as of R (references,
+    "nothing refers to what is deleted", listen addresses); if another
+    writer committed meanwhile the plan may be wrong, so the commit is
+    refused with :class:`RevisionMoved` and the writer plans again.
+
+  Readers never read the store directly on the hot path: every process keeps
+  a mirror fed by :meth:`ResourceStore.watch` from the revision of the
+  snapshot it loaded, *including its own writes* - a writer waits until its
+  mirror has applied the revision its commit returned before it answers.
+  A watch from a revision older than the store keeps history for raises
+  :class:`Compacted`; the watcher then loads a new snapshot.
+* :class:`StateStore` - **engine states**, the last known state of every
+  endpoint, source, composite, NEG and route, last write wins, so that a
+  restart resumes where it stopped (fail static).
+* :class:`TransitionLog` - **the transition log**, append only, with
+  increasing ids, bounded by a retention, queried by project, resource, kind,
+  state and time.
+
+Keys of resources are ``resources/<full resource path>``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
+
+EXISTS: Final = -1  # an expectation: the document exists, whatever its revision
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,23 +56,62 @@ class Document:
 
 @dataclass(frozen=True, slots=True)
 class Change:
+    """One document changed by the transaction that made ``revision``."""
+
     revision: int
     key: str
     value: Mapping[str, Any] | None  # None: deleted
+    time: float = 0.0  # when it was committed (the document's ``updated``)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Every document under a prefix, as of one revision."""
+
+    revision: int
+    documents: list[Document]
 
 
 @dataclass(slots=True)
 class Txn:
     puts: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     deletes: list[str] = field(default_factory=list)
-    # key -> revision it must have now (None: it must not exist)
+    # key -> revision it must have now (None: must not exist; EXISTS: must exist)
     expect: dict[str, int | None] = field(default_factory=dict)
+    # commit only if the store's revision is still this one (see the module doc)
+    base_revision: int | None = None
 
 
-class PreconditionFailed(Exception):
+class StoreError(Exception):
+    """The store refused or failed a request (the subclasses say which)."""
+
+
+class PreconditionFailed(StoreError):
+    """A document did not have the revision (or existence) a write expected."""
+
     def __init__(self, key: str, expected: int | None, actual: int | None) -> None:
         self.key, self.expected, self.actual = key, expected, actual
         super().__init__(f"{key}: expected revision {expected}, found {actual}")
+
+
+class RevisionMoved(StoreError):
+    """Something was committed after the revision a write was planned at."""
+
+    def __init__(self, base: int, actual: int) -> None:
+        self.base, self.actual = base, actual
+        super().__init__(f"planned at revision {base}, the store is at {actual}")
+
+
+class Compacted(StoreError):
+    """A watch asked for history the store no longer keeps."""
+
+    def __init__(self, requested: int, oldest: int) -> None:
+        self.requested, self.oldest = requested, oldest
+        super().__init__(f"revision {requested} is compacted (oldest kept: {oldest})")
+
+
+class Unavailable(StoreError):
+    """The store cannot take writes now (no quorum, read-only or full disk)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,21 +133,60 @@ class LogEntry:
     record: Mapping[str, Any]
 
 
-class Store(Protocol):
+class ResourceStore(Protocol):
     def revision(self) -> int: ...
     def get(self, key: str) -> Document | None: ...
-    def list_prefix(self, prefix: str) -> list[Document]: ...
-    def commit(self, txn: Txn) -> int: ...  # returns the new revision; raises PreconditionFailed
-    def watch(self, callback: Callable[[Sequence[Change]], None]) -> Callable[[], None]: ...
+    def snapshot(self, prefix: str) -> Snapshot: ...
+    def commit(self, txn: Txn) -> int:
+        """Execute ``txn`` atomically; return the new revision (the current
+        one when it changes nothing: deletes of missing keys, no puts).
+        Raises :class:`PreconditionFailed` or :class:`RevisionMoved` and
+        writes nothing."""
 
+    def changes_since(self, revision: int, limit: int = 10_000) -> list[Change]:
+        """Committed changes with a revision above ``revision``, oldest first
+        (whole transactions only). Raises :class:`Compacted`."""
+
+    def watch(self, from_revision: int) -> AsyncIterator[list[Change]]:
+        """Every change after ``from_revision``, in order, one transaction's
+        changes per item, then live ones as they are committed. Raises
+        :class:`Compacted` when that history is gone. Must be used on the
+        event loop that serves the process."""
+
+
+class StateStore(Protocol):
     def save_states(self, puts: Mapping[str, Any], deletes: Iterable[str] = ()) -> None:
         """Upsert ``puts``; delete every key starting with one of ``deletes`` (prefixes)."""
 
     def load_states(self) -> dict[str, Any]: ...
 
+
+class TransitionLog(Protocol):
     def append_log(self, records: Sequence[Mapping[str, Any]]) -> list[int]: ...
     def query_log(self, query: LogQuery) -> list[LogEntry]: ...
     def last_log_id(self) -> int: ...
     def trim_log(self, keep: int) -> int: ...
 
+
+class Store(ResourceStore, StateStore, TransitionLog, Protocol):
+    """All three, as one process uses them."""
+
     def close(self) -> None: ...
+
+
+def record_matches(query: LogQuery, record: Mapping[str, Any]) -> bool:
+    """Does a transition record pass the query's filters (ids and times aside)?
+    Shared by the in-memory log and the live event stream."""
+    if query.project is not None and record.get("project") != query.project:
+        return False
+    if query.kind and record.get("kind") != query.kind:
+        return False
+    if query.kinds is not None and record.get("kind") not in query.kinds:
+        return False
+    if query.state and str(record.get("to")) != query.state:
+        return False
+    return not (query.path_prefix and not record_path(record).startswith(query.path_prefix))
+
+
+def record_path(record: Mapping[str, Any]) -> str:
+    return str(record.get("path") or record.get("frontend") or "")

@@ -4,23 +4,49 @@ One connection, guarded by a lock, used from worker threads (the async
 callers wrap calls in ``asyncio.to_thread``). ``synchronous=FULL`` makes a
 committed transaction durable before ``commit`` returns, so a write that was
 acknowledged to a client survives ``kill -9`` and power loss.
+
+Every committed change is also written to a ``changes`` table in the same
+transaction: the history that :meth:`SqliteStore.watch` replays from a
+revision. It keeps the last ``history`` revisions; a watch from before them
+raises :class:`~healthgate.store.base.Compacted`, as etcd does.
+
+One process at a time: the store takes an exclusive lock (``flock``) on
+``<database>.lock`` when it opens, and writes its process id there, so a
+second ``serve`` on the same file stops at once and names the holder
+(two writers that never see each other's commits would diverge).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import fcntl
 import json
+import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from healthgate.store.base import Change, Document, LogEntry, LogQuery, PreconditionFailed, Txn
+from healthgate.store.base import (
+    Change,
+    Compacted,
+    Document,
+    LogEntry,
+    LogQuery,
+    Snapshot,
+    StoreError,
+    Txn,
+)
+from healthgate.store.txn import check_txn
+from healthgate.store.watch import WatchHub
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT OR IGNORE INTO meta (key, value) VALUES ('revision', 0);
+INSERT OR IGNORE INTO meta (key, value) VALUES ('compacted', 0);
 CREATE TABLE IF NOT EXISTS documents (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL,
@@ -28,6 +54,13 @@ CREATE TABLE IF NOT EXISTS documents (
     created REAL NOT NULL,
     updated REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS changes (
+    revision INTEGER NOT NULL,
+    key TEXT NOT NULL,
+    value TEXT,
+    time REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS changes_revision ON changes (revision);
 CREATE TABLE IF NOT EXISTS states (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS log (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -42,24 +75,56 @@ CREATE INDEX IF NOT EXISTS log_project ON log (project, id);
 """
 
 
+class StoreLocked(StoreError):
+    """Another process has this database open."""
+
+
+def _lock_file(db_path: str) -> int:
+    """Take the exclusive lock beside the database; return its descriptor."""
+    lock_path = db_path + ".lock"
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise StoreLocked(
+            f"{db_path} is in use by process {holder} (lock {lock_path}): "
+            "stop that healthgate first, or give this one its own --db"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
 class SqliteStore:
-    def __init__(self, path: str | Path, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        clock: Callable[[], float] = time.time,
+        history: int = 10_000,
+        exclusive: bool = True,
+    ) -> None:
         self.path = str(path)
         self._clock = clock
+        self.history = history  # revisions of change history kept for watches
+        self._lock_fd = _lock_file(self.path) if exclusive else -1
         self._lock = threading.RLock()
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(SCHEMA)
-        self._watchers: list[Callable[[Sequence[Change]], None]] = []
+        self._hub = WatchHub()
 
-    # ------------------------------------------------------------------ documents
+    # ------------------------------------------------------------------ resources
+
+    def _meta(self, key: str) -> int:
+        return int(self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()[0])
 
     def revision(self) -> int:
         with self._lock:
-            row = self._db.execute("SELECT value FROM meta WHERE key='revision'").fetchone()
-            return int(row[0])
+            return self._meta("revision")
 
     def get(self, key: str) -> Document | None:
         with self._lock:
@@ -68,55 +133,78 @@ class SqliteStore:
             ).fetchone()
         return _doc(row) if row else None
 
-    def list_prefix(self, prefix: str) -> list[Document]:
-        with self._lock:
+    def snapshot(self, prefix: str) -> Snapshot:
+        with self._lock:  # (one connection under one lock: no commit between the reads)
             rows = self._db.execute(
                 "SELECT key, value, revision, created, updated FROM documents "
                 "WHERE key >= ? AND key < ? ORDER BY key",
                 (prefix, prefix + "\U0010ffff"),
             ).fetchall()
-        return [_doc(r) for r in rows]
+            rev = self._meta("revision")
+        return Snapshot(rev, [_doc(r) for r in rows])
 
     def commit(self, txn: Txn) -> int:
         now = self._clock()
-        changes: list[Change] = []
         with self._lock:
             db = self._db
             db.execute("BEGIN IMMEDIATE")
             try:
-                for key, expected in txn.expect.items():
-                    row = db.execute(
-                        "SELECT revision FROM documents WHERE key=?", (key,)
-                    ).fetchone()
-                    actual = int(row[0]) if row else None
-                    if actual != expected:
-                        raise PreconditionFailed(key, expected, actual)
-                rev = (
-                    int(db.execute("SELECT value FROM meta WHERE key='revision'").fetchone()[0]) + 1
-                )
+                current = self._meta("revision")
+                check_txn(txn, current, self._current_revision)
+                rev = current + 1
+                rows: list[tuple[int, str, str | None, float]] = []
                 for key, value in txn.puts.items():
+                    text = json.dumps(value, sort_keys=True)
                     db.execute(
-                        "INSERT INTO documents (key, value, revision, created, updated) VALUES (?, ?, ?, ?, ?) "
-                        "ON CONFLICT(key) DO UPDATE SET value=excluded.value, revision=excluded.revision, "
-                        "updated=excluded.updated",
-                        (key, json.dumps(value, sort_keys=True), rev, now, now),
+                        "INSERT INTO documents (key, value, revision, created, updated) "
+                        "VALUES (?, ?, ?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
+                        "value=excluded.value, revision=excluded.revision, updated=excluded.updated",
+                        (key, text, rev, now, now),
                     )
-                    changes.append(Change(rev, key, value))
+                    rows.append((rev, key, text, now))
                 for key in txn.deletes:
-                    db.execute("DELETE FROM documents WHERE key=?", (key,))
-                    changes.append(Change(rev, key, None))
+                    if db.execute("DELETE FROM documents WHERE key=?", (key,)).rowcount:
+                        rows.append((rev, key, None, now))
+                if not rows:  # nothing changed: no new revision (as in etcd)
+                    db.execute("ROLLBACK")
+                    return current
+                db.executemany("INSERT INTO changes VALUES (?, ?, ?, ?)", rows)
                 db.execute("UPDATE meta SET value=? WHERE key='revision'", (rev,))
+                floor = rev - self.history
+                if floor > self._meta("compacted"):
+                    db.execute("DELETE FROM changes WHERE revision <= ?", (floor,))
+                    db.execute("UPDATE meta SET value=? WHERE key='compacted'", (floor,))
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
-        for watcher in list(self._watchers):
-            watcher(changes)
+        self._hub.notify()
         return rev
 
-    def watch(self, callback: Callable[[Sequence[Change]], None]) -> Callable[[], None]:
-        self._watchers.append(callback)
-        return lambda: self._watchers.remove(callback)
+    def _current_revision(self, key: str) -> int | None:
+        row = self._db.execute("SELECT revision FROM documents WHERE key=?", (key,)).fetchone()
+        return int(row[0]) if row else None
+
+    def changes_since(self, revision: int, limit: int = 10_000) -> list[Change]:
+        with self._lock:
+            compacted = self._meta("compacted")
+            if revision < compacted:
+                raise Compacted(revision, compacted + 1)
+            rows = self._db.execute(
+                "SELECT revision, key, value, time FROM changes "
+                "WHERE revision > ? AND revision <= ? ORDER BY revision, rowid",
+                (revision, revision + limit),
+            ).fetchall()
+        return [
+            Change(int(r), k, json.loads(v) if v is not None else None, float(t))
+            for r, k, v, t in rows
+        ]
+
+    def watch(self, from_revision: int) -> AsyncIterator[list[Change]]:
+        async def fetch(after: int) -> list[Change]:
+            return await asyncio.to_thread(self.changes_since, after)
+
+        return self._hub.watch(from_revision, fetch)
 
     # ------------------------------------------------------------------ states
 
@@ -217,6 +305,10 @@ class SqliteStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+        if self._lock_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)  # (closing the descriptor releases the lock)
+            self._lock_fd = -1
 
 
 def _doc(row: tuple[Any, ...]) -> Document:

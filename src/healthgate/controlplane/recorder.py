@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from healthgate.controlplane.saved_states import encode_record_states
 from healthgate.health.states import Record
-from healthgate.runtime.control import encode_record_states
 from healthgate.store.base import Store
 
 log = logging.getLogger("healthgate.recorder")

@@ -1,0 +1,73 @@
+"""Saved engine states: transition records in, state-store entries out, and back.
+
+The state store keeps, last write wins, ``endpoint/<endpoint path>``,
+``node/<source, composite or NEG path>`` and ``route/<front-end path>``:
+what a restart (or a new leader, in a cluster) resumes from instead of
+UNKNOWN.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from healthgate.health.engine import Route
+from healthgate.health.states import HealthState
+
+log = logging.getLogger("healthgate.control")
+
+
+def encode_record_states(records: Sequence[Any]) -> dict[str, Any]:
+    """Records -> state-store puts (last write wins)."""
+    puts: dict[str, Any] = {}
+    for r in records:
+        d = r.to_dict()
+        if d["kind"] == "Route":
+            puts["route/" + d["frontend"]] = {
+                "target": d["to"],
+                "mode": d["mode"],
+                "reason": d["reason"],
+                "since": d["time"],
+                "attachment": getattr(r, "attachment", None),
+            }
+        elif d["kind"] == "Endpoint":
+            puts["endpoint/" + d["path"]] = {"state": d["to"], "since": d["time"]}
+        else:
+            puts["node/" + d["path"]] = {
+                "state": d["to"],
+                "reason": d["reason"],
+                "since": d["time"],
+            }
+    return puts
+
+
+def decode_states(
+    states: Mapping[str, Any],
+) -> tuple[
+    dict[str, tuple[HealthState, float]],
+    dict[str, tuple[HealthState, str, float]],
+    dict[str, Route],
+]:
+    endpoints: dict[str, tuple[HealthState, float]] = {}
+    nodes: dict[str, tuple[HealthState, str, float]] = {}
+    routes: dict[str, Route] = {}
+    for key, v in states.items():
+        kind, _, path = key.partition("/")
+        try:
+            if kind == "endpoint":
+                endpoints[path] = (HealthState[v["state"]], float(v["since"]))
+            elif kind == "node":
+                nodes[path] = (HealthState[v["state"]], str(v["reason"]), float(v["since"]))
+            elif kind == "route":
+                routes[path] = Route(
+                    path,
+                    v["target"],
+                    v.get("attachment"),
+                    v["mode"],
+                    v["reason"],
+                    float(v["since"]),
+                )
+        except (KeyError, TypeError, ValueError):
+            log.warning("ignoring unreadable stored state %s", key)
+    return endpoints, nodes, routes

@@ -1,0 +1,55 @@
+"""The whole API in this process, on the in-memory store: no subprocess, no port.
+
+``InProcessApi`` wires what ``serve`` wires for the API (store, engine,
+control plane following the store's watch, transition recorder) without the
+prober's timer or the data plane, and gives an httpx client speaking ASGI to
+the app directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+
+from healthgate.api.app import ApiState, create_app
+from healthgate.api.auth import Access, TokenEntry
+from healthgate.controlplane.health_service import HealthService
+from healthgate.controlplane.recorder import TransitionRecorder
+from healthgate.controlplane.resources import ControlPlane
+from healthgate.store.memory import MemoryStore
+
+
+class InProcessApi:
+    def __init__(self, tokens: list[dict[str, str]] | None = None) -> None:
+        self.store = MemoryStore()
+        self.health = HealthService()
+        self.recorder = TransitionRecorder(self.store)
+        self.health.subscribe(self.recorder.on_records)
+        self.health.on_forget(self.recorder.on_forget)
+        self.control = ControlPlane(self.store, self.health)
+        entries = [TokenEntry.model_validate(t) for t in tokens] if tokens else None
+        self.access = Access(entries, open_access=not entries)
+        self._tasks: list[asyncio.Task[Any]] = []
+        self.client: httpx.AsyncClient | None = None
+
+    async def __aenter__(self) -> InProcessApi:
+        await self.control.load()
+        self.control.start()
+        self._tasks.append(asyncio.create_task(self.recorder.run()))
+        state = ApiState(self.control, self.health, self.recorder, self.store, self.access)
+        state.ready = True
+        self.client = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=create_app(state)), base_url="http://healthgate"
+        )
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+        await self.control.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.health.close()

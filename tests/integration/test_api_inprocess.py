@@ -1,0 +1,199 @@
+"""The API in this process on the memory store: writes as store transactions,
+the mirror fed by the watch, concurrent writers, and hostile manifests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import yaml
+
+from healthgate.store.base import Txn
+from tests.helpers import example_world, run_async
+from tests.inprocess import InProcessApi
+from tests.integration.test_api import assert_error, collection_url, manifest
+
+Scenario = Callable[[InProcessApi, httpx.AsyncClient], Awaitable[None]]
+
+
+def run(scenario: Scenario, tokens: list[dict[str, str]] | None = None) -> None:
+    async def go() -> None:
+        async with InProcessApi(tokens) as hg:
+            assert hg.client is not None
+            await scenario(hg, hg.client)
+
+    run_async(go(), timeout=60)
+
+
+async def apply(client: httpx.AsyncClient, dicts: list[dict[str, Any]], **kw: Any) -> Any:
+    return await client.post("/v1/apply", json={"manifest": manifest(dicts), **kw})
+
+
+def test_create_get_replace_delete_with_kinds_of_refusal() -> None:
+    async def scenario(hg: InProcessApi, api: httpx.AsyncClient) -> None:
+        dicts = example_world()
+        assert (await apply(api, dicts)).status_code == 200
+        hc = dicts[0]
+        url = f"{collection_url(hc)}/{hc['name']}"
+        got = (await api.get(url)).json()
+        assert got["fingerprint"] == str(hg.store.revision())
+        # create-only: a second POST of the same name is a conflict
+        assert_error(await api.post(collection_url(hc), json=hc), 409, "ALREADY_EXISTS")
+        # replace with the fingerprint read, then again with the stale one
+        changed = {**got, "checkIntervalSec": 7}
+        resp = await api.put(url, json=changed)
+        assert resp.status_code == 200 and resp.json()["checkIntervalSec"] == 7
+        assert_error(await api.put(url, json=changed), 412, "FAILED_PRECONDITION", "fingerprint")
+        # in use: a backend service refers to the check
+        assert_error(await api.delete(url), 409, "FAILED_PRECONDITION")
+        assert_error(await api.get(url + "-none"), 404, "NOT_FOUND")
+        assert_error(await api.delete(url + "-none"), 404, "NOT_FOUND")
+
+    run(scenario)
+
+
+def test_a_write_by_another_process_reaches_the_mirror_through_the_watch() -> None:
+    """What another node of a cluster does: commit to the store directly."""
+
+    async def scenario(hg: InProcessApi, api: httpx.AsyncClient) -> None:
+        dicts = example_world()
+        await apply(api, dicts)
+        hc = dict(dicts[0])
+        url = f"{collection_url(hc)}/{hc['name']}"
+        hc["checkIntervalSec"] = 9
+        key = "resources/" + (await api.get(url)).json()["selfLink"]
+        rev = await asyncio.to_thread(hg.store.commit, Txn(puts={key: hc}))
+        await hg.control.wait_for_revision(rev)
+        body = (await api.get(url)).json()
+        assert body["checkIntervalSec"] == 9 and body["fingerprint"] == str(rev)
+
+    run(scenario)
+
+
+def test_concurrent_creates_of_one_name_give_one_success_and_one_conflict() -> None:
+    async def scenario(hg: InProcessApi, api: httpx.AsyncClient) -> None:
+        hc = example_world()[0]
+        results = await asyncio.gather(*(api.post(collection_url(hc), json=hc) for _ in range(4)))
+        codes = sorted(r.status_code for r in results)
+        assert codes == [201, 409, 409, 409], [r.text for r in results]
+
+    run(scenario)
+
+
+def test_a_delete_racing_a_new_reference_never_leaves_a_dangling_one() -> None:
+    """Delete a health source while a composite that names it is applied: the
+    rule 'nothing refers to what is deleted' is checked inside the store
+    transaction (the plan's revision), so exactly one of them wins."""
+
+    async def scenario(hg: InProcessApi, api: httpx.AsyncClient) -> None:
+        for round_ in range(6):
+            dicts = example_world(f"shop{round_}", f"web{round_}")
+            base = [d for d in dicts if d["kind"] != "CompositeHealthCheck"]
+            assert (await apply(api, base)).status_code == 200, "setup"
+            composite = [d for d in dicts if d["kind"] == "CompositeHealthCheck"][:1]
+            source = next(
+                d
+                for d in dicts
+                if d["kind"] == "HealthSource"
+                and d["region"] == composite[0]["region"]
+                and d["name"] == composite[0]["healthSources"][0].rsplit("/", 1)[-1]
+            )
+            src_url = f"{collection_url(source)}/{source['name']}"
+            created, deleted = await asyncio.gather(apply(api, composite), api.delete(src_url))
+            outcomes = (created.status_code, deleted.status_code)
+            assert outcomes in ((200, 409), (400, 200)), (created.text, deleted.text)
+            world = hg.control.resources
+            paths = {str(p) for p in world}
+            for res in world.values():  # no resource refers to a missing one
+                for ref in res.references():
+                    assert ref.target is None or str(ref.target) in paths, ref
+
+    run(scenario)
+
+
+# ---------------------------------------------------------------------- hostile manifests
+
+ALIAS_BOMB = "\n".join(
+    ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    + [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    + ["kind: HealthCheck", "name: bomb", "project: p", "region: r", "type: TCP", "port: 80"]
+    + ["description: *a8"]
+)
+
+
+def test_hostile_manifests_are_refused_quickly_with_400() -> None:
+    async def scenario(hg: InProcessApi, api: httpx.AsyncClient) -> None:
+        deep = "kind: HealthCheck\nname: x\nproject: p\nregion: r\ndescription: " + (
+            "[" * 5000 + "]" * 5000
+        )
+        cases = {
+            "alias bomb": ALIAS_BOMB,
+            "deep nesting": deep,
+            "kind is a list": "kind: [a]\nname: x\nproject: p\n",
+            "not a mapping": "- just\n- a list\n",
+            "huge value echoed": "kind: " + "K" * 100_000 + "\nname: x\nproject: p\n",
+        }
+        for label, text in cases.items():
+            started = time.perf_counter()
+            resp = await api.post(
+                "/v1/apply", content=text, headers={"Content-Type": "application/yaml"}
+            )
+            took = time.perf_counter() - started
+            err = assert_error(resp, 400, "INVALID_ARGUMENT")
+            assert len(resp.content) < 4000, (label, len(resp.content))  # never the whole value
+            assert took < 5, (label, took)
+            assert err["details"], label
+        assert hg.control.stored == {}
+
+    run(scenario)
+
+
+def test_a_viewer_is_refused_before_its_manifest_is_read_and_odd_tokens_are_401() -> None:
+    tokens = [
+        {"token": "viewer-token-0123456789", "project": "p", "role": "viewer"},
+        {"token": "admin-token-0123456789", "project": "*", "role": "admin"},
+    ]
+
+    async def scenario(hg: InProcessApi, api: httpx.AsyncClient) -> None:
+        resp = await api.post(
+            "/v1/apply",
+            content=ALIAS_BOMB,
+            headers={
+                "Content-Type": "application/yaml",
+                "Authorization": "Bearer viewer-token-0123456789",
+            },
+        )
+        assert_error(resp, 403, "PERMISSION_DENIED")
+        resp = await api.get(
+            "/v1/projects/p/events",
+            headers={b"Authorization": "Bearer tökén-ünicode-0123456789".encode()},
+        )
+        assert_error(resp, 401, "UNAUTHENTICATED")
+
+    run(scenario, tokens)
+
+
+def test_the_offline_loader_is_bounded_too() -> None:
+    from healthgate.model.manifest import ManifestLimits, load_manifest
+    from healthgate.model.validation import InvalidResources
+
+    started = time.perf_counter()
+    try:
+        load_manifest(ALIAS_BOMB)
+    except InvalidResources as exc:
+        assert "expands to more than" in str(exc)
+    else:
+        raise AssertionError("the alias bomb loaded")
+    assert time.perf_counter() - started < 2
+    # a legitimate manifest is within every limit, and the limits are settings
+    assert load_manifest(manifest(example_world()))
+    tight = ManifestLimits(max_nodes=10)
+    try:
+        load_manifest(yaml.safe_dump(example_world()[0]), tight)
+    except InvalidResources as exc:
+        assert "more than 10" in str(exc)
+    else:
+        raise AssertionError("a 10-node limit let a health check through")
