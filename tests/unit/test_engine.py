@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from healthgate.health import engine as engine_module
+from healthgate.health import graph as graph_module
 from healthgate.health import policy as policy_module
 from healthgate.health.engine import HealthEngine
 from healthgate.health.states import HealthState, Outcome, ProbeResult, RouteChange
@@ -216,7 +216,7 @@ def test_changing_a_policy_reevaluates_only_its_sources(monkeypatch: pytest.Monk
         calls.append((total, healthy, unknown))
         return real(policy, total, healthy, unknown)
 
-    monkeypatch.setattr(engine_module, "evaluate", spy)
+    monkeypatch.setattr(graph_module, "evaluate", spy)
     dicts = example_dicts()
     find(dicts, "HealthAggregationPolicy", "strict")["minHealthyThreshold"] = 4
     engine.apply(resources(dicts), 9.0)
@@ -274,7 +274,7 @@ def test_one_flip_costs_only_its_own_sources(monkeypatch: pytest.MonkeyPatch) ->
         calls.append(args)
         return real(*args)
 
-    monkeypatch.setattr(engine_module, "evaluate", spy)
+    monkeypatch.setattr(graph_module, "evaluate", spy)
     slot = engine.slot_of(ResourcePath("p", "r7", "backendServices", "bs"), "127.1.7.1", 80)
     assert slot is not None
     engine.on_result(2.0, slot, TIMEOUT)

@@ -95,8 +95,9 @@ class HealthView(Protocol):
     """What the data plane reads of health: the engine itself in the serving
     process, a snapshot of it in a worker process."""
 
-    # moves on whenever what the other three return may have changed
-    generation: int
+    @property
+    def generation(self) -> int:
+        """Moves on whenever what the other three return may have changed."""
 
     def route_table(self) -> RouteTable: ...
 

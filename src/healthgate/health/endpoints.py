@@ -1,0 +1,510 @@
+"""The endpoint table: every endpoint's threshold state, in parallel arrays.
+
+Endpoints are many (up to millions), so they live in arrays indexed by a
+small integer *slot*: state, success run, failure run, last result and the
+time of the last change - about 40 bytes each, plus the slot's key. Each
+slot belongs to one *aggregate*, the endpoint set of one regional backend
+service under its one health check, which keeps running counts (total,
+healthy, unknown). One probe result is therefore O(1): step the threshold
+machine (health/threshold.py), and when the state flips, adjust two
+counters and answer with the endpoint's transition. What the flip means
+above the endpoints is the graph's business (health/graph.py).
+
+An aggregate is rebuilt only when its backend service, health check or
+groups changed, and then only the endpoints that came or went are touched
+(the others keep their state, the fail-static choice: a changed check is
+confirmed by the next probes, not by forgetting what was known).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Mapping
+
+from healthgate.health.states import HealthState, Outcome, ProbeResult, Record, Transition
+from healthgate.health.threshold import RUN_CAP, step
+from healthgate.health.types import (
+    ApplyResult,
+    EndpointKey,
+    EndpointStatus,
+    ProbeTarget,
+    endpoint_name,
+    parse_endpoint_name,
+)
+from healthgate.model.names import ResourcePath
+from healthgate.model.resources import (
+    BackendService,
+    HealthCheck,
+    InstanceGroup,
+    NetworkEndpointGroup,
+    Resource,
+)
+
+UNKNOWN = HealthState.UNKNOWN
+HEALTHY = HealthState.HEALTHY
+UNHEALTHY = HealthState.UNHEALTHY
+_STATES = (UNKNOWN, HEALTHY, UNHEALTHY)
+_OK = Outcome.OK  # per-probe outcomes as globals (see the note on Outcome)
+
+
+class _Aggregate:
+    __slots__ = (
+        "all_cache",
+        "check",
+        "healthy",
+        "healthy_cache",
+        "hthr",
+        "path",
+        "slots",
+        "total",
+        "unknown",
+        "uthr",
+    )
+
+    def __init__(self, path: ResourcePath, check: HealthCheck) -> None:
+        self.path = path
+        self.check = check
+        self.hthr = check.healthy_threshold
+        self.uthr = check.unhealthy_threshold
+        self.total = 0
+        self.healthy = 0
+        self.unknown = 0
+        self.slots: dict[EndpointKey, int] = {}
+        self.healthy_cache: tuple[EndpointKey, ...] | None = None
+        self.all_cache: tuple[EndpointKey, ...] | None = None  # until slots change
+
+
+def _reason_for_endpoint(state: HealthState, runs: int, threshold: int, last: str) -> str:
+    if state is HEALTHY:
+        return f"{runs} consecutive successful probes (healthyThreshold {threshold}); last: {last}"
+    return f"{runs} consecutive failed probes (unhealthyThreshold {threshold}); last: {last}"
+
+
+FlipListener = Callable[[float, ResourcePath, list[Record]], None]
+
+
+class EndpointTable:
+    """``on_flip(now, backend_service, records)`` is called with the
+    endpoint's transition as ``records`` whenever one flips, and may append
+    what the flip causes above (the engine hands it to the graph)."""
+
+    def __init__(self, on_flip: FlipListener | None = None) -> None:
+        self.on_flip = on_flip
+        # endpoint arrays, indexed by slot
+        self._state = bytearray()
+        self._ok = bytearray()
+        self._fail = bytearray()
+        self._agg = array("i")
+        self._last_outcome = bytearray()
+        self._last_status = array("H")
+        self._last_latency = array("f")
+        self._last_time = array("d")
+        self._since = array("d")
+        self._key: list[EndpointKey | None] = []
+        self._free: list[int] = []
+        self._last_detail: dict[int, str] = {}
+        self._aggs: list[_Aggregate | None] = []
+        self._agg_ids: dict[ResourcePath, int] = {}
+        self._free_aggs: list[int] = []
+        self._ports: dict[int, int] = {}  # interned port numbers
+        # moves on whenever a backend service's HEALTHY (or whole) endpoint set changes
+        self.generation = 0
+
+    # ------------------------------------------------------------------ hot path
+
+    def on_result(self, now: float, slot: int, result: ProbeResult) -> list[Record]:
+        """Feed one probe result; the transitions it caused (often none)."""
+        agg = self._aggs[self._agg[slot]]
+        assert agg is not None
+        old = self._state[slot]
+        outcome = result.outcome
+        new, ok, fail = step(
+            _STATES[old], self._ok[slot], self._fail[slot], outcome, agg.hthr, agg.uthr
+        )
+        self._ok[slot] = ok
+        self._fail[slot] = fail
+        self._last_outcome[slot] = outcome
+        self._last_status[slot] = result.status
+        self._last_latency[slot] = result.latency
+        self._last_time[slot] = now
+        if result.detail:
+            self._last_detail[slot] = result.detail
+        elif self._last_detail:
+            self._last_detail.pop(slot, None)
+        if new == old:
+            return []
+        self._state[slot] = new
+        self._since[slot] = now
+        agg.healthy += (new == HEALTHY) - (old == HEALTHY)
+        agg.unknown += (new == UNKNOWN) - (old == UNKNOWN)
+        self._endpoints_changed(agg)
+        key = self._key[slot]
+        assert key is not None
+        if new == HEALTHY:
+            reason = _reason_for_endpoint(new, ok, agg.hthr, result.describe())
+        else:
+            reason = _reason_for_endpoint(new, fail, agg.uthr, result.describe())
+        records: list[Record] = [self._transition(now, agg, key, _STATES[old], new, reason)]
+        if self.on_flip is not None:
+            self.on_flip(now, agg.path, records)
+        return records
+
+    def on_results(self, now: float, results: Iterable[tuple[int, ProbeResult]]) -> list[Record]:
+        """Feed the results of probes that ended together (a tick's worth);
+        the same as :meth:`on_result` for each in turn. The steady state - a
+        success for an endpoint already HEALTHY - is taken here without the
+        threshold machine's call: what :func:`step` does then is grow the
+        success run (capped), zero the failure run and keep the state."""
+        other = self.on_result
+        records: list[Record] = []
+        states, ok_runs, fail_runs = self._state, self._ok, self._fail
+        details = self._last_detail
+        last_outcome, last_status = self._last_outcome, self._last_status
+        last_latency, last_time = self._last_latency, self._last_time
+        for slot, result in results:
+            if result.outcome is not _OK or states[slot] != HEALTHY:
+                records += other(now, slot, result)
+                continue
+            run = ok_runs[slot]
+            if run < RUN_CAP:
+                ok_runs[slot] = run + 1
+            fail_runs[slot] = 0
+            last_outcome[slot] = _OK
+            last_status[slot] = result.status
+            last_latency[slot] = result.latency
+            last_time[slot] = now
+            if result.detail:
+                details[slot] = result.detail
+            elif details:
+                details.pop(slot, None)
+        return records
+
+    def _transition(
+        self,
+        now: float,
+        agg: _Aggregate,
+        key: EndpointKey,
+        old: HealthState,
+        new: HealthState,
+        reason: str,
+    ) -> Transition:
+        p = agg.path
+        name = endpoint_name(*key)
+        return Transition(
+            now, p.project, p.region, "Endpoint", name, f"{p}/endpoints/{name}", old, new, reason
+        )
+
+    # ------------------------------------------------------------------ resources
+
+    def sync(
+        self,
+        now: float,
+        resources: Mapping[ResourcePath, Resource],
+        changed: set[ResourcePath],
+        result: ApplyResult,
+    ) -> list[ResourcePath]:
+        """Rebuild the aggregates whose backend service, check or groups
+        changed, drop those whose backend service is gone; returns their paths."""
+        rebuilt: list[ResourcePath] = []
+        for path, res in resources.items():
+            if isinstance(res, BackendService) and not res.is_global:
+                inputs = [path, *res.refs("health_checks"), *res.refs("backends")]
+                if any(p in changed for p in inputs):
+                    check = resources.get(res.refs("health_checks")[0])
+                    assert isinstance(check, HealthCheck), "validated: the health check exists"
+                    self._rebuild_aggregate(
+                        now, res, check, self._endpoints_of(res, resources), result
+                    )
+                    rebuilt.append(path)
+        for path in [p for p in self._agg_ids if p not in resources]:
+            self._drop_aggregate(path, result)
+            rebuilt.append(path)
+        return rebuilt
+
+    def _endpoints_of(
+        self, bs: BackendService, resources: Mapping[ResourcePath, Resource]
+    ) -> dict[EndpointKey, None]:
+        keys: dict[EndpointKey, None] = {}
+        for group_path in bs.refs("backends"):
+            group = resources.get(group_path)
+            if isinstance(group, NetworkEndpointGroup):
+                for ep in group.endpoints:
+                    port = self._ports.setdefault(ep.port, ep.port) if ep.port else None
+                    keys[(ep.ip_address, port)] = None
+            elif isinstance(group, InstanceGroup):
+                for inst in group.instances:
+                    keys[(inst.ip_address, group.serving_port)] = None
+        return keys
+
+    def _rebuild_aggregate(
+        self,
+        now: float,
+        bs: BackendService,
+        check: HealthCheck,
+        desired: dict[EndpointKey, None],
+        result: ApplyResult,
+    ) -> None:
+        path = bs.path
+        agg_id = self._agg_ids.get(path)
+        if agg_id is None:
+            agg_id = self._free_aggs.pop() if self._free_aggs else len(self._aggs)
+            agg = _Aggregate(path, check)
+            if agg_id == len(self._aggs):
+                self._aggs.append(agg)
+            else:
+                self._aggs[agg_id] = agg
+            self._agg_ids[path] = agg_id
+            old_check: HealthCheck | None = None
+        else:
+            agg_or_none = self._aggs[agg_id]
+            assert agg_or_none is not None
+            agg = agg_or_none
+            old_check = agg.check
+            agg.check, agg.hthr, agg.uthr = (
+                check,
+                check.healthy_threshold,
+                check.unhealthy_threshold,
+            )
+
+        for key in [k for k in agg.slots if k not in desired]:
+            slot = agg.slots.pop(key)
+            self._free_slot(agg, slot)
+            result.removed.append(slot)
+            result.removed_paths.append(f"{path}/endpoints/{endpoint_name(*key)}")
+        enabled = check.enabled
+        toggled = old_check is not None and old_check.enabled != enabled
+        if toggled:
+            # every kept endpoint changes meaning: disabled = HEALTHY "not checked",
+            # re-enabled = UNKNOWN until probes say otherwise
+            target = HEALTHY if not enabled else UNKNOWN
+            reason = (
+                "not checked (health check disabled)"
+                if not enabled
+                else "health check enabled: waiting for probes"
+            )
+            for key, slot in agg.slots.items():
+                before = self._force_state(now, agg, slot, target)
+                if before is not target:
+                    result.records.append(self._transition(now, agg, key, before, target, reason))
+                if enabled:
+                    result.added.append(ProbeTarget(slot, path, key[0], key[1], check))
+                else:
+                    result.removed.append(slot)
+        elif old_check is not None and old_check != check and enabled:
+            for key, slot in agg.slots.items():
+                result.changed.append(ProbeTarget(slot, path, key[0], key[1], check))
+        for key in desired:
+            if key in agg.slots:
+                continue
+            slot = self._alloc_slot(agg_id, key, HEALTHY if not enabled else UNKNOWN, now)
+            agg.slots[key] = slot
+            self._endpoints_changed(agg, membership=True)
+            agg.total += 1
+            if enabled:
+                agg.unknown += 1
+                result.added.append(ProbeTarget(slot, path, key[0], key[1], check))
+            else:
+                agg.healthy += 1
+
+    def _force_state(self, now: float, agg: _Aggregate, slot: int, new: HealthState) -> HealthState:
+        """Set an endpoint's state outside the threshold machine; returns the old one."""
+        old = self._state[slot]
+        if old == new:
+            return _STATES[old]
+        self._state[slot] = new
+        self._since[slot] = now
+        self._ok[slot] = 0
+        self._fail[slot] = 0
+        agg.healthy += (new == HEALTHY) - (old == HEALTHY)
+        agg.unknown += (new == UNKNOWN) - (old == UNKNOWN)
+        self._endpoints_changed(agg)
+        return _STATES[old]
+
+    def _drop_aggregate(self, path: ResourcePath, result: ApplyResult) -> None:
+        agg_id = self._agg_ids.pop(path)
+        agg = self._aggs[agg_id]
+        assert agg is not None
+        for key, slot in agg.slots.items():
+            self._free_slot(agg, slot)
+            result.removed.append(slot)
+            result.removed_paths.append(f"{path}/endpoints/{endpoint_name(*key)}")
+        self._aggs[agg_id] = None
+        self._free_aggs.append(agg_id)
+
+    def _alloc_slot(self, agg_id: int, key: EndpointKey, state: HealthState, now: float) -> int:
+        if self._free:
+            slot = self._free.pop()
+            self._state[slot] = state
+            self._ok[slot] = self._fail[slot] = 0
+            self._agg[slot] = agg_id
+            self._last_outcome[slot] = 0
+            self._last_status[slot] = 0
+            self._last_latency[slot] = 0.0
+            self._last_time[slot] = -1.0
+            self._since[slot] = now
+            self._key[slot] = key
+            return slot
+        slot = len(self._key)
+        self._state.append(state)
+        self._ok.append(0)
+        self._fail.append(0)
+        self._agg.append(agg_id)
+        self._last_outcome.append(0)
+        self._last_status.append(0)
+        self._last_latency.append(0.0)
+        self._last_time.append(-1.0)
+        self._since.append(now)
+        self._key.append(key)
+        return slot
+
+    def _free_slot(self, agg: _Aggregate, slot: int) -> None:
+        self._endpoints_changed(agg, membership=True)
+        state = self._state[slot]
+        agg.total -= 1
+        agg.healthy -= state == HEALTHY
+        agg.unknown -= state == UNKNOWN
+        self._key[slot] = None
+        self._last_detail.pop(slot, None)
+        self._free.append(slot)
+
+    # ------------------------------------------------------------------ restarts
+
+    def restore(self, endpoints: Mapping[str, tuple[HealthState, float]]) -> None:
+        """Resume endpoints from persisted states (``endpoint path -> (state,
+        since)``); entries for endpoints that no longer exist are ignored."""
+        for path, (state, since) in endpoints.items():
+            bs_text, _, name = path.rpartition("/endpoints/")
+            try:
+                ip, port = parse_endpoint_name(name)
+                slot = self.slot_of(ResourcePath.parse(bs_text), ip, port)
+            except ValueError:
+                continue
+            if slot is None:
+                continue
+            agg = self._aggs[self._agg[slot]]
+            assert agg is not None
+            if agg.check.enabled:
+                self._force_state(since, agg, slot, state)
+                self._since[slot] = since
+
+    # ------------------------------------------------------------------ queries
+
+    def targets(self) -> Iterator[ProbeTarget]:
+        """Every endpoint that needs probing (disabled checks are not probed)."""
+        for agg in self._aggs:
+            if agg is None or not agg.check.enabled:
+                continue
+            for key, slot in agg.slots.items():
+                yield ProbeTarget(slot, agg.path, key[0], key[1], agg.check)
+
+    def endpoint_count(self) -> int:
+        return len(self._key) - len(self._free)
+
+    def slot_of(self, backend_service: ResourcePath, ip: str, port: int | None) -> int | None:
+        agg_id = self._agg_ids.get(backend_service)
+        agg = self._aggs[agg_id] if agg_id is not None else None
+        return agg.slots.get((ip, port)) if agg else None
+
+    def endpoint_path(self, slot: int) -> str:
+        key = self._key[slot]
+        agg = self._aggs[self._agg[slot]]
+        if key is None or agg is None:
+            return f"(free slot {slot})"
+        return f"{agg.path}/endpoints/{endpoint_name(*key)}"
+
+    def last_probe_ok(self, backend_service: ResourcePath) -> list[tuple[EndpointKey, bool]]:
+        """(endpoint, did its last probe succeed) for every endpoint probed at
+        least once: what /metrics exports, without building full statuses."""
+        agg_id = self._agg_ids.get(backend_service)
+        agg = self._aggs[agg_id] if agg_id is not None else None
+        if agg is None:
+            return []
+        ok, outcomes, times = Outcome.OK.value, self._last_outcome, self._last_time
+        return [(key, outcomes[slot] == ok) for key, slot in agg.slots.items() if times[slot] >= 0]
+
+    def endpoints(self, backend_service: ResourcePath) -> list[EndpointStatus]:
+        agg_id = self._agg_ids.get(backend_service)
+        agg = self._aggs[agg_id] if agg_id is not None else None
+        if agg is None:
+            return []
+        out = []
+        for (ip, port), slot in agg.slots.items():
+            state = _STATES[self._state[slot]]
+            last: ProbeResult | None = None
+            last_time = self._last_time[slot]
+            if last_time >= 0:
+                last = ProbeResult(
+                    Outcome(self._last_outcome[slot]),
+                    float(self._last_latency[slot]),
+                    self._last_status[slot],
+                    self._last_detail.get(slot, ""),
+                )
+            if not agg.check.enabled:
+                reason = "not checked (health check disabled)"
+            elif state is UNKNOWN:
+                reason = f"{self._ok[slot]} of {agg.hthr} successes, {self._fail[slot]} of {agg.uthr} failures so far"
+            elif state is HEALTHY:
+                reason = _reason_for_endpoint(
+                    state, self._ok[slot], agg.hthr, last.describe() if last else "-"
+                )
+            else:
+                reason = _reason_for_endpoint(
+                    state, self._fail[slot], agg.uthr, last.describe() if last else "-"
+                )
+            out.append(
+                EndpointStatus(
+                    ip,
+                    port,
+                    state,
+                    self._since[slot],
+                    last,
+                    last_time if last_time >= 0 else None,
+                    reason,
+                )
+            )
+        return out
+
+    def _endpoints_changed(self, agg: _Aggregate, membership: bool = False) -> None:
+        """An aggregate's HEALTHY endpoints (with ``membership``, its set of
+        endpoints too) changed: drop the cached tuples, and move the
+        generation on for the readers that derive from them."""
+        agg.healthy_cache = None
+        if membership:
+            agg.all_cache = None
+        self.generation += 1
+
+    def healthy_endpoints(self, backend_service: ResourcePath) -> tuple[EndpointKey, ...]:
+        """The HEALTHY endpoints of a backend service, cached until one flips:
+        the data plane reads this per connection."""
+        agg_id = self._agg_ids.get(backend_service)
+        agg = self._aggs[agg_id] if agg_id is not None else None
+        if agg is None:
+            return ()
+        cached = agg.healthy_cache
+        if cached is None:
+            state = self._state
+            cached = agg.healthy_cache = tuple(
+                k for k, slot in agg.slots.items() if state[slot] == HEALTHY
+            )
+        return cached
+
+    def all_endpoints(self, backend_service: ResourcePath) -> tuple[EndpointKey, ...]:
+        """Every endpoint of a backend service, cached until one is added or
+        removed (the data plane's fail-open choice reads it per connection)."""
+        agg_id = self._agg_ids.get(backend_service)
+        agg = self._aggs[agg_id] if agg_id is not None else None
+        if agg is None:
+            return ()
+        cached = agg.all_cache
+        if cached is None:
+            cached = agg.all_cache = tuple(agg.slots)
+        return cached
+
+    def counts(self, backend_service: ResourcePath) -> tuple[int, int, int] | None:
+        """(total, healthy, unknown) of one backend service."""
+        agg_id = self._agg_ids.get(backend_service)
+        agg = self._aggs[agg_id] if agg_id is not None else None
+        return (agg.total, agg.healthy, agg.unknown) if agg else None
+
+    def backend_services(self) -> list[ResourcePath]:
+        return list(self._agg_ids)

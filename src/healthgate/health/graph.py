@@ -1,0 +1,510 @@
+"""The graph above the endpoints: sources -> composites -> attachments ->
+PSC NEGs -> consumer routes, and how a change propagates through it.
+
+Everything here is small (a node per resource) and linked by reverse
+indexes. A flip of an endpoint marks the sources of its backend service
+dirty; dirty nodes are re-evaluated level by level (sources, composites,
+attachments, NEGs, routes), and a node whose output changed marks its
+dependents dirty. So a flip costs O(1) plus the transitions it causes,
+never a rescan. Each level's rule is a module of its own (policy.py,
+composite.py, routing.py); this module only wires them.
+
+Routes are published as an immutable :class:`RouteTable` after each batch
+that changed one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from types import MappingProxyType
+
+from healthgate.health.composite import combine
+from healthgate.health.policy import PolicyParams, evaluate
+from healthgate.health.routing import Candidate, choose, order
+from healthgate.health.states import HealthState, Record, RouteChange, Transition
+from healthgate.health.types import NodeStatus, Route, RouteTable
+from healthgate.model.names import ResourcePath
+from healthgate.model.resources import (
+    BackendService,
+    CompositeHealthCheck,
+    ForwardingRule,
+    HealthAggregationPolicy,
+    HealthSource,
+    NetworkEndpointGroup,
+    Resource,
+    ServiceAttachment,
+)
+
+UNKNOWN = HealthState.UNKNOWN
+HEALTHY = HealthState.HEALTHY
+UNHEALTHY = HealthState.UNHEALTHY
+
+Counts = Callable[[ResourcePath], "tuple[int, int, int] | None"]  # (total, healthy, unknown)
+
+
+class _Node:
+    """A source, composite, attachment, PSC NEG or route: small, few."""
+
+    __slots__ = ("delivered", "extra", "path", "reason", "resource", "since", "state")
+
+    def __init__(self, resource: Resource, path: str | None = None) -> None:
+        self.resource = resource
+        self.path = path or str(resource.path)
+        self.state = UNKNOWN
+        self.delivered = UNKNOWN  # composites: what reaches the destination
+        self.reason = "not evaluated yet"
+        self.since = 0.0
+        self.extra: object = None  # NEG: accepted flag; route: Route
+
+
+class HealthGraph:
+    def __init__(self, counts: Counts) -> None:
+        self._counts = counts  # a backend service's endpoint counts (the endpoint table)
+        self._resources: Mapping[ResourcePath, Resource] = {}
+        self._policies: dict[str, PolicyParams] = {}
+        self._sources: dict[str, _Node] = {}
+        self._composites: dict[str, _Node] = {}
+        self._attachments: dict[str, _Node] = {}
+        self._negs: dict[str, _Node] = {}
+        self._routes: dict[str, _Node] = {}
+        # reverse indexes (dependents)
+        self._sources_by_bs: dict[ResourcePath, list[_Node]] = {}
+        self._sources_by_policy: dict[str, list[_Node]] = {}
+        self._composites_by_source: dict[str, list[_Node]] = {}
+        self._composite_by_destination: dict[str, _Node] = {}
+        self._attachments_by_fr: dict[str, list[_Node]] = {}
+        self._negs_by_attachment: dict[str, list[_Node]] = {}
+        self._routes_by_neg: dict[str, list[_Node]] = {}
+
+        self._route_version = 0
+        self._route_table = RouteTable(0, MappingProxyType({}))
+        self.generation = 0  # moves on with every route table published
+        self._now = 0.0
+
+    def endpoints_flipped(
+        self, now: float, backend_service: ResourcePath, records: list[Record]
+    ) -> None:
+        """An endpoint of ``backend_service`` changed state: propagate."""
+        sources = self._sources_by_bs.get(backend_service)
+        if sources:
+            self._propagate(now, records, sources=sources)
+
+    # ------------------------------------------------------------------ propagation
+
+    def _propagate(
+        self,
+        now: float,
+        records: list[Record],
+        sources: Iterable[_Node] = (),
+        composites: Iterable[_Node] = (),
+        attachments: Iterable[_Node] = (),
+        negs: Iterable[_Node] = (),
+        routes: Iterable[_Node] = (),
+    ) -> None:
+        self._now = now
+        dirty_c: dict[str, _Node] = {n.path: n for n in composites}
+        for node in sources:
+            if self._eval_source(now, node, records):
+                for c in self._composites_by_source.get(node.path, ()):
+                    dirty_c[c.path] = c
+        dirty_a: dict[str, _Node] = {n.path: n for n in attachments}
+        for node in dirty_c.values():
+            if self._eval_composite(now, node, records):
+                dest = node.resource.ref("health_destination")
+                for a in self._attachments_by_fr.get(str(dest), ()):
+                    dirty_a[a.path] = a
+        dirty_n: dict[str, _Node] = {n.path: n for n in negs}
+        for node in dirty_a.values():
+            if self._eval_attachment(node):
+                for n in self._negs_by_attachment.get(node.path, ()):
+                    dirty_n[n.path] = n
+        dirty_r: dict[str, _Node] = {n.path: n for n in routes}
+        for node in dirty_n.values():
+            if self._eval_neg(now, node, records):
+                for r in self._routes_by_neg.get(node.path, ()):
+                    dirty_r[r.path] = r
+        changed = False
+        for node in dirty_r.values():
+            changed |= self._eval_route(now, node, records)
+        if changed:
+            self._publish_routes()
+
+    def _set(
+        self,
+        now: float,
+        node: _Node,
+        kind: str,
+        state: HealthState,
+        reason: str,
+        records: list[Record],
+    ) -> bool:
+        old = node.state
+        node.reason = reason
+        if state is old:
+            return False
+        node.state = state
+        node.since = now
+        r = node.resource
+        records.append(
+            Transition(now, r.project, r.region, kind, r.name, node.path, old, state, reason)
+        )
+        return True
+
+    def _eval_source(self, now: float, node: _Node, records: list[Record]) -> bool:
+        res = node.resource
+        assert isinstance(res, HealthSource)
+        bs = res.ref("sources")
+        counts = self._counts(bs) if bs else None
+        policy = self._policies.get(str(res.ref("health_aggregation_policy")))
+        if counts is None or policy is None:
+            return self._set(
+                now, node, "HealthSource", UNKNOWN, "backend service or policy missing", records
+            )
+        state, reason = evaluate(policy, *counts)
+        return self._set(now, node, "HealthSource", state, reason, records)
+
+    def _eval_composite(self, now: float, node: _Node, records: list[Record]) -> bool:
+        res = node.resource
+        assert isinstance(res, CompositeHealthCheck)
+        parts = []
+        for p in res.refs("health_sources"):
+            src = self._sources.get(str(p))
+            if src is None:
+                parts.append((p.name, UNKNOWN, "missing"))
+            else:
+                parts.append((p.name, src.state, src.reason))
+        state, reason = combine(parts)
+        self._set(now, node, "CompositeHealthCheck", state, reason, records)
+        delivered = UNKNOWN if res.mode == "DRY_RUN" else state
+        if delivered is node.delivered:
+            return False
+        node.delivered = delivered
+        return True
+
+    def _eval_attachment(self, node: _Node) -> bool:
+        res = node.resource
+        assert isinstance(res, ServiceAttachment)
+        comp = self._composite_by_destination.get(str(res.ref("target_service")))
+        if comp is None:
+            state, reason = (
+                UNKNOWN,
+                "no composite health check has this attachment's forwarding rule as destination",
+            )
+        elif comp.resource.mode == "DRY_RUN":  # type: ignore[attr-defined]
+            state = UNKNOWN
+            reason = f"composite {comp.resource.name} is in DRY_RUN mode (evaluated {comp.state.name}); delivers UNKNOWN"
+        else:
+            state, reason = (
+                comp.delivered,
+                f"composite health of the published service is {comp.delivered.name}",
+            )
+        changed = state is not node.state
+        node.state, node.reason = state, reason
+        return changed
+
+    def _eval_neg(self, now: float, node: _Node, records: list[Record]) -> bool:
+        res = node.resource
+        assert isinstance(res, NetworkEndpointGroup)
+        att_path = str(res.ref("psc_target_service"))
+        att = self._attachments.get(att_path)
+        accepted = True
+        if att is None:
+            state, reason = UNKNOWN, f"service attachment {att_path} not found"
+        else:
+            sa = att.resource
+            assert isinstance(sa, ServiceAttachment)
+            accepted = sa.accepts(res.project)
+            if not accepted:
+                state = UNKNOWN
+                reason = f"connection refused: project {res.project} is not on the consumerAcceptLists of {att_path}"
+            else:
+                state, reason = att.state, f"{att_path}: {att.reason}"
+        accepted_changed = node.extra is not accepted
+        node.extra = accepted
+        return (
+            self._set(now, node, "NetworkEndpointGroup", state, reason, records) or accepted_changed
+        )
+
+    def _eval_route(self, now: float, node: _Node, records: list[Record]) -> bool:
+        fr = node.resource
+        assert isinstance(fr, ForwardingRule)
+        bs_path = fr.ref("backend_service")
+        bs = self._resources.get(bs_path) if bs_path else None
+        candidates = []
+        prio: dict[str, int | None] = {}
+        if isinstance(bs, BackendService):
+            for b, neg_path in zip(bs.backends, bs.refs("backends"), strict=False):
+                neg = self._negs.get(str(neg_path))
+                if neg is None:
+                    continue
+                prio[neg.path] = b.failover_priority
+                candidates.append(
+                    Candidate(
+                        neg.path,
+                        neg_path.name,
+                        neg_path.region,
+                        b.failover_priority,
+                        neg.state,
+                        neg.extra is not False,
+                    )
+                )
+        policy = bs.policy if isinstance(bs, BackendService) else None
+        prev: Route | None = node.extra  # type: ignore[assignment]
+        choice = choose(
+            candidates,
+            fr.data_plane_region,
+            prev.target if prev else None,
+            policy.failback if policy else True,
+            (policy.when_all_unhealthy == "FAIL_OPEN") if policy else True,
+        )
+        fallbacks = tuple(
+            self._attachment_of(c.path)
+            for c in order(candidates, fr.data_plane_region)
+            if c.accepted and c.state is not UNHEALTHY and c.path != choice.target
+        )
+        if prev is not None and prev.target == choice.target and prev.mode == choice.mode:
+            if prev.reason != choice.reason or prev.fallbacks != fallbacks:
+                node.extra = Route(
+                    prev.frontend,
+                    prev.target,
+                    prev.attachment,
+                    prev.mode,
+                    choice.reason,
+                    prev.since,
+                    fallbacks,
+                )
+                return True  # republish: readers see the current reason and retry targets
+            return False
+        attachment = self._attachment_of(choice.target) if choice.target else None
+        node.extra = Route(
+            node.path, choice.target, attachment, choice.mode, choice.reason, now, fallbacks
+        )
+        records.append(
+            RouteChange(
+                now,
+                fr.project,
+                node.path,
+                prev.target if prev else None,
+                choice.target,
+                choice.mode,
+                choice.reason,
+            )
+        )
+        return True
+
+    def _attachment_of(self, neg_path: str) -> str:
+        return str(self._negs[neg_path].resource.ref("psc_target_service"))
+
+    def _publish_routes(self) -> None:
+        self._route_version += 1
+        self.generation += 1
+        routes = {p: n.extra for p, n in self._routes.items() if isinstance(n.extra, Route)}
+        self._route_table = RouteTable(self._route_version, MappingProxyType(routes), self._now)
+
+    # ------------------------------------------------------------------ resources
+
+    def sync(
+        self,
+        now: float,
+        new: Mapping[ResourcePath, Resource],
+        changed: set[ResourcePath],
+        rebuilt: Iterable[ResourcePath],
+        records: list[Record],
+    ) -> None:
+        """Make the graph the given world: replace changed nodes (keeping
+        their state) and re-evaluate what they, and the backend services
+        whose endpoints were rebuilt, touch."""
+        self._now = now
+        self._resources = new
+        dirty_sources: dict[str, _Node] = {}
+        # 2. the small upper layers: replace changed nodes, keeping their state
+        self._policies = {
+            str(p): PolicyParams(r.healthy_percent_threshold, r.min_healthy_threshold)
+            for p, r in new.items()
+            if isinstance(r, HealthAggregationPolicy)
+        }
+        touched_sources = self._sync_nodes(
+            self._sources, new, changed, lambda r: isinstance(r, HealthSource)
+        )
+        touched_composites = self._sync_nodes(
+            self._composites, new, changed, lambda r: isinstance(r, CompositeHealthCheck)
+        )
+        touched_attachments = self._sync_nodes(
+            self._attachments, new, changed, lambda r: isinstance(r, ServiceAttachment)
+        )
+        touched_negs = self._sync_nodes(
+            self._negs,
+            new,
+            changed,
+            lambda r: (
+                isinstance(r, NetworkEndpointGroup)
+                and r.network_endpoint_type == "PRIVATE_SERVICE_CONNECT"
+            ),
+        )
+        routes_before = set(self._routes)
+        route_nodes_touched = self._sync_nodes(
+            self._routes, new, changed, lambda r: isinstance(r, ForwardingRule) and r.is_global
+        )
+        routes_removed = bool(routes_before - set(self._routes))
+        self._reindex()
+
+        for n in touched_sources:
+            dirty_sources[n.path] = n
+        for p in changed:
+            if p.collection == "healthAggregationPolicies":
+                for n in self._sources_by_policy.get(str(p), ()):
+                    dirty_sources[n.path] = n
+        for p in rebuilt:
+            for n in self._sources_by_bs.get(p, ()):
+                dirty_sources[n.path] = n
+        dirty_routes = {n.path: n for n in route_nodes_touched}
+        for fr_path, node in self._routes.items():
+            bs_path = node.resource.ref("backend_service")
+            if bs_path in changed:
+                dirty_routes[fr_path] = node
+        # attachments whose target's composite changed are reached through the
+        # composites; a newly created attachment or NEG is evaluated directly.
+        self._propagate(
+            now,
+            records,
+            sources=list(dirty_sources.values()),
+            composites=touched_composites,
+            attachments=touched_attachments,
+            negs=touched_negs,
+            routes=list(dirty_routes.values()),
+        )
+        if routes_removed:
+            self._publish_routes()  # a front end is gone: no snapshot may still carry it
+
+    def _sync_nodes(
+        self,
+        nodes: dict[str, _Node],
+        new: Mapping[ResourcePath, Resource],
+        changed: set[ResourcePath],
+        want: Callable[[Resource], bool],
+    ) -> list[_Node]:
+        touched = []
+        for key in list(nodes):
+            if ResourcePath.parse(key) not in new:
+                del nodes[key]
+        for p in changed:
+            r = new.get(p)
+            if r is None or not want(r):
+                continue
+            node = nodes.get(str(p))
+            if node is None:
+                node = nodes[str(p)] = _Node(r)
+            else:
+                node.resource = r
+            touched.append(node)
+        touched.sort(key=lambda n: n.path)
+        return touched
+
+    def _reindex(self) -> None:
+        self._sources_by_bs = {}
+        self._sources_by_policy = {}
+        for n in self._sources.values():
+            bs = n.resource.ref("sources")
+            if bs:
+                self._sources_by_bs.setdefault(bs, []).append(n)
+            self._sources_by_policy.setdefault(
+                str(n.resource.ref("health_aggregation_policy")), []
+            ).append(n)
+        self._composites_by_source = {}
+        self._composite_by_destination = {}
+        for n in self._composites.values():
+            for s in n.resource.refs("health_sources"):
+                self._composites_by_source.setdefault(str(s), []).append(n)
+            self._composite_by_destination[str(n.resource.ref("health_destination"))] = n
+        self._attachments_by_fr = {}
+        for n in self._attachments.values():
+            self._attachments_by_fr.setdefault(str(n.resource.ref("target_service")), []).append(n)
+        self._negs_by_attachment = {}
+        for n in self._negs.values():
+            self._negs_by_attachment.setdefault(
+                str(n.resource.ref("psc_target_service")), []
+            ).append(n)
+        self._routes_by_neg = {}
+        for n in self._routes.values():
+            gbs_path = n.resource.ref("backend_service")
+            gbs = self._resources.get(gbs_path) if gbs_path else None
+            if isinstance(gbs, BackendService):
+                for neg in gbs.refs("backends"):
+                    self._routes_by_neg.setdefault(str(neg), []).append(n)
+
+    # ------------------------------------------------------------------ restarts
+
+    def restore(
+        self,
+        now: float,
+        nodes: Mapping[str, tuple[HealthState, str, float]],
+        routes: Mapping[str, Route],
+    ) -> list[Record]:
+        """Resume nodes and routes from persisted states, then re-evaluate
+        everything once: only real differences produce records."""
+        for table in (self._sources, self._composites, self._negs):
+            for path, node in table.items():
+                if path in nodes:
+                    node.state, node.reason, node.since = nodes[path]
+                    if table is self._composites:
+                        mode = getattr(node.resource, "mode", "ENFORCE")
+                        node.delivered = UNKNOWN if mode == "DRY_RUN" else node.state
+        for fr_path, route in routes.items():
+            route_node = self._routes.get(fr_path)
+            if route_node is None:
+                continue
+            if route.target is None:
+                route_node.extra = route
+            elif route.target in self._negs:
+                att = str(self._negs[route.target].resource.ref("psc_target_service"))
+                route_node.extra = Route(
+                    fr_path, route.target, att, route.mode, route.reason, route.since
+                )
+        for att_node in self._attachments.values():
+            self._eval_attachment(att_node)
+        records: list[Record] = []
+        self._propagate(
+            now,
+            records,
+            sources=list(self._sources.values()),
+            composites=list(self._composites.values()),
+            attachments=list(self._attachments.values()),
+            negs=list(self._negs.values()),
+            routes=list(self._routes.values()),
+        )
+        self._publish_routes()
+        return records
+
+    # ------------------------------------------------------------------ queries
+
+    def route_table(self) -> RouteTable:
+        return self._route_table
+
+    def node_states(self) -> Iterator[tuple[str, NodeStatus]]:
+        """(kind, status) of every source, composite and PSC NEG."""
+        for kind, table in (
+            ("HealthSource", self._sources),
+            ("CompositeHealthCheck", self._composites),
+            ("NetworkEndpointGroup", self._negs),
+        ):
+            for node in table.values():
+                yield kind, NodeStatus(node.path, node.state, node.reason, node.since)
+
+    def node_status(self, path: ResourcePath | str) -> NodeStatus | None:
+        key = str(path)
+        for nodes in (self._sources, self._composites, self._negs, self._attachments):
+            node = nodes.get(key)
+            if node is not None:
+                return NodeStatus(node.path, node.state, node.reason, node.since)
+        route = self._routes.get(key)
+        if route is not None and isinstance(route.extra, Route):
+            r = route.extra
+            return NodeStatus(key, UNKNOWN, r.reason, r.since)
+        return None
+
+    def destination_state(self, forwarding_rule: ResourcePath | str) -> NodeStatus | None:
+        """The state delivered to a producer forwarding rule by its composite."""
+        comp = self._composite_by_destination.get(str(forwarding_rule))
+        if comp is None:
+            return None
+        return NodeStatus(str(forwarding_rule), comp.delivered, comp.reason, comp.since)

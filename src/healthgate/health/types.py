@@ -1,0 +1,97 @@
+"""What the engine's parts share and answer with: small frozen values.
+
+Endpoints are keyed ``(ip, serving port)`` within a backend service; routes
+and route tables are immutable snapshots that the data plane reads without
+locks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from healthgate.health.states import HealthState, ProbeResult, Record
+from healthgate.model.names import ResourcePath
+from healthgate.model.resources import HealthCheck
+
+EndpointKey = tuple[str, int | None]  # (ip, serving port)
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeTarget:
+    """What the scheduler needs to probe one endpoint."""
+
+    slot: int
+    backend_service: ResourcePath
+    ip: str
+    port: int | None  # serving port (None for GCE_VM_IP and port-less groups)
+    check: HealthCheck
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointStatus:
+    ip: str
+    port: int | None
+    state: HealthState
+    since: float
+    last_result: ProbeResult | None
+    last_time: float | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    path: str
+    state: HealthState
+    reason: str
+    since: float
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where one consumer front end sends new traffic right now."""
+
+    frontend: str
+    target: str | None  # PSC NEG path; None = refuse
+    attachment: str | None  # the NEG's service attachment path
+    mode: str
+    reason: str
+    since: float
+    # attachments to try next, in failover order, for a request the target
+    # could not serve (only NEGs that are accepted and not UNHEALTHY)
+    fallbacks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RouteTable:
+    """An immutable snapshot; readers take it once per connection, no locks."""
+
+    version: int
+    routes: Mapping[str, Route]
+    published: float = 0.0  # the engine time (``now``) it was published at
+
+
+@dataclass(slots=True)
+class ApplyResult:
+    records: list[Record] = field(default_factory=list)
+    added: list[ProbeTarget] = field(default_factory=list)  # new probe work
+    removed: list[int] = field(default_factory=list)  # slots no longer probed
+    removed_paths: list[str] = field(default_factory=list)  # their endpoint paths
+    changed: list[ProbeTarget] = field(default_factory=list)  # same slot, new check
+
+
+def endpoint_name(ip: str, port: int | None) -> str:
+    """``ip:port``, ``[v6]:port`` or the bare address; see :func:`parse_endpoint_name`."""
+    if port is None:
+        return ip
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+def parse_endpoint_name(name: str) -> EndpointKey:
+    if name.startswith("["):
+        ip, _, port = name[1:].partition("]:")
+        return ip, int(port)
+    if name.count(":") == 1:
+        ip, _, port = name.partition(":")
+        return ip, int(port)
+    return name, None
