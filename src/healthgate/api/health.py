@@ -1,0 +1,61 @@
+"""Health routes: every endpoint of a backend service, and a forwarding
+rule's composite as a status code any load balancer can check."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from healthgate.api.state import ApiState, Auth
+from healthgate.controlplane.errors import ControlError, Refusal
+from healthgate.controlplane.recorder import iso
+
+
+def health_router(state: ApiState) -> APIRouter:
+    router = APIRouter(tags=["health"])
+
+    @router.get(
+        "/v1/projects/{project}/regions/{region}/backendServices/{name}/health", tags=["health"]
+    )
+    async def backend_health(
+        project: str, region: str, name: str, authorization: Auth = None
+    ) -> dict[str, Any]:
+        who = state.principal(authorization)
+        state.check_read(who, project)
+        path = state.path_of(project, region, "backendServices", name)
+        if path not in state.control.stored:
+            raise ControlError(Refusal.NOT_FOUND, f"{path} not found")
+        engine = state.health.engine
+        items = []
+        for ep in engine.endpoints(path):
+            last = ep.last_result
+            items.append(
+                {
+                    "ipAddress": ep.ip,
+                    "port": ep.port,
+                    "healthState": ep.state.name,
+                    "reason": ep.reason,
+                    "lastChange": iso(ep.since),
+                    "lastResult": None
+                    if last is None
+                    else {
+                        "outcome": last.outcome.name,
+                        "latencyMs": round(last.latency * 1000, 3),
+                        "status": last.status or None,
+                        "detail": last.detail or None,
+                        "description": last.describe(),
+                        "time": iso(ep.last_time) if ep.last_time is not None else None,
+                    },
+                }
+            )
+        counts = engine.counts(path) or (0, 0, 0)
+        return {
+            "backendService": str(path),
+            "endpoints": counts[0],
+            "healthy": counts[1],
+            "unknown": counts[2],
+            "healthStatus": items,
+        }
+
+    return router

@@ -1,0 +1,190 @@
+"""What every API route shares: the process's parts, settings, and the
+checks and renderings that routes of every family use (who is asking, may
+they read or write this, a resource as the API shows it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from fastapi import Header, Query
+
+from healthgate.api.auth import Access, AccessError, Principal
+from healthgate.controlplane.errors import ControlError, Refusal
+from healthgate.controlplane.health_service import HealthService
+from healthgate.controlplane.recorder import TransitionRecorder, iso
+from healthgate.controlplane.resources import (
+    ControlPlane,
+    Stored,
+    parse_documents,
+    split_output_fields,
+)
+from healthgate.model.names import GLOBAL, NAME_RULE, ResourcePath, is_valid_name
+from healthgate.model.resources import (
+    BackendService,
+    ForwardingRule,
+    NetworkEndpointGroup,
+    Resource,
+)
+from healthgate.model.validation import Document, Issue
+from healthgate.store.base import Store
+
+MAX_PAGE = 5000
+
+Auth = Annotated[str | None, Header(alias="Authorization")]
+IfMatch = Annotated[str | None, Header(alias="If-Match")]
+PageToken = Annotated[str | None, Query(alias="pageToken", max_length=63)]
+MaxResults = Annotated[int, Query(alias="maxResults", ge=1, le=MAX_PAGE)]
+FingerprintQ = Annotated[str | None, Query(max_length=32)]
+
+
+@dataclass(frozen=True, slots=True)
+class ApiSettings:
+    max_body_bytes: int = 1024 * 1024
+    max_manifest_bytes: int = 16 * 1024 * 1024
+    stream_keepalive: float = 15.0
+
+
+@dataclass(slots=True)
+class ApiState:
+    control: ControlPlane
+    health: HealthService
+    recorder: TransitionRecorder
+    store: Store
+    access: Access
+    settings: ApiSettings = field(default_factory=ApiSettings)
+    ready: bool = False
+    extra_metrics: list[Callable[[], str]] = field(default_factory=list)
+    dataplane_status: Callable[[], dict[str, dict[str, object]]] | None = None
+
+    def principal(self, authorization: str | None) -> Principal:
+        return self.access.authenticate(authorization)
+
+    def writer(self, authorization: str | None) -> Principal:
+        """A principal that may write something: checked before any work
+        (a viewer's manifest is never read, let alone parsed)."""
+        who = self.principal(authorization)
+        if not who.may_write:
+            raise AccessError(403, f"this token ({who.role} of {who.project}) may not write")
+        return who
+
+    def check_read(self, who: Principal, project: str) -> None:
+        if not who.can_read(project):
+            raise AccessError(403, f"this token may not read project {project!r}")
+
+    def check_write(self, who: Principal, res: Resource) -> None:
+        psc = (
+            isinstance(res, NetworkEndpointGroup)
+            and res.network_endpoint_type == "PRIVATE_SERVICE_CONNECT"
+        )
+        if not who.can_write(res.project, res.kind, res.is_global, psc):
+            raise AccessError(
+                403, f"this token ({who.role} of {who.project}) may not write {res.kind} {res.path}"
+            )
+
+    def path_of(self, project: str, region: str, collection: str, name: str) -> ResourcePath:
+        for label, value in (("project", project), ("name", name)):
+            if not is_valid_name(value):
+                raise ControlError(
+                    Refusal.INVALID,
+                    f"invalid {label} {value!r}",
+                    [Issue(label, f"expected {NAME_RULE}")],
+                )
+        if region != GLOBAL and not is_valid_name(region):
+            raise ControlError(
+                Refusal.INVALID,
+                f"invalid region {region!r}",
+                [Issue("region", f"expected {NAME_RULE}")],
+            )
+        return ResourcePath(project, region, collection, name)
+
+    def present(self, stored: Stored) -> dict[str, Any]:
+        res = stored.resource
+        out = res.to_wire()
+        out["selfLink"] = str(res.path)
+        out["fingerprint"] = stored.fingerprint
+        out["creationTimestamp"] = iso(stored.created)
+        out["updateTimestamp"] = iso(stored.updated)
+        status = self.resource_status(res)
+        if status:
+            out["status"] = status
+        return out
+
+    def resource_status(self, res: Resource) -> dict[str, Any] | None:
+        engine = self.health.engine
+        path = res.path
+        if isinstance(res, BackendService) and not res.is_global:
+            counts = engine.counts(path)
+            if counts:
+                total, healthy, unknown = counts
+                return {
+                    "endpoints": total,
+                    "healthy": healthy,
+                    "unknown": unknown,
+                    "unhealthy": total - healthy - unknown,
+                }
+            return None
+        if isinstance(res, ForwardingRule):
+            listener = self.dataplane_status().get(str(path)) if self.dataplane_status else None
+            status = self._fr_status(res)
+            if status is not None and listener is not None:
+                status["listener"] = listener
+            return status
+        node = engine.node_status(path)
+        if node is None or res.kind in ("ServiceAttachment",):
+            return None
+        return {
+            "healthState": node.state.name,
+            "reason": node.reason,
+            "lastChange": iso(node.since),
+        }
+
+    def _fr_status(self, res: ForwardingRule) -> dict[str, Any] | None:
+        engine = self.health.engine
+        path = res.path
+        if res.is_global:
+            route = engine.route_table().routes.get(str(path))
+            if route is None:
+                return None
+            return {
+                "route": {
+                    "target": route.target,
+                    "mode": route.mode,
+                    "reason": route.reason,
+                    "since": iso(route.since),
+                    "fallbacks": list(route.fallbacks),
+                }
+            }
+        dest = engine.destination_state(path)
+        if dest is None:
+            return {
+                "healthState": "UNKNOWN",
+                "reason": "no composite health check has this rule as destination",
+            }
+        return {
+            "healthState": dest.state.name,
+            "reason": dest.reason,
+            "lastChange": iso(dest.since),
+        }
+
+    def body_to_document(self, body: Any, path: ResourcePath) -> tuple[Document, str | None]:
+        if not isinstance(body, dict):
+            raise ControlError(
+                Refusal.INVALID, "expected a JSON object", [Issue("", "expected a JSON object")]
+            )
+        data, fingerprint = split_output_fields(body)
+        expected = {"kind": path.kind, "project": path.project, "name": path.name}
+        if path.is_global:
+            data.setdefault("region", GLOBAL)
+        expected["region"] = path.region
+        for key, want in expected.items():
+            given = data.setdefault(key, want)
+            if given != want:
+                raise ControlError(
+                    Refusal.INVALID,
+                    f"{key} {given!r} does not match the URL ({want!r})",
+                    [Issue(key, f"expected {want!r} as in the URL")],
+                )
+        (doc,) = parse_documents([(data, None, None)])
+        return doc, fingerprint
