@@ -46,6 +46,7 @@ from typing import cast
 
 import httptools
 
+from healthgate.dataplane.retry import NextTry, next_try
 from healthgate.dataplane.tcp import count_down, served_key
 
 log = logging.getLogger("healthgate.dataplane")
@@ -374,8 +375,12 @@ def simple_response(status: int, reason: str, message: str, close: bool = False)
 
 
 class _Retry(Exception):
-    def __init__(self, message: str, timed_out: bool = False) -> None:
+    """A try failed; what happened decides the next (dataplane/retry.py)."""
+
+    def __init__(self, message: str, sent: bool = True, timed_out: bool = False) -> None:
         super().__init__(message)
+        self.message = message
+        self.sent = sent
         self.timed_out = timed_out
 
 
@@ -707,6 +712,7 @@ class HttpProxy(asyncio.Protocol):
         last_error = req.last_error or "no upstream answered"
         tries = 1 if req.last_error else 0  # the fast path made the first one
         hung = req.hung
+        give_up = False
         for group in groups:  # regions in failover order
             if hung is not None and any(address in hung for address in group):
                 continue  # the region whose first try hung, wherever the route now has it
@@ -725,17 +731,17 @@ class HttpProxy(asyncio.Protocol):
                     self.stats[key] = self.stats.get(key, 0) + 1
                     return
                 except _Retry as exc:
-                    last_error = str(exc)
-                    if not idempotent and "not sent" not in last_error:
+                    last_error = exc.message
+                    step = next_try(idempotent, exc.sent, exc.timed_out)
+                    if step is not NextTry.NEXT_ENDPOINT:
+                        give_up = step is NextTry.GIVE_UP
                         break
-                    if exc.timed_out:
-                        break  # a region that hangs: do not wait on its other endpoints
                 finally:
                     if active is not None:
                         count_down(active, address)
                 if self.closed:
                     return
-            if not idempotent and "not sent" not in last_error:
+            if give_up:
                 break
         self.stats["failed"] = self.stats.get("failed", 0) + 1
         client.write(simple_response(502, "Bad Gateway", f"upstream failed: {last_error}"))
@@ -756,7 +762,8 @@ class HttpProxy(asyncio.Protocol):
                     conn = await self.pool.acquire(address)
                 except (OSError, TimeoutError) as exc:
                     raise _Retry(
-                        f"{address[0]}:{address[1]}: connect failed ({type(exc).__name__}); request not sent"
+                        f"{address[0]}:{address[1]}: connect failed ({type(exc).__name__}); request not sent",
+                        sent=False,
                     ) from None
             reused = conn.reused
             conn.start(data, head_only)

@@ -32,7 +32,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, cast
+from typing import NamedTuple, Protocol, cast
 
 from healthgate.dataplane.http import HttpProxy, HttpSettings, UpstreamPool
 from healthgate.dataplane.tcp import Address, TcpProxy
@@ -91,6 +91,38 @@ class Listener:
     stats: dict[str, int] = field(default_factory=dict)
 
 
+class Target(NamedTuple):
+    """One region of a consumer route: its producer rule and that rule's address."""
+
+    rule: str | None
+    address: Address
+
+
+class _ProducerRule(NamedTuple):
+    resources: Mapping[ResourcePath, Resource]  # valid while the resources are these
+    backend_service: ResourcePath | None
+    port: int  # the rule's port, for endpoints that have none
+
+
+class _ProducerAddresses(NamedTuple):
+    endpoints: tuple[EndpointKey, ...]  # valid while the engine gives this same tuple
+    rule: _ProducerRule  # ... and the rule entry is this one
+    addresses: list[Address]
+
+
+class _RouteTargets(NamedTuple):
+    version: int  # valid for this route-table version
+    resources: Mapping[ResourcePath, Resource]
+    targets: list[Target]
+
+
+class _FirstTries(NamedTuple):
+    generation: int  # valid for this engine generation
+    resources: Mapping[ResourcePath, Resource]
+    addresses: list[Address]  # the first region's candidates
+    turns: str | None  # the producer rule whose round robin rotates them
+
+
 class HealthView(Protocol):
     """What the data plane reads of health: the engine itself in the serving
     process, a snapshot of it in a worker process."""
@@ -119,19 +151,11 @@ class DataPlane:
         self._resources: Mapping[ResourcePath, Resource] = {}
         self._seen_version = 0
         self._live: dict[str, set[TcpProxy]] = {}
-        self._rules: dict[
-            str, tuple[Mapping[ResourcePath, Resource], ResourcePath | None, int]
-        ] = {}
-        self._upstreams: dict[
-            str, tuple[int, Mapping[ResourcePath, Resource], list[tuple[str | None, Address]]]
-        ] = {}
-        # per producer rule: (the endpoints tuple the engine gave, the rule
-        # entry, their addresses) - rebuilt only when either changes
-        self._addresses: dict[str, tuple[object, object, list[Address]]] = {}
-        # per listener: the fast path's first-try candidates (see first_try)
-        self._plans: dict[
-            str, tuple[int, Mapping[ResourcePath, Resource], list[Address], str | None]
-        ] = {}
+        # caches, each valid while what it was derived from is the same object
+        self._rules: dict[str, _ProducerRule] = {}
+        self._upstreams: dict[str, _RouteTargets] = {}
+        self._addresses: dict[str, _ProducerAddresses] = {}
+        self._plans: dict[str, _FirstTries] = {}  # the fast path's (see first_try)
         self.propagation = [0] * (len(PROPAGATION_BUCKETS) + 1)
         self.propagation_sum = 0.0
 
@@ -293,9 +317,13 @@ class DataPlane:
         first request after a route change, which rebuilds them, observes the
         route's propagation."""
         plan = self._plans.get(frontend)
-        if plan is None or plan[0] != self.engine.generation or plan[1] is not self._resources:
+        if (
+            plan is None
+            or plan.generation != self.engine.generation
+            or plan.resources is not self._resources
+        ):
             plan = self._plan(frontend, consumer)
-        addresses, turns = plan[2], plan[3]
+        addresses, turns = plan.addresses, plan.turns
         count = len(addresses)
         if count < 2 or turns is None:
             return (addresses[0], addresses) if count else None
@@ -303,11 +331,8 @@ class DataPlane:
         self._rr[turns] = turn + 1
         return addresses[turn % count], addresses
 
-    def _plan(
-        self, frontend: str, consumer: bool
-    ) -> tuple[int, Mapping[ResourcePath, Resource], list[Address], str | None]:
-        """(generation, resources, the first region's candidates, the producer
-        rule whose round robin rotates them) for :meth:`first_try`."""
+    def _plan(self, frontend: str, consumer: bool) -> _FirstTries:
+        """The first region's candidates for :meth:`first_try`."""
         generation = self.engine.generation
         addresses: list[Address] = []
         turns: str | None = None
@@ -320,7 +345,7 @@ class DataPlane:
                 rule, address = targets[0]
                 turns = self._served_here(rule)
                 addresses = self._producer_addresses(turns) if turns else [address]
-        plan = (generation, self._resources, addresses, turns)
+        plan = _FirstTries(generation, self._resources, addresses, turns)
         self._plans[frontend] = plan
         return plan
 
@@ -336,24 +361,28 @@ class DataPlane:
         endpoints are then chosen here), else None (reached at its address)."""
         return rule if rule is not None and rule in self.listeners else None
 
-    def _targets(self, frontend: str) -> list[tuple[str | None, Address]]:
+    def _targets(self, frontend: str) -> list[Target]:
         """(producer rule, its address) per region of the route, resolved once
         per route-table version and resource change, not per request."""
         table = self.engine.route_table()
         cached = self._upstreams.get(frontend)
-        if cached is None or cached[0] != table.version or cached[1] is not self._resources:
+        if (
+            cached is None
+            or cached.version != table.version
+            or cached.resources is not self._resources
+        ):
             route = table.routes.get(frontend)
-            targets: list[tuple[str | None, Address]] = []
+            targets: list[Target] = []
             if route is not None and route.attachment is not None:
                 for att in (route.attachment, *route.fallbacks):
                     target = self.rule_of_attachment(att)
                     if target is not None:
                         targets.append(target)
-            cached = (table.version, self._resources, targets)
+            cached = _RouteTargets(table.version, self._resources, targets)
             self._upstreams[frontend] = cached
-        return cached[2]
+        return cached.targets
 
-    def rule_of_attachment(self, attachment: str) -> tuple[str | None, Address] | None:
+    def rule_of_attachment(self, attachment: str) -> Target | None:
         """(producer forwarding-rule path, its address) of a service attachment."""
         sa = self._resources.get(ResourcePath.parse(attachment))
         if not isinstance(sa, ServiceAttachment):
@@ -362,7 +391,7 @@ class DataPlane:
         fr = self._resources.get(fr_path) if fr_path else None
         if not isinstance(fr, ForwardingRule):
             return None
-        return str(fr_path), (fr.ip_address, fr.port_list()[0])
+        return Target(str(fr_path), (fr.ip_address, fr.port_list()[0]))
 
     def producer_upstreams(self, frontend: str, n: int = 3) -> list[Address]:
         """Up to ``n`` endpoints of a producer rule's backend service, HEALTHY
@@ -392,21 +421,22 @@ class DataPlane:
         """The addresses of a producer rule's HEALTHY endpoints (of all of
         them when none is), in the engine's order."""
         rule = self._rules.get(frontend)
-        if rule is None or rule[0] is not self._resources:
+        if rule is None or rule.resources is not self._resources:
             fr = self._resources.get(ResourcePath.parse(frontend))
             bs_path = fr.ref("backend_service") if isinstance(fr, ForwardingRule) else None
             port = fr.port_list()[0] if isinstance(fr, ForwardingRule) else 0
-            rule = self._rules[frontend] = (self._resources, bs_path, port)
-        bs_path = rule[1]
+            rule = self._rules[frontend] = _ProducerRule(self._resources, bs_path, port)
+        bs_path = rule.backend_service
         if bs_path is None:
             return []
         endpoints = self.engine.healthy_endpoints(bs_path) or self.engine.all_endpoints(bs_path)
         cached = self._addresses.get(frontend)
-        if cached is None or cached[0] is not endpoints or cached[1] is not rule:
-            port = rule[2]
-            cached = (endpoints, rule, [(ip, p if p is not None else port) for ip, p in endpoints])
+        if cached is None or cached.endpoints is not endpoints or cached.rule is not rule:
+            port = rule.port
+            addresses = [(ip, p if p is not None else port) for ip, p in endpoints]
+            cached = _ProducerAddresses(endpoints, rule, addresses)
             self._addresses[frontend] = cached
-        return cached[2]
+        return cached.addresses
 
     def routes_changed(self, frontends: list[str]) -> None:
         """Called with the front ends whose route just changed. With
@@ -474,6 +504,20 @@ class DataPlaneMetrics(Protocol):
     def propagation_sum(self) -> float: ...
 
     def listener_stats(self) -> dict[str, dict[str, int]]: ...
+
+
+class DataPlaneService(DataPlaneMetrics, Protocol):
+    """What the serving process drives, whichever runs the listeners: the
+    in-process :class:`DataPlane` or the worker processes' pool."""
+
+    async def sync(self, resources: Mapping[ResourcePath, Resource]) -> None:
+        """Open, keep or close listeners to match the forwarding rules."""
+
+    def routes_changed(self, frontends: list[str]) -> None: ...
+
+    def status(self) -> dict[str, dict[str, object]]: ...
+
+    async def close(self) -> None: ...
 
 
 def metrics_text(dp: DataPlaneMetrics) -> str:

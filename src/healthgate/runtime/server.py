@@ -31,7 +31,12 @@ from healthgate.controlplane.errors import ControlError, Refusal
 from healthgate.controlplane.health_service import HealthService
 from healthgate.controlplane.recorder import TransitionRecorder
 from healthgate.controlplane.resources import ControlPlane
-from healthgate.dataplane.manager import DataPlane, DataPlaneSettings, metrics_text
+from healthgate.dataplane.manager import (
+    DataPlane,
+    DataPlaneService,
+    DataPlaneSettings,
+    metrics_text,
+)
 from healthgate.dataplane.workers import WorkerPool
 from healthgate.health.states import RouteChange
 from healthgate.model.manifest import parse_manifest
@@ -64,10 +69,10 @@ class ServeSettings:
     dataplane: DataPlaneSettings = field(default_factory=DataPlaneSettings)
 
 
-def parse_listen(text: str) -> tuple[str, int]:
+def parse_listen(text: str, option: str = "--listen") -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"--listen expects HOST:PORT, got {text!r}")
+        raise ValueError(f"{option} expects HOST:PORT, got {text!r}")
     return (host.strip("[]") or "127.0.0.1"), int(port)
 
 
@@ -92,7 +97,7 @@ class Server:
         self.control: ControlPlane | None = None
         self.recorder: TransitionRecorder | None = None
         self.api_state: ApiState | None = None
-        self.dataplane: DataPlane | WorkerPool | None = None
+        self.dataplane: DataPlaneService | None = None
         self._uvicorn: _QuietUvicorn | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._settle: asyncio.TimerHandle | None = None  # the second freeze (see start)
@@ -122,7 +127,7 @@ class Server:
 
         count = await control.load()
         log.info("loaded %d resources from %s", count, s.db)
-        dataplane: DataPlane | WorkerPool
+        dataplane: DataPlaneService
         if s.dataplane.workers and s.dataplane.enabled:
             # listeners in worker processes (SO_REUSEPORT), fed from here
             pool = WorkerPool(health.engine, replace(s.dataplane, reuse_port=True))
