@@ -72,7 +72,7 @@ def test_a_tick_on_a_slot_boundary_arms_the_next_one_a_tick_later() -> None:
     for i in range(1000, 2000):
         now = i * 0.01
         loop = _FakeLoop(now)
-        sched._loop = loop  # type: ignore[assignment]
+        sched._loop = loop
         sched._tick_at = now
         sched._in_flight = 1  # something in flight: tick again one tick later
         sched._tick()
@@ -91,7 +91,7 @@ def scheduler_on(loop: _FakeLoop, batch: object, seed: int = 0) -> ProbeSchedule
         rng=random.Random(seed),
         batch=batch,  # type: ignore[arg-type]
     )
-    sched._loop = loop  # type: ignore[assignment]
+    sched._loop = loop
     return sched
 
 

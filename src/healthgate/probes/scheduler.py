@@ -56,7 +56,9 @@ exactly the spec's.
   stalling; the probes started late have a large lag at start, so their
   timeouts are SUSPECT as above. Counted in ``stats.deferred_ticks``.
 
-All times are the event loop's monotonic clock (``loop.time()``).
+All times are the event loop's monotonic clock (``loop.time()``), or the
+clock given to :meth:`ProbeScheduler.start`; the timing rules themselves are
+probes/timetable.py's, shared with the simulator.
 """
 
 from __future__ import annotations
@@ -71,11 +73,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Protocol
 
 from healthgate.health.states import Outcome, ProbeResult
 from healthgate.probes.batch import BatchProber
 from healthgate.probes.prober import Prober
 from healthgate.probes.spec import ProbeSpec
+from healthgate.probes.timetable import first_due, next_due
 
 log = logging.getLogger("healthgate.probes")
 
@@ -86,6 +90,19 @@ ResultSink = Callable[[float, list[tuple[Hashable, ProbeResult]]], None]
 """Where results go: the loop time they were taken at and (key, result) for
 each probe that ended then - a whole tick's worth in one call, so that the
 receiver (the engine) pays its per-call overhead once per tick, not per probe."""
+
+
+class TimerHandle(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Clock(Protocol):
+    """What the scheduler needs of time: the event loop's clock and timers
+    (``asyncio`` gives both), or a virtual clock in tests."""
+
+    def time(self) -> float: ...
+
+    def call_at(self, when: float, callback: Callable[[], object]) -> TimerHandle: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,8 +184,8 @@ class ProbeScheduler:
         self._waiting: deque[tuple[Hashable, int]] = deque()
         self._in_flight = 0
         self._tasks: set[asyncio.Task[None]] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._tick_handle: asyncio.TimerHandle | None = None
+        self._loop: Clock | None = None
+        self._tick_handle: TimerHandle | None = None
         self._tick_at = float("inf")  # when the armed tick is due
         self._ticking = False  # inside _tick
         self._last_lag_at = float("-inf")
@@ -180,14 +197,15 @@ class ProbeScheduler:
 
     # ------------------------------------------------------------------ control
 
-    def start(self) -> None:
-        """Begin probing (inside the event loop). Keys added before now start
-        here, spread over their first interval."""
-        self._loop = loop = asyncio.get_running_loop()
+    def start(self, clock: Clock | None = None) -> None:
+        """Begin probing (inside the event loop, whose clock and timers it
+        uses unless ``clock`` is given: tests drive a virtual one). Keys
+        added before now start here, spread over their first interval."""
+        self._loop = loop = clock or asyncio.get_running_loop()
         now = loop.time()
         for key, entry in self._entries.items():
             if not entry.in_flight:
-                self._arm(key, entry, now + self._rng.uniform(0, entry.spec.interval))
+                self._arm(key, entry, first_due(now, entry.spec.interval, self._rng.random()))
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -205,7 +223,7 @@ class ProbeScheduler:
             entry = self._entries[key] = _Entry(spec)
             self._retune(1 / spec.interval)
             if loop is not None:
-                self._arm(key, entry, loop.time() + self._rng.uniform(0, spec.interval))
+                self._arm(key, entry, first_due(loop.time(), spec.interval, self._rng.random()))
             return
         if entry.spec == spec:
             return
@@ -214,7 +232,7 @@ class ProbeScheduler:
         entry.generation += 1
         self._forget(key, entry)
         if loop is not None and not entry.in_flight:  # a coroutine probe re-arms on completion
-            self._arm(key, entry, loop.time() + self._rng.uniform(0, spec.interval))
+            self._arm(key, entry, first_due(loop.time(), spec.interval, self._rng.random()))
 
     def remove(self, key: Hashable) -> None:
         entry = self._entries.pop(key, None)
@@ -252,7 +270,7 @@ class ProbeScheduler:
 
     # ------------------------------------------------------------------ timing
 
-    def _require_loop(self) -> asyncio.AbstractEventLoop:
+    def _require_loop(self) -> Clock:
         if self._loop is None:
             raise RuntimeError("ProbeScheduler.start() must be called inside the event loop first")
         return self._loop
@@ -378,9 +396,7 @@ class ProbeScheduler:
             return
         self._schedule_tick(nxt)  # (nothing arms a tick while this one runs)
 
-    def _launch(
-        self, loop: asyncio.AbstractEventLoop, key: Hashable, entry: _Entry, now: float
-    ) -> None:
+    def _launch(self, loop: Clock, key: Hashable, entry: _Entry, now: float) -> None:
         entry.in_flight = True
         entry.started = now
         entry.lag_at_start = now - entry.due
@@ -396,7 +412,7 @@ class ProbeScheduler:
             if result is not None:
                 self._ended([(key, result)], now)
             return
-        task = loop.create_task(self._run(key, entry))
+        task = asyncio.get_running_loop().create_task(self._run(key, entry))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -421,7 +437,7 @@ class ProbeScheduler:
             entry.in_flight = False
             self._in_flight -= 1
             self.stats.dropped += 1
-            self._arm(key, entry, end + self._rng.uniform(0, entry.spec.interval))
+            self._arm(key, entry, first_due(end, entry.spec.interval, self._rng.random()))
             self._start_waiting(loop)
             return
         self._ended([(key, result)], end)
@@ -463,22 +479,10 @@ class ProbeScheduler:
             self.sink(end, out)
 
     def _next_due(self, entry: _Entry, end: float) -> float:
-        """``interval`` after the end - corrected by how early or late this
-        probe started, so that each key keeps its own phase.
+        """``interval`` after the end, keeping the key's phase (probes/timetable.py)."""
+        return next_due(entry.spec.interval, entry.due, entry.started, end, self._rng.random())
 
-        Without the correction, probes that the loop started late together
-        (a stall, a burst of work) would end together and stay in step for
-        ever: clumps that only ever merge, each making the next tick longer.
-        With it, a late start shortens the next gap by the lateness and the
-        key is back in its place. After a stall longer than half an
-        interval the key is spread again at random instead."""
-        interval = entry.spec.interval
-        offset = entry.due - entry.started  # > 0: started early; < 0: started late
-        if offset < -interval / 2:
-            return end + self._rng.uniform(0, interval)
-        return end + interval + offset
-
-    def _start_waiting(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _start_waiting(self, loop: Clock) -> None:
         while self._waiting and self._in_flight < self.max_in_flight:
             key, generation = self._waiting.popleft()
             entry = self._entries.get(key)

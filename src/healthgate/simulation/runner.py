@@ -18,6 +18,7 @@ from healthgate.health.engine import HealthEngine, ProbeTarget
 from healthgate.health.states import Outcome, ProbeResult, Record
 from healthgate.model.names import ResourcePath
 from healthgate.model.resources import InstanceGroup, NetworkEndpointGroup, Resource
+from healthgate.probes.timetable import first_due, next_due
 from healthgate.simulation.scenario import Scenario, ScenarioEvent, Selector
 
 _EVENT, _END, _START = 0, 1, 2  # at equal times: faults first, then probe ends, then starts
@@ -118,7 +119,8 @@ def simulate(resources: Sequence[Resource], scenario: Scenario) -> SimulationRes
         seq += 1
     n = len(targets)
     for i, t in enumerate(targets):
-        queue.append((t.check.check_interval_sec * i / n, _START, seq, t.slot, t))
+        due = first_due(0.0, t.check.check_interval_sec, i / n)  # spread evenly
+        queue.append((due, _START, seq, t.slot, t))
         seq += 1
     heapq.heapify(queue)
 
@@ -146,7 +148,8 @@ def simulate(resources: Sequence[Resource], scenario: Scenario) -> SimulationRes
             res = payload[1]
             result.probes += 1
             result.records.extend(engine.on_result(now, slot, res))
-            nxt = now + target.check.check_interval_sec
+            started = now - res.latency  # (virtual probes start exactly when due)
+            nxt = next_due(target.check.check_interval_sec, started, started, now, 0.0)
             heapq.heappush(queue, (nxt, _START, seq, slot, target))
             seq += 1
     return result
