@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run simulate test lint typecheck browser unit bench clean
+.PHONY: run simulate test lint typecheck programs browser unit bench clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
@@ -34,13 +34,21 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest -q
 
-# the browser tests drive Debian's chromium (never a downloaded browser)
-browser:
-	@command -v chromium >/dev/null 2>&1 || { \
-	  echo "installing Debian's chromium for the browser tests"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+# Programs the tests start for real, from Debian (never a downloaded binary):
+# chromium (the dashboard's browser tests), haproxy (the agent-check integration),
+# dig (the DNS integration)
+TEST_PROGRAMS := chromium:chromium haproxy:haproxy dig:bind9-dnsutils
+programs:
+	@missing=""; for pair in $(TEST_PROGRAMS); do \
+	  cmd=$${pair%%:*}; pkg=$${pair##*:}; \
+	  command -v $$cmd >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian's$$missing for the tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi
 
-test: lint typecheck browser unit
+browser: programs
+
+test: lint typecheck programs unit
 
 bench: $(STAMP)
 	$(BIN)/python bench/engine.py

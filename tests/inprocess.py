@@ -22,7 +22,10 @@ from healthgate.store.memory import MemoryStore
 
 
 class InProcessApi:
-    def __init__(self, tokens: list[dict[str, str]] | None = None) -> None:
+    def __init__(
+        self, tokens: list[dict[str, str]] | None = None, public_healthz: bool = False
+    ) -> None:
+        self.public_healthz = public_healthz
         self.store = MemoryStore()
         self.health = HealthService()
         self.recorder = TransitionRecorder(self.store)
@@ -40,6 +43,7 @@ class InProcessApi:
         self._tasks.append(asyncio.create_task(self.recorder.run()))
         state = ApiState(self.control, self.health, self.recorder, self.store, self.access)
         state.ready = True
+        state.public_healthz = self.public_healthz
         self.client = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=create_app(state)), base_url="http://healthgate"
         )

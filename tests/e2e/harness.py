@@ -59,6 +59,23 @@ def e2e_world(
     return out
 
 
+def one_port_on(*hosts: str) -> int:
+    """A port that is free on every one of ``hosts`` (for rules that must
+    share a port: a DNS answer carries an address, not a port)."""
+    import socket
+
+    for _ in range(50):
+        port = free_port(hosts[0])
+        try:
+            for host in hosts[1:]:
+                with socket.socket() as s:
+                    s.bind((host, port))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError(f"no port free on all of {hosts}")
+
+
 def ports() -> tuple[int, int, tuple[int, int]]:
     return free_port(), free_port(), (free_port("127.0.1.100"), free_port("127.0.2.100"))
 

@@ -32,8 +32,16 @@ PHASE = INTERVAL  # a fault can land anywhere in a probe cycle
 
 
 class Stack:
-    def __init__(self, tmp: Path, *serve_args: str, **policy: Any) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        *serve_args: str,
+        prod: tuple[int, int] | None = None,
+        **policy: Any,
+    ) -> None:
         self.port, self.front, self.prod = ports()
+        if prod is not None:
+            self.prod = prod  # the producer rules' ports, region by region
         self.backends = Backends(self.port)
         self.proc = ServeProcess(tmp / "e2e.db", "--per-try-timeout", "0.4", *serve_args)
         self.policy = policy
@@ -53,6 +61,9 @@ class Stack:
             what="both regions HEALTHY",
         )
         return self
+
+    def world(self) -> list[dict[str, Any]]:
+        return e2e_world(self.port, self.front, self.prod, **self.policy)
 
     def apply(self, docs: list[dict[str, Any]]) -> None:
         self.api.post("/v1/apply", json={"manifest": yaml.safe_dump_all(docs)}).raise_for_status()

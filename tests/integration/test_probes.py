@@ -490,3 +490,39 @@ def test_batch_prober_reuses_sockets_across_probes() -> None:
     outcomes, pooled = run_async(go())
     assert outcomes == [Outcome.OK] * 10
     assert pooled == 1
+
+
+@pytest.mark.parametrize(("half_open", "accepted"), [(False, 5), (True, 0)])
+def test_a_tcp_check_completes_the_handshake_unless_half_open(
+    half_open: bool, accepted: int
+) -> None:
+    """SPEC §2.1: SYN, SYN+ACK, the checker's ACK - the connection reaches the
+    server's accept queue. Half-open (an option) resets after the SYN+ACK:
+    the server's kernel answers, its accept queue never sees a connection."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    port = listener.getsockname()[1]
+
+    async def go() -> list[ProbeResult]:
+        prober = Batched(ProbeSettings(tcp_half_open=half_open))
+        try:
+            return [await prober.probe(spec("TCP", port), key=i) for i in range(5)]
+        finally:
+            await prober.close()
+
+    try:
+        results = run_async(go(), timeout=30)
+        assert [r.outcome for r in results] == [Outcome.OK] * 5
+        listener.setblocking(False)
+        seen = 0
+        for _ in range(10):  # every completed connection is queued by now (loopback)
+            try:
+                conn, _ = listener.accept()
+            except BlockingIOError:
+                break
+            conn.close()
+            seen += 1
+        assert seen == accepted
+    finally:
+        listener.close()

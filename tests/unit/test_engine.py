@@ -312,3 +312,38 @@ def test_removing_the_consumer_side_drops_the_route() -> None:
     dicts = [d for d in example_dicts() if d["project"] != "web"]
     engine.apply(resources(dicts), 3.0)
     assert FRONT not in engine.route_table().routes
+
+
+# ---------------------------------------------------------------------- what other data planes read
+
+
+@pytest.mark.parametrize(
+    ("broken", "when_all", "expected"),
+    [
+        ((), "FAIL_OPEN", ("up", "up")),
+        (("127.0.1.",), "FAIL_OPEN", ("down", "up")),
+        (("127.0.1.", "127.0.2."), "FAIL_OPEN", ("up", "down")),  # the first keeps the traffic
+        (("127.0.1.", "127.0.2."), "FAIL_CLOSED", ("down", "down")),
+    ],
+)
+def test_agent_answers_follow_neg_states_and_when_all_unhealthy(
+    broken: tuple[str, ...], when_all: str, expected: tuple[str, str]
+) -> None:
+    from healthgate.integrations.verdicts import agent_answer
+
+    dicts = example_dicts()
+    find(dicts, "BackendService", "shop", "global")["failoverPolicy"] = {
+        "whenAllUnhealthy": when_all
+    }
+    engine = settled(dicts)
+    for prefix in broken:
+        feed(engine, 5.0, TIMEOUT, prefix, times=3)
+    assert (agent_answer(engine, US), agent_answer(engine, EU)) == expected
+    assert agent_answer(engine, US.replace("shop-us", "nope")) == "maint"
+
+
+def test_failover_order_is_priority_then_locality_then_name() -> None:
+    engine = settled()
+    order = engine.graph.failover_order("projects/web/global/forwardingRules/shop-frontend")
+    assert [c.name for c, _ in order] == ["shop-us", "shop-eu"]
+    assert order[0][1] == "projects/shop/regions/us-east1/serviceAttachments/web-attachment"

@@ -441,3 +441,37 @@ def test_cross_project_psc_reference_is_allowed() -> None:
 
 def test_example_file_path_exists() -> None:
     assert Path(ROOT / "examples" / "scenario-us-east1-hangs.yaml").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"dnsName": "shop"}, "dnsName"),  # one label
+        ({"dnsName": "-bad.example.test"}, "dnsName"),
+        ({"dnsName": "a" * 64 + ".example.test"}, "dnsName"),
+        ({"dnsTtlSec": 5}, "dnsTtlSec"),  # a TTL without a name
+        ({"dnsName": "shop.example.test", "dnsTtlSec": -1}, "dnsTtlSec"),
+    ],
+)
+def test_dns_name_rules(change: dict[str, Any], field: str) -> None:
+    dicts = example_dicts()
+    find(dicts, "ForwardingRule", "shop-frontend").update(change)
+    assert any(i.field == field for i in issues_of(dicts)), issues_of(dicts)
+
+
+def test_a_dns_name_belongs_to_one_rule_and_only_global_rules_have_one() -> None:
+    dicts = example_dicts()
+    front = find(dicts, "ForwardingRule", "shop-frontend")
+    front["dnsName"] = "Shop.Example.Test."
+    twin = dict(front, name="shop-frontend-2", portRange="9999")
+    dicts.append(twin)
+    assert [i.field for i in issues_of(dicts)] == ["dnsName"]
+    dicts = example_dicts()
+    find(dicts, "ForwardingRule", "web-fr", "us-east1")["dnsName"] = "shop.example.test"
+    assert any(i.field == "dnsName" for i in issues_of(dicts))
+    dicts = example_dicts()
+    find(dicts, "ForwardingRule", "shop-frontend")["dnsName"] = "Shop.Example.Test."
+    (front_res,) = [
+        r for r in resources(dicts) if r.kind == "ForwardingRule" and r.name == "shop-frontend"
+    ]
+    assert front_res.dns_name == "shop.example.test"  # type: ignore[attr-defined]

@@ -3,6 +3,7 @@ error shape, and the routers by resource family.
 
 * resources.py  - list / create / get / replace / delete, regional and global;
 * health.py     - a backend service's endpoints;
+* integrations.py - a forwarding rule's healthz, HAProxy's configuration;
 * events.py     - the transition log, filtered and live;
 * manifests.py  - ``/v1/apply`` and ``/v1/delete``;
 * operations.py - projects, the dashboard, ``/healthz``, ``/readyz``, ``/metrics``.
@@ -26,6 +27,7 @@ from healthgate.api.auth import AccessError
 from healthgate.api.errors import error_response, refusal_response
 from healthgate.api.events import events_router
 from healthgate.api.health import health_router
+from healthgate.api.integrations import integrations_router
 from healthgate.api.manifests import MANIFEST_PATHS, manifest_router
 from healthgate.api.operations import operations_router
 from healthgate.api.resources import resource_router
@@ -117,6 +119,7 @@ def create_app(state: ApiState) -> FastAPI:
     # the health routes first: .../backendServices/{name}/health is more
     # specific than the resource routes' .../{collection}/{name}
     app.include_router(health_router(state))
+    app.include_router(integrations_router(state))
     app.include_router(resource_router(state))
     app.include_router(events_router(state))
     app.include_router(manifest_router(state))

@@ -57,6 +57,8 @@ class ApiState:
     ready: bool = False
     extra_metrics: list[Callable[[], str]] = field(default_factory=list)
     dataplane_status: Callable[[], dict[str, dict[str, object]]] | None = None
+    public_healthz: bool = False  # forwarding rules' healthz without a token
+    agent_address: tuple[str, int] | None = None  # where HAProxy's agent-check is answered
 
     def principal(self, authorization: str | None) -> Principal:
         return self.access.authenticate(authorization)

@@ -74,6 +74,9 @@ class Api:
         )
 
     def request(self, method: str, path: str, **kw: Any) -> Any:
+        return self.response(method, path, **kw).json()
+
+    def response(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:
             resp = self.client.request(method, path, **kw)
         except httpx.ConnectError:
@@ -84,7 +87,7 @@ class Api:
             raise CliError(f"{self.base}: {exc}") from None
         if resp.status_code >= 400:
             raise CliError(format_error(resp))
-        return resp.json()
+        return resp
 
     def stream(
         self, path: str, params: dict[str, Any], last_id: int | None
@@ -396,6 +399,16 @@ def print_event(item: dict[str, Any], output: str) -> None:
         f"{iso(item['time'])}  {item['kind']:<20} {where:<40} {frm} -> {to}  {item['reason']}",
         flush=True,
     )
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """A configuration for another data plane that follows healthgate."""
+    api = Api(args)
+    project = args.project or "default"
+    params = {"agent": args.agent} if args.agent else {}
+    path = f"/v1/projects/{project}/global/forwardingRules/{args.frontend}/{args.target}"
+    print(api.response("GET", path, params=params).text, end="")
+    return EXIT_OK
 
 
 def cmd_demo_control(args: argparse.Namespace) -> int:

@@ -102,7 +102,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log_retention=args.log_retention,
         failure_log_rate=args.probe_failure_log_rate,
         probe=ProbeSettings(
-            keepalive=args.keepalive_probes, verify_tls=args.verify_tls, ca_file=args.ca_file
+            keepalive=args.keepalive_probes,
+            verify_tls=args.verify_tls,
+            ca_file=args.ca_file,
+            tcp_half_open=args.tcp_half_open,
         ),
         scheduler=SchedulerSettings(tick=args.probe_tick_ms / 1000)
         if args.probe_tick_ms
@@ -114,6 +117,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             workers=args.dataplane_workers,
             http=HttpSettings(per_try_timeout=args.per_try_timeout),
         ),
+        agent=args.agent,
+        public_healthz=args.public_healthz,
+        dns=args.dns,
+        dns_zones=args.dns_zone or [],
     )
     try:
         uvloop.run(run_server(settings))
@@ -236,6 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
         "rates (it shortens to 2 ms at high rates, ~20 starts per tick); probes start within "
         "half a tick of due, and response times are measured to one tick (default 16)",
     )
+    p.add_argument(
+        "--tcp-half-open",
+        action="store_true",
+        help="TCP checks reset right after the SYN+ACK (HAProxy's way) instead of completing "
+        "the handshake; the server's accept queue then never sees them",
+    )
     p.add_argument("--verify-tls", action="store_true", help="verify HTTPS probe certificates")
     p.add_argument("--ca-file", help="CA bundle for --verify-tls")
     p.add_argument(
@@ -266,7 +279,41 @@ def build_parser() -> argparse.ArgumentParser:
         default=2.0,
         help="HTTP front ends: seconds to the first response byte before a retry in the next region",
     )
+    p.add_argument(
+        "--agent",
+        metavar="HOST:PORT",
+        help="answer HAProxy's agent-check here (up / down / maint per PSC NEG; docs/integrations.md)",
+    )
+    p.add_argument(
+        "--dns",
+        metavar="HOST:PORT",
+        help="answer DNS (UDP and TCP) for global rules' dnsName with the routed region's address",
+    )
+    p.add_argument(
+        "--dns-zone",
+        action="append",
+        metavar="ZONE",
+        help="a zone the DNS server is authoritative for (repeatable; default: each dnsName's parent)",
+    )
+    p.add_argument(
+        "--public-healthz",
+        action="store_true",
+        help="serve forwarding rules' .../healthz without a token (for load balancers' checks)",
+    )
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser(
+        "export", help="configuration for another data plane that follows healthgate's decisions"
+    )
+    p.add_argument("target", choices=["haproxy"], help="the data plane")
+    p.add_argument("frontend", metavar="FRONTEND", help="a global (consumer) forwarding rule")
+    p.add_argument(
+        "--agent",
+        metavar="HOST:PORT",
+        help="the agent address HAProxy asks (default: serve's --agent)",
+    )
+    client.add_client_options(p)
+    p.set_defaults(func=lambda a: client.run_client(client.cmd_export, a))
 
     p = sub.add_parser("apply", help="create or update the resources of a manifest, atomically")
     p.add_argument("-f", "--file", required=True)

@@ -225,30 +225,53 @@ class HealthGraph:
             self._set(now, node, "NetworkEndpointGroup", state, reason, records) or accepted_changed
         )
 
+    def _candidates(self, fr: ForwardingRule) -> tuple[list[Candidate], BackendService | None]:
+        """A consumer front end's PSC NEGs as route candidates, and its backend service."""
+        bs_path = fr.ref("backend_service")
+        bs = self._resources.get(bs_path) if bs_path else None
+        if not isinstance(bs, BackendService):
+            return [], None
+        candidates = []
+        for b, neg_path in zip(bs.backends, bs.refs("backends"), strict=False):
+            neg = self._negs.get(str(neg_path))
+            if neg is None:
+                continue
+            candidates.append(
+                Candidate(
+                    neg.path,
+                    neg_path.name,
+                    neg_path.region,
+                    b.failover_priority,
+                    neg.state,
+                    neg.extra is not False,
+                )
+            )
+        return candidates, bs
+
+    def neg_accepted(self, neg: str) -> bool | None:
+        """Did the service attachment accept this PSC NEG's connection (None:
+        no such NEG)?"""
+        node = self._negs.get(neg)
+        return None if node is None else node.extra is not False
+
+    def failover_order(self, frontend: str) -> list[tuple[Candidate, str]]:
+        """A consumer front end's PSC NEGs in failover order (priority, then
+        locality, then name), each with its service attachment's path: what
+        other data planes (HAProxy's backup servers, Envoy's priorities) are
+        configured from."""
+        node = self._routes.get(frontend)
+        if node is None:
+            return []
+        fr = node.resource
+        assert isinstance(fr, ForwardingRule)
+        candidates, _ = self._candidates(fr)
+        return [(c, self._attachment_of(c.path)) for c in order(candidates, fr.data_plane_region)]
+
     def _eval_route(self, now: float, node: _Node, records: list[Record]) -> bool:
         fr = node.resource
         assert isinstance(fr, ForwardingRule)
-        bs_path = fr.ref("backend_service")
-        bs = self._resources.get(bs_path) if bs_path else None
-        candidates = []
-        prio: dict[str, int | None] = {}
-        if isinstance(bs, BackendService):
-            for b, neg_path in zip(bs.backends, bs.refs("backends"), strict=False):
-                neg = self._negs.get(str(neg_path))
-                if neg is None:
-                    continue
-                prio[neg.path] = b.failover_priority
-                candidates.append(
-                    Candidate(
-                        neg.path,
-                        neg_path.name,
-                        neg_path.region,
-                        b.failover_priority,
-                        neg.state,
-                        neg.extra is not False,
-                    )
-                )
-        policy = bs.policy if isinstance(bs, BackendService) else None
+        candidates, bs = self._candidates(fr)
+        policy = bs.policy if bs is not None else None
         prev: Route | None = node.extra  # type: ignore[assignment]
         choice = choose(
             candidates,

@@ -40,6 +40,7 @@ from healthgate.model.names import (
 REQUEST_PATH_RE = re.compile(r"^/[A-Za-z0-9\-/.%?#&_;~!()*\[\]@$^:',+]{0,79}$")
 HOST_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-.]*[A-Za-z0-9])?$")
 STATUS_RE = re.compile(r"^([1-5][0-9][0-9])(?:-([1-5][0-9][0-9]))?$")
+DNS_LABEL_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
 PORT_RANGE_RE = re.compile(r"^([0-9]{1,5})(?:-([0-9]{1,5}))?$")
 
 Port = Annotated[int, Field(ge=1, le=65535)]
@@ -462,9 +463,34 @@ class ForwardingRule(Resource):
     load_balancing_scheme: Scheme
     backend_service: str
     data_plane_region: str | None = None
+    # DNS (global rules): the name `serve --dns` answers with the routed region's address
+    dns_name: str | None = None
+    dns_ttl_sec: int | None = Field(None, ge=0, le=86400)  # (5 when dnsName is set)
 
     SCOPES = frozenset({"regional", "global"})
     REFS = (("backend_service", "backendService", "backendServices"),)
+
+    @field_validator("dns_name")
+    @classmethod
+    def _check_dns_name(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        name = value.lower().removesuffix(".")
+        labels = name.split(".")
+        if (
+            len(name) > 253
+            or len(labels) < 2
+            or not all(DNS_LABEL_RE.match(label) for label in labels)
+        ):
+            raise ValueError(
+                "expected a fully qualified domain name of at least two labels, each 1-63 "
+                f"letters, digits or '-' not starting or ending with '-'; got {brief(value)}"
+            )
+        return name
+
+    @property
+    def dns_ttl(self) -> int:
+        return 5 if self.dns_ttl_sec is None else self.dns_ttl_sec
 
     _ip = field_validator("ip_address")(classmethod(lambda cls, v: _normalise_ip(v)))
 
@@ -493,6 +519,10 @@ class ForwardingRule(Resource):
             raise ValueError("ports: give exactly one of ports or portRange")
         if self.ports is not None and len(set(self.ports)) != len(self.ports):
             raise ValueError("ports: duplicate port")
+        if (self.dns_name is not None or self.dns_ttl_sec is not None) and not self.is_global:
+            raise ValueError("dnsName: only global (consumer) forwarding rules have one")
+        if self.dns_ttl_sec is not None and self.dns_name is None:
+            raise ValueError("dnsTtlSec: only with dnsName")
         if self.data_plane_region is not None:
             if not self.is_global:
                 raise ValueError("dataPlaneRegion: only global forwarding rules have one")

@@ -256,6 +256,19 @@ def validate_documents(documents: Sequence[Document]) -> list[Issue]:
                     doc.issue("sources[0]", "a health source names a regional backend service")
                 )
 
+    dns_names: dict[str, Document] = {}
+    for doc in by_path.values():
+        res = doc.resource
+        if isinstance(res, ForwardingRule) and res.dns_name is not None:
+            other = dns_names.setdefault(res.dns_name, doc)
+            if other is not doc:
+                issues.append(
+                    doc.issue(
+                        "dnsName",
+                        f"{res.dns_name} is already the dnsName of {other.resource.path}",
+                    )
+                )
+
     for dest, docs in destinations.items():
         if len(docs) > 1:
             names = ", ".join(str(d.resource.path) for d in docs)

@@ -19,11 +19,15 @@ are made of.
 
 What a probe does on the wire (HAProxy does the same):
 
-* **TCP**: ``socket``; ``TCP_QUICKACK`` off, so the final ACK of the handshake
-  is held back; ``connect``; when the SYN-ACK is in, close with ``SO_LINGER``
-  0. The server's kernel answered the SYN - the check's whole question - but
-  the connection never reaches its accept queue, and no TIME_WAIT is left on
-  either side.
+* **TCP** (SPEC §2.1, seed 003): ``socket``; ``connect``, which completes
+  the handshake - SYN, SYN+ACK, and the prober's ACK, sent by the kernel at
+  once (``TCP_QUICKACK`` on) - then close with ``SO_LINGER`` 0 (a reset:
+  no TIME_WAIT on either side). The connection reaches the server's accept
+  queue, as the seed's check does.
+  With ``ProbeSettings.tcp_half_open`` (an option, never the default) the
+  check is HAProxy's: ``TCP_QUICKACK`` off, so the final ACK is held back,
+  and the reset follows the SYN+ACK - the server's kernel answered the SYN,
+  but the connection never reaches its accept queue.
 * **Sockets are reused.** Instead of ``close``, a finished probe's socket is
   disconnected with ``connect(AF_UNSPEC)`` (which sends the RST) and kept in
   a pool; the next probe connects it again. It stays in the epoll set
@@ -254,7 +258,12 @@ class BatchProber:
             return ProbeResult(Outcome.ERROR, now - p.start, 0, exc.strerror or str(exc))
         try:
             if _QUICKACK:
-                sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 0)
+                # held back (0): HTTP's ACK travels with the request, and a
+                # half-open TCP check resets before it; sent at once (1): a
+                # TCP check completes the handshake (a pooled socket may
+                # have been either before)
+                quick = spec.type == "TCP" and not self.settings.tcp_half_open
+                sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, quick)
             err = sock.connect_ex((spec.ip, spec.port))
         except OSError as exc:
             sock.close()

@@ -42,6 +42,10 @@ from healthgate.probes.spec import ProbeSpec
 @dataclass(frozen=True, slots=True)
 class ProbeSettings:
     keepalive: bool = False  # HTTP(S): reuse one connection per endpoint
+    # TCP: reset right after the SYN+ACK instead of completing the handshake
+    # (HAProxy's check; the server's accept queue never sees it). Not the
+    # default: SPEC §2.1 completes the handshake.
+    tcp_half_open: bool = False
     verify_tls: bool = False  # HTTPS: verify certificates (with ca_file, or the system store)
     ca_file: str | None = None
     max_head_bytes: int = 8192  # status line + headers

@@ -17,7 +17,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,11 @@ from healthgate.dataplane.manager import (
 )
 from healthgate.dataplane.workers import WorkerPool
 from healthgate.health.states import RouteChange
+from healthgate.integrations.agent import AgentServer
+from healthgate.integrations.dns import DnsDirectory, DnsServer
+from healthgate.integrations.verdicts import agent_answer
 from healthgate.model.manifest import parse_manifest
+from healthgate.model.names import ResourcePath
 from healthgate.model.resources import HealthCheck, Resource
 from healthgate.model.validation import InvalidResources
 from healthgate.probes.prober import ProbeSettings
@@ -67,6 +71,10 @@ class ServeSettings:
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     api: ApiSettings = field(default_factory=ApiSettings)
     dataplane: DataPlaneSettings = field(default_factory=DataPlaneSettings)
+    agent: str | None = None  # HOST:PORT for HAProxy's agent-check
+    public_healthz: bool = False
+    dns: str | None = None  # HOST:PORT of the authoritative DNS server for rules' dnsName
+    dns_zones: list[str] = field(default_factory=list)  # default: each dnsName's parent
 
 
 def parse_listen(text: str, option: str = "--listen") -> tuple[str, int]:
@@ -98,6 +106,8 @@ class Server:
         self.recorder: TransitionRecorder | None = None
         self.api_state: ApiState | None = None
         self.dataplane: DataPlaneService | None = None
+        self.agent: AgentServer | None = None
+        self.dns: DnsServer | None = None
         self._uvicorn: _QuietUvicorn | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._settle: asyncio.TimerHandle | None = None  # the second freeze (see start)
@@ -147,8 +157,28 @@ class Server:
         for manifest in s.manifests:
             await self._apply_file(manifest)
 
+        if s.agent:
+            agent_host, agent_port = parse_listen(s.agent, "--agent")
+            self.agent = AgentServer(
+                lambda neg: agent_answer(health.engine, neg), agent_host, agent_port
+            )
+            await self.agent.start()
+        if s.dns:
+            dns_host, dns_port = parse_listen(s.dns, "--dns")
+            directory = DnsDirectory(health.engine, s.dns_zones)
+            directory.update(control.resources)
+
+            async def update_directory(resources: Mapping[ResourcePath, Resource]) -> None:
+                directory.update(resources)
+
+            control.on_change.append(update_directory)
+            self.dns = DnsServer(directory, dns_host, dns_port)
+            await self.dns.start()
         health.start()
         self.api_state = ApiState(control, health, recorder, store, self.access, s.api)
+        self.api_state.public_healthz = s.public_healthz
+        if self.agent is not None:
+            self.api_state.agent_address = (self.agent.host, self.agent.port)
         self.api_state.extra_metrics.append(lambda: metrics_text(dataplane))
         if isinstance(dataplane, WorkerPool):
             self.api_state.extra_metrics.append(dataplane.metrics_text)
@@ -232,6 +262,10 @@ class Server:
             self._uvicorn.should_exit = True
         if self.dataplane is not None:
             await self.dataplane.close()
+        if self.agent is not None:
+            await self.agent.close()
+        if self.dns is not None:
+            await self.dns.close()
         if self.control is not None:
             await self.control.close()
         if self.health is not None:

@@ -1,0 +1,257 @@
+"""An authoritative DNS server for front ends' names (``serve --dns HOST:PORT``).
+
+A global forwarding rule with ``dnsName`` gets an A (or AAAA) record: the
+address of the producer forwarding rule its route sends traffic to now,
+with a TTL of ``dnsTtlSec`` (5 s by default). When the route moves to
+another region, the next answer names that region; clients follow within
+the TTL (plus whatever their resolvers add: see docs/integrations.md).
+
+The server is authoritative for its zones (``--dns-zone``, default: the
+parent domain of every dnsName) and answers as such a server does:
+
+* a name of a zone with records: the records (AA set); another type at
+  that name, or a name in the zone with nothing at it but names below it:
+  NOERROR with no answer and the zone's SOA (NODATA);
+* a name in a zone that does not exist: NXDOMAIN with the SOA;
+* the zone's apex: its SOA and NS;
+* a name outside every zone: REFUSED; anything but a standard query: NOTIMP;
+  a message that does not parse: FORMERR when its header can be read, else
+  no answer.
+
+A rule whose route refuses traffic (FAIL_CLOSED, every region down) has no
+address: NODATA. The wire format is dnspython's; UDP answers are truncated
+(TC) past 512 bytes or the client's EDNS size, TCP messages are
+length-prefixed and at most 65,535 bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import dns.exception
+import dns.flags
+import dns.message
+import dns.name
+import dns.opcode
+import dns.rcode
+import dns.rdataclass
+import dns.rdatatype
+import dns.rrset
+
+from healthgate.health.engine import HealthEngine
+from healthgate.integrations.haproxy import producer_address
+from healthgate.model.names import ResourcePath
+from healthgate.model.resources import ForwardingRule, Resource
+
+log = logging.getLogger("healthgate.dns")
+
+SOA_TTL = 60
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    frontend: str  # the global forwarding rule's path
+    ttl: int
+
+
+class DnsDirectory:
+    """Names, zones and where each name's route points: rebuilt when the
+    resources change, read per query with the engine's current routes."""
+
+    def __init__(self, engine: HealthEngine, zones: Iterable[str] = ()) -> None:
+        self.engine = engine
+        self.fixed_zones = [dns.name.from_text(z) for z in zones]
+        self.names: dict[dns.name.Name, Entry] = {}
+        self.zones: list[dns.name.Name] = list(self.fixed_zones)
+        self._addresses: dict[str, str] = {}  # attachment path -> producer rule's IP
+        self.serial = 1
+
+    def update(self, resources: Mapping[ResourcePath, Resource]) -> None:
+        names: dict[dns.name.Name, Entry] = {}
+        for path, res in resources.items():
+            if isinstance(res, ForwardingRule) and res.dns_name:
+                names[dns.name.from_text(res.dns_name)] = Entry(str(path), res.dns_ttl)
+        addresses = {}
+        for path in resources:
+            if path.collection == "serviceAttachments":
+                address = producer_address(resources, str(path))
+                if address is not None:
+                    addresses[str(path)] = address[0]
+        self.names, self._addresses = names, addresses
+        self.zones = list(self.fixed_zones) or sorted({n.parent() for n in names}, key=len)
+        self.serial += 1
+
+    def zone_of(self, name: dns.name.Name) -> dns.name.Name | None:
+        best = None
+        for zone in self.zones:
+            if name.is_subdomain(zone) and (best is None or len(zone) > len(best)):
+                best = zone
+        return best
+
+    def address(self, name: dns.name.Name) -> str | None:
+        """The routed region's producer address for a name (None: no route)."""
+        entry = self.names.get(name)
+        if entry is None:
+            return None
+        route = self.engine.route_table().routes.get(entry.frontend)
+        if route is None or route.target is None or route.attachment is None:
+            return None
+        return self._addresses.get(route.attachment)
+
+    def exists(self, name: dns.name.Name, zone: dns.name.Name) -> bool:
+        return name == zone or any(n == name or n.is_subdomain(name) for n in self.names)
+
+
+def _soa(zone: dns.name.Name, serial: int) -> dns.rrset.RRset:
+    text = f"ns.{zone} hostmaster.{zone} {serial} 60 10 3600 5"
+    return dns.rrset.from_text(zone, SOA_TTL, "IN", "SOA", text)
+
+
+def answer(directory: DnsDirectory, query: dns.message.Message) -> dns.message.Message:
+    response = dns.message.make_response(query)
+    response.flags |= dns.flags.AA
+    response.flags &= ~dns.flags.RA
+    if query.opcode() != dns.opcode.QUERY:
+        response.set_rcode(dns.rcode.NOTIMP)
+        return response
+    if len(query.question) != 1:
+        response.set_rcode(dns.rcode.FORMERR)
+        return response
+    question = query.question[0]
+    qname, qtype = question.name, question.rdtype
+    if question.rdclass != dns.rdataclass.IN:
+        response.set_rcode(dns.rcode.REFUSED)
+        return response
+    zone = directory.zone_of(qname)
+    if zone is None:
+        response.flags &= ~dns.flags.AA
+        response.set_rcode(dns.rcode.REFUSED)
+        return response
+    soa = _soa(zone, directory.serial)
+    if not directory.exists(qname, zone):
+        response.set_rcode(dns.rcode.NXDOMAIN)
+        response.authority.append(soa)
+        return response
+    if qname == zone and qtype in (dns.rdatatype.SOA, dns.rdatatype.ANY):
+        response.answer.append(soa)
+    if qname == zone and qtype in (dns.rdatatype.NS, dns.rdatatype.ANY):
+        response.answer.append(dns.rrset.from_text(zone, SOA_TTL, "IN", "NS", f"ns.{zone}"))
+    entry = directory.names.get(qname)
+    address = directory.address(qname) if entry is not None else None
+    if entry is not None and address is not None:
+        family = "AAAA" if ipaddress.ip_address(address).version == 6 else "A"
+        if qtype in (dns.rdatatype.from_text(family), dns.rdatatype.ANY):
+            response.answer.append(dns.rrset.from_text(qname, entry.ttl, "IN", family, address))
+    if not response.answer:
+        response.authority.append(soa)  # NODATA
+    return response
+
+
+def handle(directory: DnsDirectory, wire: bytes, max_size: int) -> bytes | None:
+    """One query on the wire -> the answer on the wire (None: no answer)."""
+    try:
+        query = dns.message.from_wire(wire)
+    except dns.exception.DNSException:
+        if len(wire) < 12:
+            return None
+        # a header can be read: FORMERR with the query's id
+        (qid,) = struct.unpack("!H", wire[:2])
+        response = dns.message.Message(id=qid)
+        response.flags = dns.flags.QR
+        response.set_rcode(dns.rcode.FORMERR)
+        return response.to_wire()
+    if query.flags & dns.flags.QR:
+        return None  # a response, not a query: never answer (no loops)
+    try:
+        response = answer(directory, query)
+    except Exception:  # one bad query must not stop the server
+        log.exception("DNS answer failed")
+        response = dns.message.make_response(query)
+        response.set_rcode(dns.rcode.SERVFAIL)
+    if query.edns >= 0:
+        max_size = max(max_size, min(query.payload, 4096))
+    try:
+        return response.to_wire(max_size=max_size)
+    except dns.exception.TooBig:
+        response.answer, response.authority, response.additional = [], [], []
+        response.flags |= dns.flags.TC
+        return response.to_wire()
+
+
+class _Udp(asyncio.DatagramProtocol):
+    def __init__(self, directory: DnsDirectory) -> None:
+        self.directory = directory
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
+        reply = handle(self.directory, data[:4096], 512)
+        if reply is not None and self.transport is not None:
+            self.transport.sendto(reply, addr)
+
+
+class DnsServer:
+    def __init__(
+        self,
+        directory: DnsDirectory,
+        host: str,
+        port: int,
+        tcp_timeout: float = 10.0,
+        max_tcp_connections: int = 256,
+    ) -> None:
+        self.directory = directory
+        self.host, self.port = host, port
+        self.tcp_timeout = tcp_timeout
+        self.max_tcp = max_tcp_connections
+        self._udp: asyncio.DatagramTransport | None = None
+        self._tcp: asyncio.Server | None = None
+        self._conns: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tcp = await asyncio.start_server(self._serve_tcp, self.host, self.port)
+        if self.port == 0:
+            self.port = self._tcp.sockets[0].getsockname()[1]
+        transport, _ = await loop.create_datagram_endpoint(
+            lambda: _Udp(self.directory), local_addr=(self.host, self.port)
+        )
+        self._udp = transport
+        log.info("DNS answering on %s:%d (UDP and TCP)", self.host, self.port)
+
+    async def _serve_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if len(self._conns) >= self.max_tcp or task is None:
+            writer.close()
+            return
+        self._conns.add(task)
+        try:
+            while True:  # several queries per connection, each length-prefixed
+                head = await asyncio.wait_for(reader.readexactly(2), self.tcp_timeout)
+                (length,) = struct.unpack("!H", head)
+                wire = await asyncio.wait_for(reader.readexactly(length), self.tcp_timeout)
+                reply = handle(self.directory, wire, 65535)
+                if reply is None:
+                    break
+                writer.write(struct.pack("!H", len(reply)) + reply)
+                await writer.drain()
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self._conns.discard(task)
+            writer.close()
+
+    async def close(self) -> None:
+        if self._udp is not None:
+            self._udp.close()
+        if self._tcp is not None:
+            self._tcp.close()
+            for task in list(self._conns):
+                task.cancel()
+            await self._tcp.wait_closed()

@@ -1,0 +1,79 @@
+"""``healthgate export haproxy``: a backend section that follows healthgate.
+
+For a consumer (global) forwarding rule: one server per region - the
+address of the producer forwarding rule its PSC NEG reaches - in the rule's
+failover order (``failoverPriority``, then locality to ``dataPlaneRegion``,
+then name). The first is the active server, the others ``backup``: HAProxy
+sends traffic to the active server while it is up, else to the first backup
+that is up, and back to the active one as soon as it is up again. Every
+server is driven by healthgate's agent (``serve --agent``), which answers for
+that region's PSC NEG, so HAProxy moves traffic when healthgate decides to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from healthgate.health.engine import HealthEngine
+from healthgate.model.names import ResourcePath
+from healthgate.model.resources import BackendService, ForwardingRule, Resource, ServiceAttachment
+
+
+class ExportError(ValueError):
+    """The rule cannot be exported (the message says why)."""
+
+
+def producer_address(
+    resources: Mapping[ResourcePath, Resource], attachment: str
+) -> tuple[str, int] | None:
+    sa = resources.get(ResourcePath.parse(attachment))
+    if not isinstance(sa, ServiceAttachment):
+        return None
+    target = sa.ref("target_service")
+    fr = resources.get(target) if target is not None else None
+    if not isinstance(fr, ForwardingRule):
+        return None
+    return fr.ip_address, fr.port_list()[0]
+
+
+def haproxy_backend(
+    engine: HealthEngine,
+    resources: Mapping[ResourcePath, Resource],
+    frontend: ResourcePath,
+    agent: tuple[str, int],
+    agent_inter: str = "1s",
+) -> str:
+    fr = resources.get(frontend)
+    if not isinstance(fr, ForwardingRule) or not fr.is_global:
+        raise ExportError(f"{frontend} is not a global (consumer) forwarding rule")
+    bs_path = fr.ref("backend_service")
+    bs = resources.get(bs_path) if bs_path is not None else None
+    mode = "http" if isinstance(bs, BackendService) and bs.protocol in ("HTTP", "HTTPS") else "tcp"
+    agent_host, agent_port = agent
+    lines = [
+        f"# healthgate export haproxy {frontend}",
+        "# One server per region in failover order: the first is active, the others",
+        "# backups (HAProxy uses the first backup that is up). healthgate's agent at",
+        f"# {agent_host}:{agent_port} answers up / down / maint for each region's PSC NEG.",
+        f"backend {frontend.name}",
+        f"    mode {mode}",
+    ]
+    servers = 0
+    for candidate, attachment in engine.graph.failover_order(str(frontend)):
+        address = producer_address(resources, attachment)
+        if address is None:
+            lines.append(f"    # {candidate.name}: attachment {attachment} has no forwarding rule")
+            continue
+        ip, port = address
+        host = f"[{ip}]" if ":" in ip else ip
+        neg = ResourcePath.parse(candidate.path)
+        backup = " backup" if servers else ""
+        lines.append(
+            f"    server {candidate.name} {host}:{port}{backup} agent-check "
+            f"agent-addr {agent_host} agent-port {agent_port} agent-inter {agent_inter} "
+            f'agent-send "{neg.project}/{neg.region}/{neg.name}\\n"'
+        )
+        servers += 1
+    if not servers:
+        raise ExportError(f"{frontend} has no region to send traffic to")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,66 @@
+"""The answers other data planes get, derived from the engine (pure).
+
+* **A forwarding rule's health** (``.../forwardingRules/{name}/healthz``):
+  200 when the composite delivered to the rule is HEALTHY, 503 otherwise
+  (UNHEALTHY, UNKNOWN - not yet known, or in DRY_RUN - or no composite at
+  all), with the state and the reason. A load balancer that health-checks
+  this URL takes a region out exactly when healthgate would.
+* **A PSC NEG's agent answer** (HAProxy's agent-check):
+
+  ============================================  =======
+  the NEG                                       answer
+  ============================================  =======
+  HEALTHY, or UNKNOWN (UNKNOWN never fails      ``up``
+  over, SPEC §2.3)
+  UNHEALTHY                                     ``down``
+  UNHEALTHY, but the route of a front end that  ``up``
+  uses it keeps it under FAIL_OPEN (every
+  region is down: traffic stays on the first)
+  its connection was not accepted by the        ``maint``
+  attachment (no traffic may flow), or no such
+  NEG
+  ============================================  =======
+
+  HAProxy then sends traffic to the first server (in the exported failover
+  order) that is up, and back to a preferred one as soon as it is up again
+  (failback). ``failoverPolicy.failback: false`` has no HAProxy equivalent
+  per server; it is documented in docs/integrations.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from healthgate.health.engine import HealthEngine
+from healthgate.health.states import HealthState
+
+
+@dataclass(frozen=True, slots=True)
+class RuleHealth:
+    code: int  # 200 or 503
+    state: str
+    reason: str
+    since: float | None
+
+
+def forwarding_rule_health(engine: HealthEngine, rule: str) -> RuleHealth:
+    dest = engine.destination_state(rule)
+    if dest is None:
+        return RuleHealth(
+            503, "UNKNOWN", "no composite health check has this rule as destination", None
+        )
+    code = 200 if dest.state is HealthState.HEALTHY else 503
+    return RuleHealth(code, dest.state.name, dest.reason, dest.since)
+
+
+def agent_answer(engine: HealthEngine, neg: str) -> str:
+    accepted = engine.graph.neg_accepted(neg)
+    if not accepted:
+        return "maint"
+    status = engine.node_status(neg)
+    if status is None or status.state is not HealthState.UNHEALTHY:
+        return "up"
+    for route in engine.route_table().routes.values():
+        if route.target == neg and route.mode == "fail-open":
+            return "up"
+    return "down"

@@ -1,0 +1,164 @@
+"""A real HAProxy (Debian's) follows healthgate through its agent-check:
+the configuration is what `healthgate export haproxy` prints; traffic
+through HAProxy moves when a region breaks, comes back when it heals, all
+regions down follows whenAllUnhealthy, and HAProxy keeps its last state
+while healthgate is stopped."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.test_failover import Stack
+from tests.integration.serve_proc import wait_for
+from tests.integration.servers import free_port
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("haproxy") is None, reason="needs Debian's haproxy (make test installs it)"
+)
+
+FRONT = "shop-frontend"
+
+
+class HAProxy:
+    def __init__(self, tmp: Path, backend_section: str) -> None:
+        self.port = free_port()
+        self.sock = tmp / "haproxy.sock"
+        self.cfg = tmp / "haproxy.cfg"
+        self.cfg.write_text(
+            "global\n"
+            f"    stats socket {self.sock} level admin\n"
+            "defaults\n"
+            "    mode http\n"
+            "    timeout connect 1s\n"
+            "    timeout client 5s\n"
+            "    timeout server 5s\n"
+            "frontend fe\n"
+            f"    bind 127.0.0.1:{self.port}\n"
+            "    default_backend shop-frontend\n" + backend_section
+        )
+        self.log = tmp / "haproxy.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> HAProxy:
+        check = subprocess.run(
+            ["haproxy", "-c", "-f", str(self.cfg)], capture_output=True, text=True, check=False
+        )
+        assert check.returncode == 0, check.stdout + check.stderr
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                ["haproxy", "-db", "-f", str(self.cfg)], stdout=log, stderr=subprocess.STDOUT
+            )
+        wait_for(self.sock.exists, 10, what="haproxy's stats socket")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+    def servers(self) -> dict[str, str]:
+        """Each server's status (UP, DOWN or MAINT) from HAProxy's own stats."""
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(5)
+            s.connect(str(self.sock))
+            s.sendall(b"show stat\n")
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+        out = {}
+        lines = data.decode().splitlines()
+        header = lines[0].lstrip("# ").split(",")
+        for line in lines[1:]:
+            row = dict(zip(header, line.split(","), strict=False))
+            if row.get("pxname") == FRONT and row.get("svname") not in ("FRONTEND", "BACKEND"):
+                # an agent-only server reads "no check" while up, "DOWN (agent)" when down
+                status = row["status"]
+                out[row["svname"]] = next(
+                    (s for s in ("DOWN", "MAINT") if status.startswith(s)), "UP"
+                )
+        return out
+
+    def region_served(self) -> str | None:
+        try:
+            body = httpx.get(f"http://127.0.0.1:{self.port}/", timeout=2).text
+        except httpx.HTTPError:
+            return None
+        return body.split()[0].removeprefix("region=") if body.startswith("region=") else None
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[tuple[Stack, HAProxy, int]]:
+    agent_port = free_port()
+    with Stack(tmp_path, "--agent", f"127.0.0.1:{agent_port}") as st:
+        resp = st.api.get(f"/v1/projects/web/global/forwardingRules/{FRONT}/haproxy")
+        assert resp.status_code == 200, resp.text
+        section = resp.text
+        # one server per region, in failover order: us-east1 (local) first
+        servers = [
+            line.split() for line in section.splitlines() if line.strip().startswith("server")
+        ]
+        assert [s[1] for s in servers] == ["shop-us", "shop-eu"]
+        assert "backup" not in servers[0] and "backup" in servers[1]
+        assert f"agent-port {agent_port}" in section
+        with HAProxy(tmp_path, section) as hp:
+            wait_for(lambda: hp.servers() == {"shop-us": "UP", "shop-eu": "UP"}, 10, what="UP")
+            yield st, hp, agent_port
+
+
+def test_traffic_through_haproxy_fails_over_and_back(stack: tuple[Stack, HAProxy, int]) -> None:
+    st, hp, _ = stack
+    assert wait_for(lambda: hp.region_served() == "us-east1", 10, what="us-east1 served")
+    st.backends.set_mode("us-east1", "refuse")
+    broke = time.monotonic()
+    wait_for(lambda: st.neg_state("us-east1") == "UNHEALTHY", 15, what="us-east1 UNHEALTHY")
+    decided = time.monotonic()
+    wait_for(lambda: hp.region_served() == "europe-west1", 10, interval=0.05, what="failover")
+    moved = time.monotonic()
+    print(
+        f"failover: healthgate decided {decided - broke:.2f} s after the break, "
+        f"HAProxy moved {moved - decided:.2f} s later"
+    )
+    assert moved - decided < 2.5  # agent-inter 1 s, plus a check's round trip
+    st.backends.set_mode("us-east1", "ok")
+    wait_for(lambda: st.neg_state("us-east1") == "HEALTHY", 15, what="us-east1 HEALTHY")
+    healed = time.monotonic()
+    wait_for(lambda: hp.region_served() == "us-east1", 10, interval=0.05, what="failback")
+    print(f"failback: HAProxy moved {time.monotonic() - healed:.2f} s after healthgate")
+
+
+def test_all_regions_down_follows_when_all_unhealthy(stack: tuple[Stack, HAProxy, int]) -> None:
+    st, hp, _ = stack
+    for region in ("us-east1", "europe-west1"):
+        st.backends.set_mode(region, "refuse")
+    wait_for(
+        lambda: st.neg_state("us-east1") == "UNHEALTHY" == st.neg_state("europe-west1"),
+        15,
+        what="both UNHEALTHY",
+    )
+    # FAIL_OPEN (the example's policy): the first region keeps the traffic
+    wait_for(lambda: hp.servers() == {"shop-us": "UP", "shop-eu": "DOWN"}, 5, what="fail open")
+    world = [d for d in st.world() if d["kind"] == "BackendService" and d["project"] == "web"]
+    world[0]["failoverPolicy"] = {"whenAllUnhealthy": "FAIL_CLOSED"}
+    st.apply(world)
+    wait_for(lambda: hp.servers() == {"shop-us": "DOWN", "shop-eu": "DOWN"}, 5, what="closed")
+
+
+def test_haproxy_keeps_its_last_state_while_healthgate_is_stopped(
+    stack: tuple[Stack, HAProxy, int],
+) -> None:
+    st, hp, _ = stack
+    st.backends.set_mode("us-east1", "refuse")
+    wait_for(lambda: hp.servers() == {"shop-us": "DOWN", "shop-eu": "UP"}, 15, what="failover")
+    st.proc.stop()
+    time.sleep(3.5)  # three agent intervals with nothing answering: no event to wait on
+    # (the servers' addresses are healthgate's own producer listeners in this
+    # test, which stop with it: only HAProxy's state is the point here)
+    assert hp.servers() == {"shop-us": "DOWN", "shop-eu": "UP"}
