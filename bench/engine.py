@@ -62,6 +62,7 @@ def world(endpoints: int, per_service: int) -> list[dict[str, Any]]:
         for r in range(REGIONS):
             region = f"region-{r}"
             base = {"project": "prod", "region": region}
+            k = s * REGIONS + r  # this rule's number
             eps = []
             for _ in range(per_service):
                 # loopback-shaped addresses; nothing is ever sent to them
@@ -107,8 +108,9 @@ def world(endpoints: int, per_service: int) -> list[dict[str, Any]]:
                     **base,
                     "kind": "ForwardingRule",
                     "name": f"{svc}-fr",
-                    "IPAddress": "127.0.0.1",
-                    "ports": [8080],
+                    # one address per rule: two rules may not share one
+                    "IPAddress": f"127.200.{(k >> 8) & 255}.{k & 255}",
+                    "ports": [8080 + (k >> 16)],
                     "loadBalancingScheme": "INTERNAL_MANAGED",
                     "backendService": svc,
                 },
@@ -147,8 +149,8 @@ def world(endpoints: int, per_service: int) -> list[dict[str, Any]]:
                 "project": "consumer",
                 "kind": "ForwardingRule",
                 "name": f"{svc}-front",
-                "IPAddress": "127.0.0.1",
-                "portRange": "80",
+                "IPAddress": f"127.201.{(s >> 8) & 255}.{s & 255}",
+                "portRange": str(80 + (s >> 16)),
                 "loadBalancingScheme": "EXTERNAL_MANAGED",
                 "backendService": svc,
                 "dataPlaneRegion": "region-0",

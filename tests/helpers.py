@@ -109,12 +109,19 @@ def run_async(coro: Any, timeout: float = 60.0) -> Any:
 
 
 def example_world(
-    producer: str = "shop", consumer: str = "web", port: int | None = None, fast: bool = False
+    producer: str = "shop",
+    consumer: str = "web",
+    port: int | None = None,
+    fast: bool = False,
+    listen_port: int | None = None,
 ) -> list[dict[str, Any]]:
     """The shared example moved into the given projects. With ``port`` the
     endpoints and checks use it (and ``/``); with ``fast`` checks run every
-    second with thresholds of 2, so end-to-end tests take seconds."""
+    second with thresholds of 2, so end-to-end tests take seconds. With
+    ``listen_port`` the forwarding rules listen on it and the next two ports
+    (several worlds in one store must not share a listen address)."""
     out = []
+    next_port = iter(range(listen_port or 0, (listen_port or 0) + 3))
     for original in example_dicts():
         d = copy.deepcopy(original)
         d["project"] = producer if d["project"] == "shop" else consumer
@@ -128,6 +135,11 @@ def example_world(
             d.update(port=port, requestPath="/")
         if d["kind"] == "HealthCheck" and fast:
             d.update(checkIntervalSec=1, timeoutSec=1, healthyThreshold=2, unhealthyThreshold=2)
+        if d["kind"] == "ForwardingRule" and listen_port is not None:
+            if "ports" in d:
+                d["ports"] = [next(next_port)]
+            else:
+                d["portRange"] = str(next(next_port))
         if d["kind"] == "NetworkEndpointGroup" and "endpoints" in d and port is not None:
             for ep in d["endpoints"]:
                 ep["port"] = port

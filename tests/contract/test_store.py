@@ -329,3 +329,40 @@ def test_sqlite_refuses_a_second_process_on_the_same_database(tmp_path: Path) ->
     finally:
         first.close()
     SqliteStore(path).close()  # released on close
+
+
+def test_sqlite_says_which_file_is_not_a_database(tmp_path: Path) -> None:
+    from healthgate.store.base import StoreError
+
+    path = tmp_path / "corrupt.db"
+    path.write_bytes(b"this is not SQLite" * 100)
+    with pytest.raises(StoreError) as info:
+        SqliteStore(path)
+    message = str(info.value)
+    assert str(path) in message and "not a readable healthgate database" in message
+    assert "\n" not in message
+    SqliteStore(tmp_path / "fine.db").close()  # (the lock of the failed one is released)
+    with pytest.raises(StoreError):
+        SqliteStore(path)
+
+
+def test_a_full_disk_refuses_the_write_and_loses_nothing(tmp_path: Path) -> None:
+    """SQLite's max_page_count stands in for a full disk."""
+    from healthgate.store.base import Unavailable
+
+    s = SqliteStore(tmp_path / "full.db")
+    try:
+        put(s, "kept", "acknowledged")
+        s._db.execute(
+            "PRAGMA max_page_count = " + str(s._db.execute("PRAGMA page_count").fetchone()[0] + 2)
+        )
+        with pytest.raises(Unavailable) as info:
+            for i in range(200):
+                s.commit(Txn(puts={f"big{i}": {"v": "x" * 20_000}}))
+        assert str(tmp_path / "full.db") in str(info.value) and "full" in str(info.value)
+        doc = s.get("kept")
+        assert doc is not None and doc.value == {"v": "acknowledged"}
+        rev = s.revision()
+        assert [c.revision for c in s.changes_since(rev - 1)] == [rev]  # no half transaction
+    finally:
+        s.close()

@@ -38,7 +38,7 @@ _counter = iter(range(1, 10_000))
 def world(producer: str | None = None, consumer: str | None = None) -> list[dict[str, Any]]:
     """The shared example moved into fresh projects, so tests do not interfere."""
     n = next(_counter)
-    return example_world(producer or f"shop{n}", consumer or f"web{n}")
+    return example_world(producer or f"shop{n}", consumer or f"web{n}", listen_port=20000 + 3 * n)
 
 
 def collection_url(d: dict[str, Any]) -> str:

@@ -90,7 +90,7 @@ def test_a_delete_racing_a_new_reference_never_leaves_a_dangling_one() -> None:
 
     async def scenario(hg: InProcessApi, api: httpx.AsyncClient) -> None:
         for round_ in range(6):
-            dicts = example_world(f"shop{round_}", f"web{round_}")
+            dicts = example_world(f"shop{round_}", f"web{round_}", listen_port=20000 + 3 * round_)
             base = [d for d in dicts if d["kind"] != "CompositeHealthCheck"]
             assert (await apply(api, base)).status_code == 200, "setup"
             composite = [d for d in dicts if d["kind"] == "CompositeHealthCheck"][:1]
@@ -197,3 +197,26 @@ def test_the_offline_loader_is_bounded_too() -> None:
         assert "more than 10" in str(exc)
     else:
         raise AssertionError("a 10-node limit let a health check through")
+
+
+def test_metrics_need_an_admin_or_metrics_token_when_tokens_are_in_use() -> None:
+    tokens = [
+        {"token": "viewer-token-0123456789", "project": "p", "role": "viewer"},
+        {"token": "scrape-token-0123456789", "project": "*", "role": "metrics"},
+        {"token": "admin-token-0123456789", "project": "*", "role": "admin"},
+    ]
+
+    def bearer(token: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token}-token-0123456789"}
+
+    async def scenario(hg: InProcessApi, api: httpx.AsyncClient) -> None:
+        assert (await api.get("/metrics")).status_code == 401
+        assert (await api.get("/metrics", headers=bearer("viewer"))).status_code == 403
+        scraped = await api.get("/metrics", headers=bearer("scrape"))
+        assert scraped.status_code == 200 and "healthgate_" in scraped.text
+        assert (await api.get("/metrics", headers=bearer("admin"))).status_code == 200
+        # a metrics token reads nothing else
+        read = await api.get("/v1/projects/p/regions/r/healthChecks", headers=bearer("scrape"))
+        assert read.status_code == 403
+
+    run(scenario, tokens)

@@ -475,3 +475,72 @@ def test_a_dns_name_belongs_to_one_rule_and_only_global_rules_have_one() -> None
         r for r in resources(dicts) if r.kind == "ForwardingRule" and r.name == "shop-frontend"
     ]
     assert front_res.dns_name == "shop.example.test"  # type: ignore[attr-defined]
+
+
+def test_a_project_cannot_borrow_another_projects_accepted_psc_neg() -> None:
+    """The bypass of ACCEPT_MANUAL: a project not on the accept list uses the
+    accepted consumer's NEG (or its backend service) from its own front end."""
+    dicts = example_dicts()
+    evil_bs = {
+        "kind": "BackendService",
+        "project": "evil",
+        "region": "global",
+        "name": "steal",
+        "loadBalancingScheme": "EXTERNAL_MANAGED",
+        "backends": [{"group": "projects/web/regions/us-east1/networkEndpointGroups/shop-us"}],
+    }
+    evil_fr = {
+        "kind": "ForwardingRule",
+        "project": "evil",
+        "region": "global",
+        "name": "front",
+        "IPAddress": "127.0.0.9",
+        "portRange": "8089",
+        "loadBalancingScheme": "EXTERNAL_MANAGED",
+        "backendService": "projects/web/global/backendServices/shop",
+    }
+    issues = issues_of([*dicts, evil_bs, evil_fr])
+    assert {(i.name, i.field) for i in issues} == {
+        ("projects/evil/global/backendServices/steal", "backends[0].group"),
+        ("projects/evil/global/forwardingRules/front", "backendService"),
+    }, issues
+
+
+@pytest.mark.parametrize(
+    ("ip", "protocol", "ports", "project", "overlaps"),
+    [
+        ("127.0.0.1", "TCP", {"portRange": "8088"}, "web", True),  # the front end's own
+        ("127.0.0.1", "TCP", {"portRange": "8000-9000"}, "other", True),
+        ("0.0.0.0", "TCP", {"ports": [8088]}, "other", True),  # a wildcard overlaps all
+        ("127.0.0.1", "UDP", {"portRange": "8088"}, "web", False),  # another protocol
+        ("127.0.0.2", "TCP", {"portRange": "8088"}, "web", False),  # another address
+        ("::", "TCP", {"portRange": "8088"}, "web", False),  # another family
+    ],
+)
+def test_two_rules_never_share_a_listen_address(
+    ip: str, protocol: str, ports: dict[str, Any], project: str, overlaps: bool
+) -> None:
+    dicts = example_dicts()
+    bs = dict(find(dicts, "BackendService", "shop", "global"), project=project, name="twin")
+    if protocol == "UDP":
+        bs["protocol"] = "UDP"
+    bs["backends"] = [] if project != "web" else bs["backends"]
+    twin = {
+        "kind": "ForwardingRule",
+        "project": project,
+        "region": "global",
+        "name": "twin-front",
+        "IPAddress": ip,
+        "IPProtocol": protocol,
+        "loadBalancingScheme": "EXTERNAL_MANAGED",
+        "backendService": "twin",
+        **ports,
+    }
+    issues = [i for i in issues_of([*dicts, bs, twin]) if i.field == "IPAddress"]
+    assert bool(issues) is overlaps, issues
+    if overlaps:
+        message = issues[0].message
+        if project == "web":
+            assert "projects/web/global/forwardingRules/shop-frontend" in message
+        else:
+            assert "another project's forwarding rule" in message and "web" not in message

@@ -12,6 +12,7 @@ consumer  read its project; write only consumer kinds (PSC NEGs,
           global backend services and forwarding rules); events of
           its own PSC NEGs and front ends only
 viewer    read its project and its events
+metrics   ``/metrics`` only (which lists every project): for a scraper
 ========  ==========================================================
 
 A consumer therefore never sees a producer's backends, sources or
@@ -31,7 +32,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-Role = Literal["admin", "producer", "consumer", "viewer"]
+Role = Literal["admin", "producer", "consumer", "viewer", "metrics"]
 CONSUMER_EVENT_KINDS = ("NetworkEndpointGroup", "Route")
 
 
@@ -48,7 +49,13 @@ class Principal:
     role: Role
 
     def can_read(self, project: str) -> bool:
-        return self.project in ("*", project)
+        return self.role != "metrics" and self.project in ("*", project)
+
+    @property
+    def can_scrape(self) -> bool:
+        """/metrics lists every project's backend services and endpoints:
+        admins and metrics tokens only (a metrics token reads nothing else)."""
+        return self.role in ("admin", "metrics")
 
     def can_write(self, project: str, kind: str, is_global: bool, psc: bool) -> bool:
         if not self.can_read(project) or self.role == "viewer":

@@ -16,6 +16,7 @@ from starlette.responses import (
 )
 from starlette.staticfiles import StaticFiles
 
+from healthgate.api.auth import AccessError
 from healthgate.api.metrics import endpoint_series_parts, render_metrics
 from healthgate.api.state import ApiState, Auth
 
@@ -52,7 +53,11 @@ def operations_router(state: ApiState, app: FastAPI) -> APIRouter:
         return PlainTextResponse("ready\n")
 
     @router.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
-    async def metrics() -> Response:
+    async def metrics(authorization: Auth = None) -> Response:
+        if not state.principal(authorization).can_scrape:
+            raise AccessError(
+                403, "/metrics needs an admin or metrics token (it lists every project)"
+            )
         head = render_metrics(state.health, state.recorder) + "".join(
             f() for f in state.extra_metrics
         )

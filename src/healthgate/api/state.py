@@ -44,6 +44,8 @@ class ApiSettings:
     max_body_bytes: int = 1024 * 1024
     max_manifest_bytes: int = 16 * 1024 * 1024
     stream_keepalive: float = 15.0
+    max_head_bytes: int = 64 * 1024  # a request's line and headers
+    max_connections: int = 1024  # connections and requests at once; 503 beyond
 
 
 @dataclass(slots=True)

@@ -81,7 +81,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import logging
 
     import uvloop
 
@@ -130,8 +129,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"  - {issue}", file=sys.stderr)
         return EXIT_REFUSED
     except (ValueError, OSError, StoreError) as exc:
-        logging.getLogger("healthgate.serve").error("%s", exc)
-        print(f"healthgate serve: {exc}", file=sys.stderr)
+        print(f"healthgate serve: {exc}", file=sys.stderr)  # one line: what, and what to do
         return EXIT_REFUSED
     except KeyboardInterrupt:
         pass

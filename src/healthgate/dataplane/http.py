@@ -46,6 +46,7 @@ from typing import cast
 
 import httptools
 
+from healthgate.dataplane.guard import ConnectionGuard
 from healthgate.dataplane.retry import NextTry, next_try
 from healthgate.dataplane.tcp import count_down, served_key
 
@@ -401,8 +402,17 @@ class HttpProxy(asyncio.Protocol):
         on_route_used: Callable[[], None] | None = None,
         active: dict[Address, int] | None = None,
         first: Callable[[], tuple[Address, Sequence[Address]] | None] | None = None,
+        guard: ConnectionGuard | None = None,
     ) -> None:
         self.choose = choose
+        self.guard = guard  # the connection cap and the header / idle timeouts
+        self.admitted = False
+        # the head of the request being read: open from its first byte to its
+        # last, its size so far (bounded as it arrives) and when it began
+        self._head_open = False
+        self._head_bytes = 0
+        self._head_since = 0.0
+        self.last_active = 0.0
         # the first try alone, cheaper than choose() (else choose()[0][0]):
         # (its endpoint, every candidate of its region); it calls
         # on_route_used itself when the route it reads has changed
@@ -437,6 +447,15 @@ class HttpProxy(asyncio.Protocol):
 
     # ---- client side
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        guard = self.guard
+        if guard is not None:
+            if not guard.admit(transport):
+                self.closed = True
+                self.stats["refused_cap"] = self.stats.get("refused_cap", 0) + 1
+                return
+            self.admitted = True
+            self.last_active = guard.clock()
+            guard.watch(self)
         self.transport = cast(asyncio.Transport, transport)
         self.transport.set_write_buffer_limits(high=256 * 1024)
         peer = self.transport.get_extra_info("peername")
@@ -457,12 +476,37 @@ class HttpProxy(asyncio.Protocol):
             and self._fast(data, m[1] == b"HEAD")
         ):
             return
+        if self.closed:
+            return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._reject(501, "Not Implemented", "protocol upgrades are not proxied")
         except httptools.HttpParserError:
             self._reject(400, "Bad Request", "malformed HTTP request")
+        if self._head_open:  # a head still incomplete: bound it as it arrives
+            self._head_bytes += len(data)
+            if self._head_bytes > self.settings.max_head_bytes:
+                self._reject(
+                    431,
+                    "Request Header Fields Too Large",
+                    f"request heads are limited to {self.settings.max_head_bytes} bytes",
+                )
+
+    def expire(self, now: float, header_timeout: float, idle_timeout: float) -> None:
+        """Called about once a second (dataplane/guard.py)."""
+        if self.closed:
+            return
+        if self._head_open:
+            if now - self._head_since > header_timeout:
+                self.stats["header_timeouts"] = self.stats.get("header_timeouts", 0) + 1
+                self._reject(408, "Request Timeout", "the request head did not arrive in time")
+        elif self.inflight or self.queue:
+            self.last_active = now
+        elif now - self.last_active > idle_timeout and self.transport is not None:
+            self.stats["idle_closed"] = self.stats.get("idle_closed", 0) + 1
+            self.closed = True
+            self.transport.close()
 
     def _reject(self, status: int, reason: str, message: str) -> None:
         if self.transport is not None and not self.closed:
@@ -472,11 +516,17 @@ class HttpProxy(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self.current = Request()
+        self._head_open = True
+        self._head_bytes = 0
+        if self.guard is not None:
+            self._head_since = self.guard.clock()
 
     def on_url(self, url: bytes) -> None:
         assert self.current is not None
         self.current.url += url
         self.current.head_bytes += len(url)
+        if self.current.head_bytes > self.settings.max_head_bytes:
+            raise httptools.HttpParserError("request target too long")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         req = self.current
@@ -488,6 +538,7 @@ class HttpProxy(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         assert self.current is not None
+        self._head_open = False
         self.current.method = self.parser.get_method().decode("ascii", "replace")
         self.current.keep_alive = self.parser.should_keep_alive()
 
@@ -523,6 +574,10 @@ class HttpProxy(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.wake.set()
+        if self.admitted and self.guard is not None:
+            self.admitted = False
+            self.guard.release()
+            self.guard.unwatch(self)
         conn = self.upstream
         if conn is not None:
             if conn.owner is self:  # a fast exchange: nobody is left to answer

@@ -29,11 +29,13 @@ import bisect
 import contextlib
 import heapq
 import logging
+import resource
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol, cast
 
+from healthgate.dataplane.guard import ConnectionGuard
 from healthgate.dataplane.http import HttpProxy, HttpSettings, UpstreamPool
 from healthgate.dataplane.tcp import Address, TcpProxy
 from healthgate.dataplane.udp import UdpListener
@@ -60,6 +62,18 @@ class DataPlaneSettings:
     workers: int = 0
     reuse_port: bool = False
     http: HttpSettings = field(default_factory=HttpSettings)
+    # open client connections of every front end together (dataplane/guard.py);
+    # 0: half of the open-file limit less 4,096 kept for the rest
+    max_connections: int = 0
+    header_timeout: float = 10.0  # HTTP: a request head must be whole within this
+    idle_timeout: float = 60.0  # HTTP: a keep-alive connection with no request is closed
+
+    def connection_cap(self) -> int:
+        if self.max_connections:
+            return self.max_connections
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        # each proxied connection may hold an upstream descriptor too
+        return max(256, (soft - 4096) // 2)
 
     def __post_init__(self) -> None:
         if self.balance not in BALANCE_POLICIES:
@@ -144,6 +158,8 @@ class DataPlane:
         self.settings = settings or DataPlaneSettings()
         self.listeners: dict[str, Listener] = {}
         self.pool = UpstreamPool(self.settings.http)
+        s = self.settings
+        self.guard = ConnectionGuard(s.connection_cap(), s.header_timeout, s.idle_timeout)
         self._rr: dict[str, int] = {}  # round-robin position per producer rule
         # open connections (L4) and requests in flight (L7) per upstream
         # address, counted with least-connections only
@@ -264,10 +280,10 @@ class DataPlane:
                     return self.first_try(path, spec.consumer)
 
             return lambda: HttpProxy(
-                groups, self.pool, s.http, stats, self._route_used, active, first
+                groups, self.pool, s.http, stats, self._route_used, active, first, self.guard
             )
         live = self._live.setdefault(path, set())
-        return lambda: TcpProxy(choose, s.connect_timeout, stats, live, active)
+        return lambda: TcpProxy(choose, s.connect_timeout, stats, live, active, self.guard)
 
     async def _close(self, listener: Listener) -> None:
         for transport in listener.datagrams:
@@ -283,6 +299,7 @@ class DataPlane:
             await self._close(listener)
         self.listeners.clear()
         self.pool.close()
+        self.guard.close()
 
     # ------------------------------------------------------------------ choices
 

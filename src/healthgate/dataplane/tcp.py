@@ -20,6 +20,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import cast
 
+from healthgate.dataplane.guard import ConnectionGuard
+
 log = logging.getLogger("healthgate.dataplane")
 
 Address = tuple[str, int]
@@ -146,8 +148,11 @@ class TcpProxy(Pipe):
         stats: dict[str, int],
         live: set[TcpProxy] | None = None,
         active: dict[Address, int] | None = None,
+        guard: ConnectionGuard | None = None,
     ) -> None:
         super().__init__()
+        self.guard = guard  # the connection cap (dataplane/guard.py)
+        self.admitted = False
         self.choose = choose
         self.connect_timeout = connect_timeout
         self.stats = stats
@@ -157,6 +162,11 @@ class TcpProxy(Pipe):
         self.active = active  # open connections per upstream (least-connections)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self.guard is not None:
+            if not self.guard.admit(transport):
+                self.stats["refused_cap"] = self.stats.get("refused_cap", 0) + 1
+                return
+            self.admitted = True
         super().connection_made(transport)
         assert self.transport is not None
         self.transport.pause_reading()
@@ -188,6 +198,11 @@ class TcpProxy(Pipe):
             self.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.guard is not None:
+            if not self.admitted:
+                return  # refused over the cap: nothing was set up
+            self.admitted = False
+            self.guard.release()
         super().connection_lost(exc)
         if self.live is not None:
             self.live.discard(self)

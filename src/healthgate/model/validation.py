@@ -256,6 +256,7 @@ def validate_documents(documents: Sequence[Document]) -> list[Issue]:
                     doc.issue("sources[0]", "a health source names a regional backend service")
                 )
 
+    issues += _check_listen_addresses(by_path.values())
     dns_names: dict[str, Document] = {}
     for doc in by_path.values():
         res = doc.resource
@@ -326,6 +327,16 @@ def _check_backend_groups(doc: Document, get: Any, issues: list[Issue]) -> None:
                         "a global backend service's backends are PRIVATE_SERVICE_CONNECT network endpoint groups",
                     )
                 )
+            elif group.project != bs.project:
+                # the attachment accepted that NEG's project, not this one: a
+                # service of another project must not reach the producer through it
+                issues.append(
+                    doc.issue(
+                        field,
+                        f"a global backend service uses PSC NEGs of its own project "
+                        f"({bs.project!r}) only: the producer accepted the NEG's project, not this one",
+                    )
+                )
             continue
         if (group.project, group.region) != (bs.project, bs.region):
             issues.append(
@@ -372,6 +383,13 @@ def _check_forwarding_rule(doc: Document, bs: Resource | None, issues: list[Issu
     assert isinstance(fr, ForwardingRule)
     if not isinstance(bs, BackendService):
         return
+    if fr.is_global and bs.project != fr.project:
+        issues.append(
+            doc.issue(
+                "backendService",
+                f"a global forwarding rule uses a backend service of its own project ({fr.project!r})",
+            )
+        )
     if bs.is_global != fr.is_global:
         scope = "global" if fr.is_global else "regional"
         issues.append(
@@ -390,6 +408,65 @@ def _check_forwarding_rule(doc: Document, bs: Resource | None, issues: list[Issu
                 "IPProtocol", f"backend service protocol {bs.protocol} needs IPProtocol {want}"
             )
         )
+
+
+_WILDCARDS = {"0.0.0.0": 4, "::": 6}
+
+
+def _check_listen_addresses(documents: Iterable[Document]) -> list[Issue]:
+    """No two forwarding rules listen on the same address, port and protocol
+    (a wildcard address overlaps every address of its family): the second
+    would not get its listener, or take the first one's after a restart."""
+    by_key: dict[tuple[str, str], list[tuple[int, int, Document]]] = defaultdict(list)
+    for doc in documents:
+        fr = doc.resource
+        if isinstance(fr, ForwardingRule):
+            if fr.ports is not None:
+                ranges = [(p, p) for p in fr.ports]
+            else:
+                first, _, last = (fr.port_range or "0").partition("-")
+                ranges = [(int(first), int(last or first))]
+            for lo_, hi_ in ranges:
+                by_key[(fr.ip_protocol, fr.ip_address)].append((lo_, hi_, doc))
+    issues: list[Issue] = []
+    reported: set[ResourcePath] = set()
+    for (protocol, ip), spans in by_key.items():
+        combined = list(spans)
+        family = _WILDCARDS.get(ip)
+        for (proto2, ip2), spans2 in by_key.items():
+            if proto2 != protocol or ip2 == ip:
+                continue
+            v6 = ":" in ip2
+            if (family is not None and v6 == (family == 6)) or (
+                _WILDCARDS.get(ip2) is not None and v6 == (":" in ip)
+            ):
+                combined += spans2  # a wildcard overlaps every address of its family
+        # a sweep in port order: each span is checked against the one reaching
+        # furthest before it (O(n log n), not every pair)
+        combined.sort(key=lambda span: (span[0], span[1], span[2].resource.path))
+        reach: tuple[int, int, Document] | None = None
+        for span in combined:
+            lo, hi, doc = span
+            if reach is not None and lo <= reach[1] and reach[2] is not doc:
+                path, other = doc.resource.path, reach[2].resource.path
+                if path not in reported:
+                    reported.add(path)
+                    # name the other rule only inside the same project
+                    owner = (
+                        str(other)
+                        if other.project == path.project
+                        else ("another project's forwarding rule")
+                    )
+                    issues.append(
+                        doc.issue(
+                            "IPAddress",
+                            f"{doc.resource.ip_address} {protocol} ports {lo}-{min(hi, reach[1])} "  # type: ignore[attr-defined]
+                            f"are already used by {owner}",
+                        )
+                    )
+            if reach is None or hi > reach[1]:
+                reach = span
+    return issues
 
 
 # ------------------------------------------------------------------ deletion

@@ -195,6 +195,14 @@ class Server:
             lifespan="off",
             loop="none",
             timeout_graceful_shutdown=2,
+            # the API's own bounds (docs/operations.md, "Limits and protections"):
+            # h11 bounds a request head as it arrives, idle keep-alive
+            # connections close after 5 s, and past the cap new connections
+            # get 503 instead of descriptors
+            http="h11",
+            h11_max_incomplete_event_size=s.api.max_head_bytes,
+            timeout_keep_alive=5,
+            limit_concurrency=s.api.max_connections,
         )
         self._uvicorn = _QuietUvicorn(config)
         self._tasks.append(asyncio.create_task(self._uvicorn.serve(), name="api"))

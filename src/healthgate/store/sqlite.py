@@ -39,6 +39,7 @@ from healthgate.store.base import (
     Snapshot,
     StoreError,
     Txn,
+    Unavailable,
 )
 from healthgate.store.txn import check_txn
 from healthgate.store.watch import WatchHub
@@ -73,6 +74,21 @@ CREATE TABLE IF NOT EXISTS log (
 );
 CREATE INDEX IF NOT EXISTS log_project ON log (project, id);
 """
+
+
+def _open_failure(path: str, exc: sqlite3.DatabaseError) -> str:
+    """One line naming the file and what to do, by SQLite's error code."""
+    code = getattr(exc, "sqlite_errorname", "")
+    if code in ("SQLITE_NOTADB", "SQLITE_CORRUPT"):
+        return (
+            f"{path} is not a readable healthgate database ({exc}): move it aside to start "
+            "from an empty store, or restore it from a backup"
+        )
+    if code.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM")):
+        return f"{path} cannot be opened for writing ({exc}): give serve a writable --db"
+    if code == "SQLITE_FULL":
+        return f"{path}: the disk is full ({exc}): free space, then start again"
+    return f"{path} could not be opened ({exc})"
 
 
 class StoreLocked(StoreError):
@@ -110,11 +126,15 @@ class SqliteStore:
         self.history = history  # revisions of change history kept for watches
         self._lock_fd = _lock_file(self.path) if exclusive else -1
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.executescript(SCHEMA)
+        try:
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA busy_timeout=5000")
+            self._db.executescript(SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            self._release_lock()
+            raise StoreError(_open_failure(self.path, exc)) from None
         self._hub = WatchHub()
 
     # ------------------------------------------------------------------ resources
@@ -175,8 +195,12 @@ class SqliteStore:
                     db.execute("DELETE FROM changes WHERE revision <= ?", (floor,))
                     db.execute("UPDATE meta SET value=? WHERE key='compacted'", (floor,))
                 db.execute("COMMIT")
+            except sqlite3.OperationalError as exc:
+                _rollback(db)
+                # a full or read-only disk: nothing was written, nothing acknowledged
+                raise Unavailable(f"{self.path}: cannot write ({exc})") from None
             except BaseException:
-                db.execute("ROLLBACK")
+                _rollback(db)
                 raise
         self._hub.notify()
         return rev
@@ -225,7 +249,7 @@ class SqliteStore:
                 )
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                _rollback(db)
                 raise
 
     def load_states(self) -> dict[str, Any]:
@@ -256,7 +280,7 @@ class SqliteStore:
                     ids.append(int(cur.lastrowid or 0))
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                _rollback(db)
                 raise
         return ids
 
@@ -305,10 +329,20 @@ class SqliteStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+        self._release_lock()
+
+    def _release_lock(self) -> None:
         if self._lock_fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(self._lock_fd)  # (closing the descriptor releases the lock)
             self._lock_fd = -1
+
+
+def _rollback(db: sqlite3.Connection) -> None:
+    """Roll back what is still open (SQLite rolls back by itself after some
+    errors, a full disk among them)."""
+    if db.in_transaction:
+        db.execute("ROLLBACK")
 
 
 def _doc(row: tuple[Any, ...]) -> Document:
