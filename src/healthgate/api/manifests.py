@@ -6,6 +6,7 @@ the event loop (controlplane/offload.py)."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -20,6 +21,7 @@ from healthgate.model.manifest import ManifestLimits, parse_manifest
 from healthgate.model.validation import Document, InvalidResources, Issue
 
 MANIFEST_PATHS = ("/v1/apply", "/v1/delete")
+YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
 
 
 class ApplyRequest(BaseModel):
@@ -27,27 +29,50 @@ class ApplyRequest(BaseModel):
     dryRun: bool = False
 
 
-def manifest_router(state: ApiState) -> APIRouter:
-    router = APIRouter(tags=["manifests"])
+@dataclass(frozen=True, slots=True)
+class ManifestBody:
+    """A manifest request as received: read on the event loop, decoded off it."""
 
-    async def read_manifest(request: Request) -> tuple[str, bool]:
+    raw: bytes
+    content_type: str
+    dry_run_query: bool  # ?dryRun=true (with a YAML body)
+
+    @classmethod
+    async def read(cls, request: Request) -> ManifestBody:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        raw = await request.body()
-        if ctype in ("application/yaml", "application/x-yaml", "text/yaml"):
-            return raw.decode("utf-8", errors="replace"), request.query_params.get(
-                "dryRun", ""
-            ).lower() in ("1", "true")
+        dry = request.query_params.get("dryRun", "").lower() in ("1", "true")
+        return cls(await request.body(), ctype, dry)
+
+    def decode(self) -> tuple[str, bool]:
+        """(the YAML text, dry run?); a refusal naming what is wrong."""
+        if self.content_type in YAML_TYPES:
+            try:
+                return self.raw.decode("utf-8"), self.dry_run_query
+            except UnicodeDecodeError as exc:
+                raise ControlError(
+                    Refusal.INVALID,
+                    f"the manifest is not UTF-8 (byte {exc.start})",
+                    [Issue("manifest", "expected UTF-8 text")],
+                ) from None
         try:
-            req = ApplyRequest.model_validate_json(raw)
+            req = ApplyRequest.model_validate_json(self.raw)
         except Exception as exc:
             raise ControlError(
                 Refusal.INVALID,
                 'expected {"manifest": "<YAML>", "dryRun": false} or an application/yaml body',
-                [Issue("manifest", str(exc).splitlines()[0])],
+                [Issue("manifest", str(exc).splitlines()[0][:200])],
             ) from None
         return req.manifest, req.dryRun
 
-    def parse_for(text: str, who: Principal) -> list[Document]:
+
+def manifest_router(state: ApiState) -> APIRouter:
+    router = APIRouter(tags=["manifests"])
+
+    def documents_of(body: ManifestBody, who: Principal) -> tuple[list[Document], bool]:
+        """Decode, parse and check a manifest: CPU work (seconds for
+        megabytes), run off the event loop - the JSON or UTF-8 decoding of a
+        5 MB body included, which alone held the loop for milliseconds."""
+        text, dry_run = body.decode()
         try:
             docs = parse_manifest(text, ManifestLimits(max_bytes=state.settings.max_manifest_bytes))
         except InvalidResources as exc:
@@ -57,11 +82,7 @@ def manifest_router(state: ApiState) -> APIRouter:
                 state.check_write(who, d.resource)
             except AccessError as exc:
                 raise AccessError(403, f"document {d.index}: {exc.message}") from None
-        return docs
-
-    async def manifest_documents(text: str, who: Principal) -> list[Document]:
-        # parsing is CPU work (seconds for megabytes): off the event loop
-        return await off_loop(parse_for, text, who)
+        return docs, dry_run
 
     apply_body = {
         "requestBody": {
@@ -76,9 +97,9 @@ def manifest_router(state: ApiState) -> APIRouter:
     @router.post("/v1/apply", tags=["manifests"], openapi_extra=apply_body)
     async def apply(request: Request, authorization: Auth = None) -> Response:
         who = state.writer(authorization)
-        text, dry_run = await read_manifest(request)
+        raw = await ManifestBody.read(request)
         with collector_paused:  # (see offload.py: the big objects die inside)
-            docs = await manifest_documents(text, who)
+            docs, dry_run = await off_loop(documents_of, raw, who)
             outcome = await state.control.apply(docs, dry_run=dry_run)
             body = {
                 "dryRun": dry_run,
@@ -88,16 +109,15 @@ def manifest_router(state: ApiState) -> APIRouter:
             }
             # freeing a parsed world is work too (a million objects: ~80 ms):
             # the last references are dropped in a worker thread, piece by piece
-            garbage: list[object] = [text, docs, outcome]  # (outcome first)
-            del docs, outcome, text
+            garbage: list[object] = [raw, docs, outcome]  # (outcome first)
+            del docs, outcome, raw
             await off_loop(release, garbage)
             return await json_response(body)
 
     @router.post("/v1/delete", tags=["manifests"], openapi_extra=apply_body)
     async def delete_manifest(request: Request, authorization: Auth = None) -> dict[str, Any]:
         who = state.writer(authorization)
-        text, dry_run = await read_manifest(request)
-        docs = await manifest_documents(text, who)
+        docs, dry_run = await off_loop(documents_of, await ManifestBody.read(request), who)
         outcome = await state.control.delete([d.resource.path for d in docs], dry_run=dry_run)
         return {"dryRun": dry_run, "plan": outcome.plan.to_dict(), "revision": outcome.revision}
 
