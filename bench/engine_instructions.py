@@ -22,6 +22,7 @@ Needs valgrind (Debian's ``valgrind``); ~1 minute per tree.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import re
 import shutil
@@ -81,7 +82,10 @@ def count(src: str, mode: str, work: bool) -> int:
         mode,
         "1" if work else "0",
     ]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+    # the same hash seed in every run: dict and set layouts, hence the
+    # instruction counts, then repeat exactly
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stderr
     m = re.search(r"Collected : (\d+)", out)
     if not m:
         raise RuntimeError(f"no instruction count from valgrind:\n{out[-2000:]}")

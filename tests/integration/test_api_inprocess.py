@@ -9,9 +9,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 
-from healthgate.store.base import Txn
+from healthgate.store.base import Compacted, Txn
 from tests.helpers import example_world, run_async
 from tests.inprocess import InProcessApi
 from tests.integration.test_api import assert_error, collection_url, manifest
@@ -220,3 +221,44 @@ def test_metrics_need_an_admin_or_metrics_token_when_tokens_are_in_use() -> None
         assert read.status_code == 403
 
     run(scenario, tokens)
+
+
+def test_events_with_an_unknown_kind_or_state_are_refused_naming_the_field() -> None:
+    async def scenario(hg: InProcessApi, api: httpx.AsyncClient) -> None:
+        assert (await api.get("/v1/projects/p/events", params={"kind": "Route"})).status_code == 200
+        bad = await api.get("/v1/projects/p/events", params={"kind": "Endpionts"})
+        assert_error(bad, 400, "INVALID_ARGUMENT", "kind")
+        bad = await api.get("/v1/projects/p/events", params={"state": "DOWN"})
+        assert_error(bad, 400, "INVALID_ARGUMENT", "state")
+
+    run(scenario)
+
+
+def test_a_mirror_whose_history_was_compacted_away_reloads_a_snapshot() -> None:
+    """A process that fell behind further than the store keeps history for
+    (Compacted, as etcd says it) takes a new snapshot instead."""
+    from healthgate.controlplane.health_service import HealthService
+    from healthgate.controlplane.resources import ControlPlane
+    from healthgate.store.memory import MemoryStore
+
+    async def go() -> tuple[list[int], int, int]:
+        store = MemoryStore(history=2)
+        control = ControlPlane(store, HealthService())
+        await control.load()  # at revision 0
+        docs = [d for d in example_world() if d["kind"] == "HealthCheck"]
+        for i in range(6):  # other writers, while this process is not following
+            d = dict(docs[i % 2], checkIntervalSec=i + 1)
+            where = f"projects/{d['project']}/regions/{d['region']}/healthChecks/{d['name']}"
+            store.commit(Txn(puts={"resources/" + where: d}))
+        with pytest.raises(Compacted):
+            store.changes_since(0)  # what the watch from revision 0 meets
+        control.start()
+        await control.wait_for_revision(store.revision())
+        await control.close()
+        intervals = sorted(
+            getattr(s.resource, "check_interval_sec", 0) for s in control.stored.values()
+        )
+        return intervals, store.revision(), control.revision
+
+    intervals, store_rev, mirror_rev = run_async(go(), timeout=20)
+    assert intervals == [5, 6] and mirror_rev == store_rev == 6

@@ -7,7 +7,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query
 from starlette.responses import StreamingResponse
@@ -15,6 +15,16 @@ from starlette.responses import StreamingResponse
 from healthgate.api.auth import Principal
 from healthgate.api.state import ApiState, Auth
 from healthgate.store.base import LogQuery, record_matches
+
+# an unknown kind or state is a 400 naming the field, not an empty list
+EventKind = Literal[
+    "Endpoint", "HealthSource", "CompositeHealthCheck", "NetworkEndpointGroup", "Route"
+]
+KindQ = Annotated[EventKind | None, Query(description="only transitions of this kind")]
+StateQ = Annotated[
+    Literal["HEALTHY", "UNHEALTHY", "UNKNOWN"] | None,
+    Query(alias="state", description="only transitions to this state"),
+]
 
 
 def events_router(state: ApiState) -> APIRouter:
@@ -51,8 +61,8 @@ def events_router(state: ApiState) -> APIRouter:
         resource: Annotated[
             str | None, Query(max_length=512, description="a resource path or prefix")
         ] = None,
-        kind: Annotated[str | None, Query(max_length=64)] = None,
-        state_: Annotated[str | None, Query(alias="state", max_length=16)] = None,
+        kind: KindQ = None,
+        state_: StateQ = None,
         since: Annotated[float | None, Query(ge=0, le=1e12, description="epoch seconds")] = None,
         until: Annotated[float | None, Query(ge=0, le=1e12)] = None,
         after: Annotated[int, Query(ge=0, le=2**62)] = 0,
@@ -82,8 +92,8 @@ def events_router(state: ApiState) -> APIRouter:
         project: str,
         authorization: Auth = None,
         resource: Annotated[str | None, Query(max_length=512)] = None,
-        kind: Annotated[str | None, Query(max_length=64)] = None,
-        state_: Annotated[str | None, Query(alias="state", max_length=16)] = None,
+        kind: KindQ = None,
+        state_: StateQ = None,
         after: Annotated[int | None, Query(ge=0, le=2**62)] = None,
         last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
         access_token: Annotated[

@@ -214,14 +214,7 @@ class ControlPlane:
             created = before.created if before else change.time
             self.stored[res.path] = Stored(res, change.revision, created, change.time)
         if batch:
-            result = self.health.apply(s.resource for s in self.stored.values())
-            self.health.forget_states(deleted + result.removed_paths)
-            resources = self.resources
-            for callback in self.on_change:
-                try:
-                    await callback(resources)
-                except Exception:  # the change is committed; a listener's trouble is logged
-                    log.exception("change listener failed")
+            await self._publish(deleted)
             self._advance(batch[-1].revision)
 
     def _pop(self, path_text: str) -> Stored | None:
@@ -240,15 +233,20 @@ class ControlPlane:
                 fresh[res.path] = Stored(res, doc.revision, doc.created, doc.updated)
         gone = [str(p) for p in self.stored if p not in fresh]
         self.stored = fresh
-        result = self.health.apply(s.resource for s in fresh.values())
-        self.health.forget_states(gone + result.removed_paths)
+        await self._publish(gone)
+        self._advance(snap.revision)
+
+    async def _publish(self, deleted: list[str]) -> None:
+        """The mirror changed: the engine takes the new world, saved states of
+        what is gone are forgotten, and every change listener is told."""
+        result = self.health.apply(s.resource for s in self.stored.values())
+        self.health.forget_states(deleted + result.removed_paths)
         resources = self.resources
         for callback in self.on_change:
             try:
                 await callback(resources)
-            except Exception:
+            except Exception:  # the change is committed; a listener's trouble is logged
                 log.exception("change listener failed")
-        self._advance(snap.revision)
 
     def _advance(self, revision: int) -> None:
         self.revision = max(self.revision, revision)
