@@ -5,22 +5,30 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+RUNTIME := $(VENV)/.runtime-stamp
 STAMP  := $(VENV)/.installed-stamp
 
 .PHONY: run simulate test lint typecheck programs browser unit bench clean
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
 	  echo "python3 -m venv failed; installing Debian's python3-venv"; \
 	  apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); }
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
-	@touch $(STAMP)
 
-run: $(STAMP)
+# the demo needs the runtime dependencies only; the tests add their tools
+$(RUNTIME): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
+	@touch $(RUNTIME)
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $(RUNTIME) $(STAMP)
+
+run: $(RUNTIME)
 	$(BIN)/healthgate demo
 
-simulate: $(STAMP)
+simulate: $(RUNTIME)
 	$(BIN)/healthgate simulate -f examples/two-regions.yaml \
 	  --scenario examples/scenario-us-east1-hangs.yaml
 

@@ -84,3 +84,48 @@ def test_simulate_bad_scenario_names_the_field(
     bad.write_text("duration: 10\nevents:\n  - at: 1\n    fault: explode\n")
     assert main(["simulate", "-f", EXAMPLE, "--scenario", str(bad)]) == 1
     assert "field events.0.fault" in capsys.readouterr().err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from healthgate import __version__
+
+    assert main(["version"]) == 0
+    assert capsys.readouterr().out.strip() == f"healthgate {__version__}"
+
+
+def test_everyday_mistakes_with_files_get_one_line_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    latin = tmp_path / "latin1.yaml"
+    latin.write_bytes("description: caf\xe9\n".encode("latin-1"))
+    for path, says in ((str(tmp_path), "is a directory"), (str(latin), "is not UTF-8")):
+        assert main(["validate", "-f", path]) == 1
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err
+
+
+def test_validate_reads_standard_input() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "healthgate", "validate", "-f", "-"],
+        input=Path(EXAMPLE).read_bytes(),
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert b"standard input: valid (20 resources" in proc.stdout
+
+
+def test_a_key_given_twice_is_an_error_with_its_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = (
+        Path(EXAMPLE)
+        .read_text()
+        .replace("checkIntervalSec: 2", "checkIntervalSec: 2\ncheckIntervalSec: 5", 1)
+    )
+    twice = tmp_path / "twice.yaml"
+    twice.write_text(text)
+    assert main(["validate", "-f", str(twice)]) == 1
+    err = capsys.readouterr().err
+    assert "duplicate key 'checkIntervalSec'" in err and "line 13" in err, err

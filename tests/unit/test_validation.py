@@ -544,3 +544,13 @@ def test_two_rules_never_share_a_listen_address(
             assert "projects/web/global/forwardingRules/shop-frontend" in message
         else:
             assert "another project's forwarding rule" in message and "web" not in message
+
+
+def test_text_is_not_trimmed_silently_and_a_psc_neg_stays_in_its_region() -> None:
+    dicts = example_dicts()
+    find(dicts, "HealthCheck", "http-8080", "us-east1")["requestPath"] = " /healthz"
+    assert [i.field for i in issues_of(dicts)] == ["requestPath"]
+    dicts = example_dicts()
+    neg = find(dicts, "NetworkEndpointGroup", "shop-us")
+    neg["pscTargetService"] = neg["pscTargetService"].replace("us-east1", "europe-west1")
+    assert [i.field for i in issues_of(dicts)] == ["pscTargetService"]

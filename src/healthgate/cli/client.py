@@ -158,8 +158,26 @@ def emit(data: Any, output: str) -> None:
 # ---------------------------------------------------------------------- commands
 
 
+def read_manifest_arg(path: str) -> str:
+    """The manifest a ``-f`` names: a file, or ``-`` for standard input; a
+    clear refusal for a directory, a missing file or text that is not UTF-8."""
+    try:
+        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+    except IsADirectoryError:
+        raise CliError(f"{path} is a directory: give -f a manifest file (or - for stdin)") from None
+    except FileNotFoundError:
+        raise CliError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise CliError(f"{path}: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        name = "standard input" if path == "-" else path
+        raise CliError(f"{name} is not UTF-8 text (byte {exc.start})") from None
+
+
 def cmd_apply(args: argparse.Namespace) -> int:
-    text = Path(args.file).read_text(encoding="utf-8")
+    text = read_manifest_arg(args.file)
     out = Api(args).request("POST", "/v1/apply", json={"manifest": text, "dryRun": args.dry_run})
     print_plan(out, "would be" if args.dry_run else "")
     return EXIT_OK
@@ -184,7 +202,7 @@ def print_plan(out: dict[str, Any], mood: str) -> None:
 def cmd_delete(args: argparse.Namespace) -> int:
     api = Api(args)
     if args.file:
-        text = Path(args.file).read_text(encoding="utf-8")
+        text = read_manifest_arg(args.file)
         out = api.request("POST", "/v1/delete", json={"manifest": text, "dryRun": args.dry_run})
         print_plan(out, "would be" if args.dry_run else "")
         return EXIT_OK

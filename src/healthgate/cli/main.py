@@ -15,7 +15,7 @@ import yaml
 from pydantic import ValidationError
 
 from healthgate import __version__
-from healthgate.model.manifest import load_manifest_file
+from healthgate.model.manifest import load_manifest, load_manifest_file
 from healthgate.model.validation import InvalidResources
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
@@ -36,16 +36,22 @@ def _print_issues(exc: InvalidResources, source: str) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from healthgate.cli.client import CliError, read_manifest_arg
+
+    source = "standard input" if args.file == "-" else args.file
     try:
-        docs = load_manifest_file(args.file)
+        docs = load_manifest(read_manifest_arg(args.file))
+    except CliError as exc:
+        print(f"healthgate validate: {exc}", file=sys.stderr)
+        return exc.code
     except InvalidResources as exc:
-        _print_issues(exc, args.file)
+        _print_issues(exc, source)
         return EXIT_REFUSED
     kinds: dict[str, int] = {}
     for d in docs:
         kinds[d.resource.kind] = kinds.get(d.resource.kind, 0) + 1
     summary = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
-    print(f"{args.file}: valid ({len(docs)} resources: {summary})")
+    print(f"{source}: valid ({len(docs)} resources: {summary})")
     return EXIT_OK
 
 
@@ -199,8 +205,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("validate", help="check a manifest offline (no server needed)")
-    p.add_argument("-f", "--file", required=True, help="manifest (YAML, one resource per document)")
+    p.add_argument(
+        "-f",
+        "--file",
+        required=True,
+        help="manifest (YAML, one resource per document; - for stdin)",
+    )
     p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("version", help="print healthgate's version")
+    p.set_defaults(func=lambda _a: print(f"healthgate {__version__}") or EXIT_OK)
 
     from healthgate.cli import client
 

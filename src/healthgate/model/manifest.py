@@ -37,7 +37,28 @@ from healthgate.model.validation import (
     validate_documents,
 )
 
-Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_Base: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class Loader(_Base):  # type: ignore[valid-type,misc]
+    """The C loader (when there), refusing a key given twice in one mapping:
+    YAML's default keeps the last silently, and a manifest's second
+    ``checkIntervalSec`` is far more likely a mistake than an override."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[object, object]:
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                key = key_node.value
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping",
+                        node.start_mark,
+                        f"duplicate key {key[:80]!r}",
+                        key_node.start_mark,
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,7 +54,9 @@ class Model(BaseModel):
         frozen=True,
         populate_by_name=True,
         alias_generator=to_camel,
-        str_strip_whitespace=True,
+        # no silent trimming: " /healthz" is an error (a space is not in the
+        # requestPath alphabet), not "/healthz"
+        str_strip_whitespace=False,
     )
 
     def to_wire(self) -> dict[str, Any]:

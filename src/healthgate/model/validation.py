@@ -218,6 +218,18 @@ def validate_documents(documents: Sequence[Document]) -> list[Issue]:
                 seen.add(src)
         elif isinstance(res, BackendService):
             _check_backend_groups(doc, get, issues)
+        elif isinstance(res, NetworkEndpointGroup) and res.network_endpoint_type == (
+            "PRIVATE_SERVICE_CONNECT"
+        ):
+            target = res.ref("psc_target_service")
+            if target is not None and target.region != res.region:
+                issues.append(
+                    doc.issue(
+                        "pscTargetService",
+                        f"a PSC NEG in {res.region} reaches a service attachment of its own "
+                        f"region, not {target.region}",
+                    )
+                )
         elif isinstance(res, ForwardingRule):
             _check_forwarding_rule(doc, get(res.ref("backend_service")), issues)
         elif isinstance(res, ServiceAttachment):

@@ -317,7 +317,24 @@ async def report(load: LoadGenerator) -> None:
             print(f"-- traffic through the front end (last 5 s): {rates}", flush=True)
 
 
+def command_name() -> str:
+    """How to run this healthgate from another terminal: plain ``healthgate``
+    when that is this one on PATH, else its path (``make run`` starts the
+    virtual environment's, which is not on PATH)."""
+    me = Path(sys.argv[0]).resolve()
+    on_path = shutil.which("healthgate")
+    if on_path and Path(on_path).resolve() == me:
+        return "healthgate"
+    if me.name != "healthgate":  # (python -m healthgate)
+        return f"{sys.executable} -m healthgate"
+    try:
+        return str(me.relative_to(Path.cwd()))
+    except ValueError:
+        return str(me)
+
+
 def print_intro(url: str, s: DemoSettings, manifest: Path) -> None:
+    hg = command_name()
     print(
         f"""
 healthgate demo is running.
@@ -328,11 +345,11 @@ healthgate demo is running.
 
 Try, in another terminal:
   curl -s http://127.0.0.1:{s.front_port}/                    # answered by us-east1, the local region
-  healthgate demo break us-east1 --mode hang                 # or refuse, 503; --endpoints N for some
-  healthgate get fr --project web                            # where the front end routes now
-  healthgate describe neg shop-us-east1 --project web --region us-east1
-  healthgate events --project shop --follow
-  healthgate demo heal us-east1
+  {hg} demo break us-east1 --mode hang     # or refuse, 503; --endpoints N for some
+  {hg} get fr --project web                # where the front end routes now
+  {hg} describe neg shop-us-east1 --project web --region us-east1
+  {hg} events --project shop --follow
+  {hg} demo heal us-east1
 
 Ctrl-C stops everything.
 """,
