@@ -45,6 +45,7 @@ class ApiSettings:
     max_manifest_bytes: int = 16 * 1024 * 1024
     stream_keepalive: float = 15.0
     max_head_bytes: int = 64 * 1024  # a request's line and headers
+    head_timeout: float = 10.0  # ... which must arrive whole within this
     max_connections: int = 1024  # connections and requests at once; 503 beyond
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from healthgate.controlplane.saved_states import encode_record_states
 from healthgate.health.states import Record
-from healthgate.store.base import Store
+from healthgate.store.base import Store, StoreError
 
 log = logging.getLogger("healthgate.recorder")
 transition_log = logging.getLogger("healthgate.transitions")
@@ -109,17 +109,30 @@ class TransitionRecorder:
                 deletes, self._pending_deletes = self._pending_deletes, []
                 try:
                     ids = await asyncio.to_thread(self._write, batch, states, deletes)
+                except StoreError as exc:  # a full or read-only disk: one line, not a traceback
+                    log.error(
+                        "could not persist %d transitions: %s; retrying in 1 s", len(batch), exc
+                    )
+                    self._requeue(batch, states, deletes)
+                    await asyncio.sleep(1.0)
+                    continue
                 except Exception:
                     log.exception("could not persist %d transitions; will retry", len(batch))
-                    self._pending[:0] = batch
-                    states.update(self._pending_states)
-                    self._pending_states = states
-                    self._pending_deletes[:0] = deletes
+                    self._requeue(batch, states, deletes)
                     await asyncio.sleep(1.0)
                     continue
                 for event_id, record in zip(ids, batch, strict=True):
                     self._broadcast((event_id, record))
             self._idle.set()
+
+    def _requeue(
+        self, batch: list[dict[str, Any]], states: dict[str, Any], deletes: list[str]
+    ) -> None:
+        """A write failed: put it back in front of what came meanwhile."""
+        self._pending[:0] = batch
+        states.update(self._pending_states)
+        self._pending_states = states
+        self._pending_deletes[:0] = deletes
 
     def _write(
         self, batch: list[dict[str, Any]], states: dict[str, Any], deletes: list[str]

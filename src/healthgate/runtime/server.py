@@ -24,6 +24,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from healthgate.api.app import ApiSettings, ApiState, create_app
 from healthgate.api.auth import Access
@@ -82,6 +83,47 @@ def parse_listen(text: str, option: str = "--listen") -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"{option} expects HOST:PORT, got {text!r}")
     return (host.strip("[]") or "127.0.0.1"), int(port)
+
+
+class _H11WithHeadTimeout(H11Protocol):
+    """uvicorn's h11 protocol with a header timeout, which uvicorn lacks: a
+    request head must be whole within ``HEAD_TIMEOUT`` of the connection
+    opening or of its first byte after a response, or the connection is
+    closed (a slowloris would otherwise hold one of the API's connections -
+    and there are ``limit_concurrency`` of them - for ever)."""
+
+    HEAD_TIMEOUT = 10.0
+    _head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.HEAD_TIMEOUT, self._head_expired)
+
+    def _waiting_for_head(self) -> bool:
+        return self.cycle is None or self.cycle.response_complete
+
+    def data_received(self, data: bytes) -> None:
+        if self._waiting_for_head():
+            self._arm_head_timer()
+        super().data_received(data)
+        if not self._waiting_for_head() and self._head_timer is not None:
+            self._head_timer.cancel()  # a head arrived whole: its request is being served
+            self._head_timer = None
+
+    def _head_expired(self) -> None:
+        self._head_timer = None
+        if self._waiting_for_head() and not self.transport.is_closing():
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        super().connection_lost(exc)
 
 
 class _QuietUvicorn(uvicorn.Server):
@@ -196,10 +238,10 @@ class Server:
             loop="none",
             timeout_graceful_shutdown=2,
             # the API's own bounds (docs/operations.md, "Limits and protections"):
-            # h11 bounds a request head as it arrives, idle keep-alive
-            # connections close after 5 s, and past the cap new connections
-            # get 503 instead of descriptors
-            http="h11",
+            # h11 bounds a request head as it arrives (and must complete it
+            # within 10 s), idle keep-alive connections close after 5 s, and
+            # past the cap new connections get 503 instead of descriptors
+            http=type("H11Protocol", (_H11WithHeadTimeout,), {"HEAD_TIMEOUT": s.api.head_timeout}),
             h11_max_incomplete_event_size=s.api.max_head_bytes,
             timeout_keep_alive=5,
             limit_concurrency=s.api.max_connections,

@@ -248,6 +248,9 @@ class SqliteStore:
                     [(k, k + "\U0010ffff") for k in deletes],
                 )
                 db.execute("COMMIT")
+            except sqlite3.OperationalError as exc:
+                _rollback(db)
+                raise Unavailable(f"{self.path}: cannot write ({exc})") from None
             except BaseException:
                 _rollback(db)
                 raise
@@ -279,6 +282,9 @@ class SqliteStore:
                     )
                     ids.append(int(cur.lastrowid or 0))
                 db.execute("COMMIT")
+            except sqlite3.OperationalError as exc:
+                _rollback(db)
+                raise Unavailable(f"{self.path}: cannot write ({exc})") from None
             except BaseException:
                 _rollback(db)
                 raise

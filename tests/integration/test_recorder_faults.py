@@ -1,0 +1,60 @@
+"""The transition recorder on a disk that is full for a while: one log line
+per attempt (no traceback), nothing lost once the disk has room again."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from healthgate.controlplane.recorder import TransitionRecorder
+from healthgate.health.states import HealthState, Transition
+from healthgate.store.base import LogQuery, Unavailable
+from healthgate.store.memory import MemoryStore
+from tests.helpers import run_async
+
+
+class FullForAWhile(MemoryStore):
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    def append_log(self, records: Sequence[Mapping[str, Any]]) -> list[int]:
+        if self.failures:
+            self.failures -= 1
+            raise Unavailable("/data/hg.db: cannot write (database or disk is full)")
+        return super().append_log(records)
+
+
+def test_a_full_disk_delays_transition_records_and_loses_none(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = FullForAWhile(failures=2)
+    record = Transition(
+        1.0,
+        "p",
+        "r",
+        "HealthSource",
+        "s",
+        "projects/p/regions/r/healthSources/s",
+        HealthState.UNKNOWN,
+        HealthState.HEALTHY,
+        "why",
+    )
+
+    async def go() -> None:
+        recorder = TransitionRecorder(store)
+        task = asyncio.create_task(recorder.run())
+        recorder.on_records([record])
+        await asyncio.wait_for(recorder.flush(), 10)
+        task.cancel()
+
+    with caplog.at_level(logging.ERROR, logger="healthgate.recorder"):
+        run_async(go(), timeout=20)
+    lines = [r for r in caplog.records if r.name == "healthgate.recorder"]
+    assert len(lines) == 2 and all(r.exc_info is None for r in lines)
+    assert "disk is full" in lines[0].getMessage()
+    assert [e.record["name"] for e in store.query_log(LogQuery())] == ["s"]
