@@ -236,7 +236,7 @@ def test_events_with_an_unknown_kind_or_state_are_refused_naming_the_field() -> 
 
 def test_a_mirror_whose_history_was_compacted_away_reloads_a_snapshot() -> None:
     """A process that fell behind further than the store keeps history for
-    (Compacted, as etcd says it) takes a new snapshot instead."""
+    (the store says Compacted) takes a new snapshot instead."""
     from healthgate.controlplane.health_service import HealthService
     from healthgate.controlplane.resources import ControlPlane
     from healthgate.store.memory import MemoryStore
