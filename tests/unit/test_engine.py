@@ -347,3 +347,46 @@ def test_failover_order_is_priority_then_locality_then_name() -> None:
     order = engine.graph.failover_order("projects/web/global/forwardingRules/shop-frontend")
     assert [c.name for c, _ in order] == ["shop-us", "shop-eu"]
     assert order[0][1] == "projects/shop/regions/us-east1/serviceAttachments/web-attachment"
+
+
+@pytest.mark.parametrize(
+    ("broken", "when_all", "expected"),
+    [
+        ((), "FAIL_OPEN", ["HEALTHY", "HEALTHY"]),
+        (("127.0.1.",), "FAIL_OPEN", ["UNHEALTHY", "HEALTHY"]),
+        (("127.0.1.", "127.0.2."), "FAIL_OPEN", ["HEALTHY", "UNHEALTHY"]),
+        (("127.0.1.", "127.0.2."), "FAIL_CLOSED", ["UNHEALTHY", "UNHEALTHY"]),
+    ],
+)
+def test_envoy_snapshot_one_locality_per_region_in_failover_order(
+    broken: tuple[str, ...], when_all: str, expected: list[str]
+) -> None:
+    from envoy.config.cluster.v3 import cluster_pb2
+    from envoy.config.core.v3 import health_check_pb2
+    from envoy.config.endpoint.v3 import endpoint_pb2
+
+    from healthgate.integrations.xds import build_snapshot
+
+    dicts = example_dicts()
+    find(dicts, "BackendService", "shop", "global")["failoverPolicy"] = {
+        "whenAllUnhealthy": when_all
+    }
+    world = resources(dicts)
+    engine = settled(dicts)
+    for prefix in broken:
+        feed(engine, 5.0, TIMEOUT, prefix, times=3)
+    snap = build_snapshot(engine, {r.path: r for r in world})
+    assert list(snap.clusters) == ["web/shop"]
+    cluster = cluster_pb2.Cluster.FromString(snap.clusters["web/shop"])
+    assert cluster.type == cluster_pb2.Cluster.EDS
+    assert cluster.common_lb_config.healthy_panic_threshold.value == 0.0  # never panic
+    cla = endpoint_pb2.ClusterLoadAssignment.FromString(snap.assignments["web/shop"])
+    assert cla.policy.overprovisioning_factor.value == 100  # fail over whole, not gradually
+    assert [(e.priority, e.locality.region) for e in cla.endpoints] == [
+        (0, "us-east1"),
+        (1, "europe-west1"),
+    ]
+    states = [
+        health_check_pb2.HealthStatus.Name(e.lb_endpoints[0].health_status) for e in cla.endpoints
+    ]
+    assert states == expected

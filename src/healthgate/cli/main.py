@@ -126,6 +126,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         public_healthz=args.public_healthz,
         dns=args.dns,
         dns_zones=args.dns_zone or [],
+        xds=args.xds,
     )
     try:
         uvloop.run(run_server(settings))
@@ -306,6 +307,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="ZONE",
         help="a zone the DNS server is authoritative for (repeatable; default: each dnsName's parent)",
+    )
+    p.add_argument(
+        "--xds",
+        metavar="HOST:PORT",
+        help="an Envoy ADS server (CDS and EDS): a cluster per global backend service, "
+        "one locality per region, priority = failover order",
     )
     p.add_argument(
         "--public-healthz",

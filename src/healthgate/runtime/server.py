@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -39,7 +39,7 @@ from healthgate.dataplane.manager import (
     metrics_text,
 )
 from healthgate.dataplane.workers import WorkerPool
-from healthgate.health.states import RouteChange
+from healthgate.health.states import Record, RouteChange
 from healthgate.integrations.agent import AgentServer
 from healthgate.integrations.dns import DnsDirectory, DnsServer
 from healthgate.integrations.verdicts import agent_answer
@@ -50,6 +50,9 @@ from healthgate.model.validation import InvalidResources
 from healthgate.probes.prober import ProbeSettings
 from healthgate.probes.scheduler import SchedulerSettings
 from healthgate.store.sqlite import SqliteStore
+
+if TYPE_CHECKING:
+    from healthgate.integrations.xds import XdsServer
 
 log = logging.getLogger("healthgate.serve")
 
@@ -76,6 +79,7 @@ class ServeSettings:
     public_healthz: bool = False
     dns: str | None = None  # HOST:PORT of the authoritative DNS server for rules' dnsName
     dns_zones: list[str] = field(default_factory=list)  # default: each dnsName's parent
+    xds: str | None = None  # HOST:PORT of the Envoy ADS server (CDS, EDS)
 
 
 def parse_listen(text: str, option: str = "--listen") -> tuple[str, int]:
@@ -150,6 +154,7 @@ class Server:
         self.dataplane: DataPlaneService | None = None
         self.agent: AgentServer | None = None
         self.dns: DnsServer | None = None
+        self.xds: XdsServer | None = None
         self._uvicorn: _QuietUvicorn | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._settle: asyncio.TimerHandle | None = None  # the second freeze (see start)
@@ -216,6 +221,8 @@ class Server:
             control.on_change.append(update_directory)
             self.dns = DnsServer(directory, dns_host, dns_port)
             await self.dns.start()
+        if s.xds:
+            await self._start_xds(s.xds, health, control)
         health.start()
         self.api_state = ApiState(control, health, recorder, store, self.access, s.api)
         self.api_state.public_healthz = s.public_healthz
@@ -277,6 +284,28 @@ class Server:
         )
         log.info("healthgate serving on %s (store %s)", self.url, s.db)
 
+    async def _start_xds(self, address: str, health: HealthService, control: ControlPlane) -> None:
+        """Envoy's ADS: a new snapshot whenever the resources change or a
+        transition reaches a PSC NEG or a route (the only states it carries)."""
+        from healthgate.integrations.xds import XdsServer, build_snapshot
+
+        host, port = parse_listen(address, "--xds")
+        self.xds = xds = XdsServer(host, port)
+        world: list[Mapping[ResourcePath, Resource]] = [control.resources]
+        xds.update(build_snapshot(health.engine, world[0]))
+
+        async def resources_changed(resources: Mapping[ResourcePath, Resource]) -> None:
+            world[0] = resources
+            xds.update(build_snapshot(health.engine, resources))
+
+        def transitions(records: list[Record]) -> None:
+            if any(r.kind in ("NetworkEndpointGroup", "Route") for r in records):
+                xds.update(build_snapshot(health.engine, world[0]))
+
+        control.on_change.append(resources_changed)
+        health.subscribe(transitions)
+        await xds.start()
+
     async def _apply_file(self, manifest: str) -> None:
         assert self.control is not None
         try:
@@ -316,6 +345,8 @@ class Server:
             await self.agent.close()
         if self.dns is not None:
             await self.dns.close()
+        if self.xds is not None:
+            await self.xds.close()
         if self.control is not None:
             await self.control.close()
         if self.health is not None:

@@ -1,0 +1,242 @@
+"""Envoy follows healthgate: an ADS server (``serve --xds HOST:PORT``) with
+CDS and EDS, state of the world.
+
+For every global (consumer) backend service that a forwarding rule fronts,
+one **cluster**, named ``PROJECT/NAME`` (EDS over ADS, round robin), and its
+**load assignment**: one locality per region - the address of the producer
+forwarding rule that region's PSC NEG reaches - with
+
+* ``priority`` = its place in the failover order (``failoverPriority``,
+  locality to the rule's ``dataPlaneRegion``, name; 0 first);
+* ``health_status`` from the NEG, as HAProxy's agent answers it
+  (integrations/verdicts.py): HEALTHY (or UNKNOWN: it never fails over),
+  UNHEALTHY, or DRAINING when no traffic may flow (not accepted).
+
+What Envoy needs to fail over at once rather than gradually:
+
+* ``overprovisioning_factor`` 100: a priority level gets traffic in
+  proportion to its healthy share *times* this factor (Envoy's default 140
+  keeps sending some traffic to a level that is partly down); each level
+  here is one region, healthy or not, so 100 makes the move whole;
+* ``healthy_panic_threshold`` 0 %: Envoy's default (50 %) would, with every
+  region down, ignore health and spread traffic over all of them. With 0
+  it never panics, and healthgate's ``whenAllUnhealthy`` decides instead:
+  FAIL_OPEN reports the route's first region HEALTHY (so Envoy keeps
+  sending there), FAIL_CLOSED reports every region UNHEALTHY (Envoy answers
+  503, no healthy upstream).
+
+Failback is Envoy's own: as soon as a higher priority is healthy again it
+takes the traffic back. ``failback: false`` has no EDS equivalent
+(documented).
+
+Versions: every change of the whole snapshot (clusters or assignments)
+makes a new version, pushed at once to every stream that subscribed; a
+stream sends a type only when its version moved or the subscribed names
+changed. ACKs and NACKs are read (a NACK is logged). When healthgate stops,
+Envoy keeps the last configuration it accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+
+import grpc
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.core.v3 import address_pb2, config_source_pb2, health_check_pb2
+from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from envoy.type.v3 import percent_pb2
+from google.protobuf import any_pb2, duration_pb2, wrappers_pb2
+
+from healthgate.health.engine import HealthEngine
+from healthgate.health.states import HealthState
+from healthgate.integrations.haproxy import producer_address
+from healthgate.integrations.verdicts import agent_answer
+from healthgate.model.names import ResourcePath
+from healthgate.model.resources import BackendService, ForwardingRule, Resource
+
+log = logging.getLogger("healthgate.xds")
+
+CLUSTER_TYPE = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+ENDPOINT_TYPE = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+
+_HEALTH = {
+    "up": health_check_pb2.HEALTHY,
+    "down": health_check_pb2.UNHEALTHY,
+    "maint": health_check_pb2.DRAINING,
+}
+
+
+def cluster_name(backend_service: ResourcePath) -> str:
+    return f"{backend_service.project}/{backend_service.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    clusters: dict[str, bytes]  # name -> serialized Cluster
+    assignments: dict[str, bytes]  # name -> serialized ClusterLoadAssignment
+
+
+def build_snapshot(engine: HealthEngine, resources: Mapping[ResourcePath, Resource]) -> Snapshot:
+    clusters: dict[str, bytes] = {}
+    assignments: dict[str, bytes] = {}
+    for path, res in sorted(resources.items()):
+        if not (isinstance(res, ForwardingRule) and res.is_global):
+            continue
+        bs_path = res.ref("backend_service")
+        if bs_path is None or not isinstance(resources.get(bs_path), BackendService):
+            continue
+        name = cluster_name(bs_path)
+        if name in clusters:
+            continue  # (two front ends of one service: one cluster)
+        clusters[name] = _cluster(name).SerializeToString(deterministic=True)
+        assignments[name] = _assignment(engine, resources, str(path), name).SerializeToString(
+            deterministic=True
+        )
+    return Snapshot(clusters, assignments)
+
+
+def _cluster(name: str) -> cluster_pb2.Cluster:
+    cluster = cluster_pb2.Cluster(
+        name=name,
+        type=cluster_pb2.Cluster.EDS,
+        connect_timeout=duration_pb2.Duration(seconds=1),
+        lb_policy=cluster_pb2.Cluster.ROUND_ROBIN,
+    )
+    cluster.eds_cluster_config.eds_config.CopyFrom(
+        config_source_pb2.ConfigSource(
+            ads=config_source_pb2.AggregatedConfigSource(),
+            resource_api_version=config_source_pb2.ApiVersion.V3,
+        )
+    )
+    cluster.common_lb_config.healthy_panic_threshold.CopyFrom(percent_pb2.Percent(value=0.0))
+    return cluster
+
+
+def _assignment(
+    engine: HealthEngine, resources: Mapping[ResourcePath, Resource], frontend: str, name: str
+) -> endpoint_pb2.ClusterLoadAssignment:
+    cla = endpoint_pb2.ClusterLoadAssignment(cluster_name=name)
+    cla.policy.overprovisioning_factor.CopyFrom(wrappers_pb2.UInt32Value(value=100))
+    priority = 0
+    for candidate, attachment in engine.graph.failover_order(frontend):
+        address = producer_address(resources, attachment)
+        if address is None:
+            continue
+        answer = agent_answer(engine, candidate.path)
+        health = _HEALTH[answer]
+        if answer == "up" and candidate.state is HealthState.UNKNOWN:
+            health = health_check_pb2.UNKNOWN  # (Envoy routes to UNKNOWN as to HEALTHY)
+        ip, port = address
+        endpoint = endpoint_components_pb2.LbEndpoint(health_status=health)
+        endpoint.endpoint.address.socket_address.CopyFrom(
+            address_pb2.SocketAddress(address=ip, port_value=port)
+        )
+        locality = endpoint_components_pb2.LocalityLbEndpoints(priority=priority)
+        locality.locality.region = candidate.region
+        locality.locality.zone = candidate.name
+        locality.lb_endpoints.append(endpoint)
+        cla.endpoints.append(locality)
+        priority += 1
+    return cla
+
+
+class _Stream:
+    """One Envoy's ADS stream: what it subscribed to, what it was sent."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, tuple[str, ...]] = {}  # type -> resource names (() = all)
+        self.sent: dict[str, tuple[int, tuple[str, ...]]] = {}  # type -> (version, names)
+        self.nonce = 0
+        self.wake = asyncio.Event()
+
+
+class XdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ignore[misc]
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.snapshot = Snapshot({}, {})
+        self.version = 0
+        self._streams: set[_Stream] = set()
+        self._server: grpc.aio.Server | None = None
+
+    def update(self, snapshot: Snapshot) -> None:
+        """A new snapshot: pushed at once to every stream if it differs."""
+        if snapshot == self.snapshot:
+            return
+        self.snapshot = snapshot
+        self.version += 1
+        for stream in self._streams:
+            stream.wake.set()
+
+    async def start(self) -> None:
+        self._server = grpc.aio.server()
+        ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(self, self._server)
+        port = self._server.add_insecure_port(f"{self.host}:{self.port}")
+        if port == 0:
+            raise OSError(f"--xds: cannot listen on {self.host}:{self.port}")
+        self.port = port
+        await self._server.start()
+        log.info("Envoy ADS (CDS, EDS) answering on %s:%d", self.host, self.port)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            await self._server.stop(grace=0.5)
+
+    async def StreamAggregatedResources(
+        self,
+        request_iterator: AsyncIterator[discovery_pb2.DiscoveryRequest],
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> AsyncIterator[discovery_pb2.DiscoveryResponse]:
+        stream = _Stream()
+        self._streams.add(stream)
+        reader = asyncio.ensure_future(self._read(request_iterator, stream))
+        try:
+            while not reader.done():
+                for response in self._due(stream):
+                    yield response
+                stream.wake.clear()
+                waiter = asyncio.ensure_future(stream.wake.wait())
+                await asyncio.wait({waiter, reader}, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+        finally:
+            self._streams.discard(stream)
+            reader.cancel()
+
+    async def _read(
+        self, requests: AsyncIterator[discovery_pb2.DiscoveryRequest], stream: _Stream
+    ) -> None:
+        async for request in requests:
+            if request.type_url not in (CLUSTER_TYPE, ENDPOINT_TYPE):
+                continue
+            if request.HasField("error_detail"):
+                log.warning(
+                    "Envoy %s refused %s version %s: %s",
+                    request.node.id,
+                    request.type_url.rsplit(".", 1)[-1],
+                    request.version_info,
+                    request.error_detail.message[:300],
+                )
+            stream.names[request.type_url] = tuple(sorted(request.resource_names))
+            stream.wake.set()
+
+    def _due(self, stream: _Stream) -> list[discovery_pb2.DiscoveryResponse]:
+        out = []
+        for type_url, names in stream.names.items():
+            if stream.sent.get(type_url) == (self.version, names):
+                continue
+            table = (
+                self.snapshot.clusters if type_url == CLUSTER_TYPE else self.snapshot.assignments
+            )
+            chosen = sorted(table) if not names else [n for n in names if n in table]
+            stream.nonce += 1
+            response = discovery_pb2.DiscoveryResponse(
+                version_info=str(self.version), type_url=type_url, nonce=str(stream.nonce)
+            )
+            for name in chosen:
+                response.resources.append(any_pb2.Any(type_url=type_url, value=table[name]))
+            stream.sent[type_url] = (self.version, names)
+            out.append(response)
+        return out

