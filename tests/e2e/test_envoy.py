@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from healthgate.integrations.xds import bootstrap
 from tests.e2e.test_failover import Stack
 from tests.integration.serve_proc import wait_for
 from tests.integration.servers import free_port
@@ -28,108 +29,11 @@ pytestmark = pytest.mark.skipif(
 CLUSTER = "web/shop"
 
 
-def bootstrap(xds_port: int, listen_port: int, admin_port: int) -> dict[str, object]:
-    hcm = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
-    return {
-        "node": {"id": "test-envoy", "cluster": "test"},
-        "admin": {
-            "address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}
-        },
-        "dynamic_resources": {
-            "ads_config": {
-                "api_type": "GRPC",
-                "transport_api_version": "V3",
-                "grpc_services": [{"envoy_grpc": {"cluster_name": "healthgate"}}],
-            },
-            "cds_config": {"ads": {}, "resource_api_version": "V3"},
-        },
-        "static_resources": {
-            "clusters": [
-                {
-                    "name": "healthgate",
-                    "type": "STATIC",
-                    "connect_timeout": "1s",
-                    "typed_extension_protocol_options": {
-                        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                            "explicit_http_config": {"http2_protocol_options": {}},
-                        }
-                    },
-                    "load_assignment": {
-                        "cluster_name": "healthgate",
-                        "endpoints": [
-                            {
-                                "lb_endpoints": [
-                                    {
-                                        "endpoint": {
-                                            "address": {
-                                                "socket_address": {
-                                                    "address": "127.0.0.1",
-                                                    "port_value": xds_port,
-                                                }
-                                            }
-                                        }
-                                    }
-                                ]
-                            }
-                        ],
-                    },
-                }
-            ],
-            "listeners": [
-                {
-                    "name": "front",
-                    "address": {
-                        "socket_address": {"address": "127.0.0.1", "port_value": listen_port}
-                    },
-                    "filter_chains": [
-                        {
-                            "filters": [
-                                {
-                                    "name": "envoy.filters.network.http_connection_manager",
-                                    "typed_config": {
-                                        "@type": hcm,
-                                        "stat_prefix": "front",
-                                        "route_config": {
-                                            # the cluster comes from ADS, later
-                                            "validate_clusters": False,
-                                            "virtual_hosts": [
-                                                {
-                                                    "name": "all",
-                                                    "domains": ["*"],
-                                                    "routes": [
-                                                        {
-                                                            "match": {"prefix": "/"},
-                                                            "route": {"cluster": CLUSTER},
-                                                        }
-                                                    ],
-                                                }
-                                            ],
-                                        },
-                                        "http_filters": [
-                                            {
-                                                "name": "envoy.filters.http.router",
-                                                "typed_config": {
-                                                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
-                                                },
-                                            }
-                                        ],
-                                    },
-                                }
-                            ]
-                        }
-                    ],
-                }
-            ],
-        },
-    }
-
-
 class Envoy:
     def __init__(self, tmp: Path, xds_port: int) -> None:
         self.port, self.admin = free_port(), free_port()
         self.cfg = tmp / "envoy.json"
-        self.cfg.write_text(json.dumps(bootstrap(xds_port, self.port, self.admin)))
+        self.cfg.write_text(json.dumps(bootstrap(xds_port, self.port, self.admin, CLUSTER)))
         self.log = tmp / "envoy.log"
         self.proc: subprocess.Popen[bytes] | None = None
 

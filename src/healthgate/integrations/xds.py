@@ -240,3 +240,103 @@ class XdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ignor
             stream.sent[type_url] = (self.version, names)
             out.append(response)
         return out
+
+
+def bootstrap(xds_port: int, listen_port: int, admin_port: int, cluster: str) -> dict[str, object]:
+    """An Envoy bootstrap that knows nothing of the service but healthgate's
+    ADS address and a listener routing everything to ``cluster`` (what the
+    demo, the tests and docs/integrations.md use)."""
+    hcm = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+    return {
+        "node": {"id": "test-envoy", "cluster": "test"},
+        "admin": {
+            "address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}
+        },
+        "dynamic_resources": {
+            "ads_config": {
+                "api_type": "GRPC",
+                "transport_api_version": "V3",
+                "grpc_services": [{"envoy_grpc": {"cluster_name": "healthgate"}}],
+            },
+            "cds_config": {"ads": {}, "resource_api_version": "V3"},
+        },
+        "static_resources": {
+            "clusters": [
+                {
+                    "name": "healthgate",
+                    "type": "STATIC",
+                    "connect_timeout": "1s",
+                    "typed_extension_protocol_options": {
+                        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                            "explicit_http_config": {"http2_protocol_options": {}},
+                        }
+                    },
+                    "load_assignment": {
+                        "cluster_name": "healthgate",
+                        "endpoints": [
+                            {
+                                "lb_endpoints": [
+                                    {
+                                        "endpoint": {
+                                            "address": {
+                                                "socket_address": {
+                                                    "address": "127.0.0.1",
+                                                    "port_value": xds_port,
+                                                }
+                                            }
+                                        }
+                                    }
+                                ]
+                            }
+                        ],
+                    },
+                }
+            ],
+            "listeners": [
+                {
+                    "name": "front",
+                    "address": {
+                        "socket_address": {"address": "127.0.0.1", "port_value": listen_port}
+                    },
+                    "filter_chains": [
+                        {
+                            "filters": [
+                                {
+                                    "name": "envoy.filters.network.http_connection_manager",
+                                    "typed_config": {
+                                        "@type": hcm,
+                                        "stat_prefix": "front",
+                                        "route_config": {
+                                            # the cluster comes from ADS, later
+                                            "validate_clusters": False,
+                                            "virtual_hosts": [
+                                                {
+                                                    "name": "all",
+                                                    "domains": ["*"],
+                                                    "routes": [
+                                                        {
+                                                            "match": {"prefix": "/"},
+                                                            "route": {"cluster": cluster},
+                                                        }
+                                                    ],
+                                                }
+                                            ],
+                                        },
+                                        "http_filters": [
+                                            {
+                                                "name": "envoy.filters.http.router",
+                                                "typed_config": {
+                                                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+                                                },
+                                            }
+                                        ],
+                                    },
+                                }
+                            ]
+                        }
+                    ],
+                }
+            ],
+        },
+    }

