@@ -163,3 +163,18 @@ def test_the_default_cap_leaves_descriptors_for_the_rest() -> None:
     cap = DataPlaneSettings().connection_cap()
     assert cap == max(256, (soft - 4096) // 2)
     assert DataPlaneSettings(max_connections=50).connection_cap() == 50
+
+
+def test_a_connection_that_keeps_sending_requests_is_not_idle() -> None:
+    async def body(port: int, stats: dict[str, int], guard: ConnectionGuard) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for _ in range(8):  # 2.4 s of requests every 0.3 s, with an idle timeout of 0.5 s
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            await asyncio.sleep(0.3)
+        assert "idle_closed" not in stats
+        writer.close()
+
+    scenario(body, idle=0.5)

@@ -465,6 +465,8 @@ class HttpProxy(asyncio.Protocol):
         self.stats["connections"] = self.stats.get("connections", 0) + 1
 
     def data_received(self, data: bytes) -> None:
+        if self.guard is not None:
+            self.last_active = self.guard.clock()  # (the idle timeout counts from here)
         if (
             not self.inflight
             and self.current is None
