@@ -262,3 +262,25 @@ def test_a_mirror_whose_history_was_compacted_away_reloads_a_snapshot() -> None:
 
     intervals, store_rev, mirror_rev = run_async(go(), timeout=20)
     assert intervals == [5, 6] and mirror_rev == store_rev == 6
+
+
+def test_what_get_prints_can_be_applied_back_unchanged() -> None:
+    """`get -o yaml` (one resource, or the list form) is a manifest:
+    server-set fields (fingerprint, selfLink, timestamps, status) are ignored."""
+
+    async def scenario(hg: InProcessApi, api: httpx.AsyncClient) -> None:
+        assert (await apply(api, example_world())).status_code == 200
+        listed = (await api.get("/v1/projects/shop/regions/us-east1/backendServices")).json()
+        one = (await api.get("/v1/projects/web/global/forwardingRules/shop-frontend")).json()
+        assert "status" in one and "fingerprint" in one
+        for doc in (listed, one):
+            resp = await api.post(
+                "/v1/apply",
+                content=yaml.safe_dump(doc),
+                headers={"Content-Type": "application/yaml"},
+            )
+            assert resp.status_code == 200, resp.text
+            plan = resp.json()["plan"]
+            assert plan["unchanged"] and not plan["create"] and not plan["update"], plan
+
+    run(scenario)

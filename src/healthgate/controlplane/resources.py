@@ -40,6 +40,7 @@ from healthgate.controlplane.errors import ControlError, Refusal
 from healthgate.controlplane.health_service import HealthService
 from healthgate.controlplane.offload import off_loop
 from healthgate.controlplane.saved_states import decode_states
+from healthgate.model.manifest import OUTPUT_ONLY
 from healthgate.model.names import ResourcePath
 from healthgate.model.plan import Plan, plan_apply, plan_delete
 from healthgate.model.resources import Resource
@@ -59,7 +60,6 @@ from healthgate.store.base import (
 log = logging.getLogger("healthgate.control")
 
 RESOURCE_PREFIX = "resources/"
-OUTPUT_ONLY = ("fingerprint", "selfLink", "creationTimestamp", "updateTimestamp", "status")
 
 
 class ControlStore(ResourceStore, StateStore, Protocol):

@@ -110,6 +110,33 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
     return []
 
 
+# what the server adds to a resource it shows (GET): ignored in a manifest, so
+# that `get -o yaml` can be applied back (kubectl-style)
+OUTPUT_ONLY = ("fingerprint", "selfLink", "creationTimestamp", "updateTimestamp", "status")
+
+
+def without_output_fields(data: object) -> object:
+    if isinstance(data, dict) and any(k in data for k in OUTPUT_ONLY):
+        return {k: v for k, v in data.items() if k not in OUTPUT_ONLY}
+    return data
+
+
+def _resources_in(data: object, node: yaml.Node, line: int) -> list[tuple[object, int]]:
+    """A document is one resource, or a list of them as `get -o yaml` prints
+    it (``items: [...]`` with no kind), each with its own line."""
+    if not (isinstance(data, dict) and "kind" not in data and isinstance(data.get("items"), list)):
+        return [(data, line)]
+    items_node = next(
+        (v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == "items"), None
+    )
+    lines = (
+        [n.start_mark.line + 1 for n in items_node.value]
+        if isinstance(items_node, yaml.SequenceNode)
+        else []
+    )
+    return [(item, lines[i] if i < len(lines) else line) for i, item in enumerate(data["items"])]
+
+
 def parse_manifest(text: str, limits: ManifestLimits | None = None) -> list[Document]:
     """Parse and field-validate every document; no cross-resource checks."""
     limits = limits or ManifestLimits()
@@ -141,10 +168,11 @@ def parse_manifest(text: str, limits: ManifestLimits | None = None) -> list[Docu
             data = loader.construct_document(node)
             if data is None:
                 continue  # an empty document (a stray '---')
-            resource, problems = parse_resource(data, index, line)
-            issues.extend(problems)
-            if resource is not None:
-                documents.append(Document(resource, index, line))
+            for item, item_line in _resources_in(data, node, line):
+                resource, problems = parse_resource(without_output_fields(item), index, item_line)
+                issues.extend(problems)
+                if resource is not None:
+                    documents.append(Document(resource, index, item_line))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
