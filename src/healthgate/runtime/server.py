@@ -15,6 +15,7 @@ import contextlib
 import gc
 import logging
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -171,6 +172,7 @@ class Server:
         s = self.settings
         sys.setswitchinterval(s.switch_interval)
         Path(s.db).parent.mkdir(parents=True, exist_ok=True)
+        _check_free(self.host, self.port, "--listen")  # before the database is touched
         self.store = store = SqliteStore(s.db)
         self.health = health = HealthService(
             s.probe, s.scheduler, failure_log_rate=s.failure_log_rate
@@ -362,6 +364,21 @@ class Server:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.store is not None:
             self.store.close()
+
+
+def _check_free(host: str, port: int, option: str) -> None:
+    """Refuse at once, with the option named, when an address is taken."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise OSError(
+                f"{option} {host}:{port}: {exc.strerror or exc} (another healthgate?)"
+            ) from None
 
 
 def first_round_seconds(resources: Iterable[Resource]) -> float:
