@@ -216,3 +216,21 @@ def test_serve_on_a_busy_port_stops_before_touching_the_database(tmp_path: Path)
         )
     assert proc.returncode == 1 and "--listen" in proc.stderr and "in use" in proc.stderr
     assert not db.exists()
+
+
+def test_validate_of_a_consumer_manifest_warns_about_the_producers_attachment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import yaml
+
+    docs = [d for d in yaml.safe_load_all(Path(EXAMPLE).read_text()) if d and d["project"] == "web"]
+    consumer = tmp_path / "consumer.yaml"
+    consumer.write_text(yaml.safe_dump_all(docs))
+    assert main(["validate", "-f", str(consumer)]) == 0
+    captured = capsys.readouterr()
+    assert "valid (" in captured.out
+    assert captured.err.count("warning:") == 2  # one per PSC NEG
+    assert "projects/shop/regions/us-east1/serviceAttachments/web-attachment" in captured.err
+    docs[0]["pscTargetService"] = "projects/web/regions/us-east1/serviceAttachments/nope"
+    consumer.write_text(yaml.safe_dump_all(docs))
+    assert main(["validate", "-f", str(consumer)]) == 1  # its own project's: still an error

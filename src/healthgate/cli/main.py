@@ -15,7 +15,7 @@ import yaml
 from pydantic import ValidationError
 
 from healthgate import __version__
-from healthgate.model.manifest import load_manifest, load_manifest_file
+from healthgate.model.manifest import check_manifest_offline, load_manifest_file
 from healthgate.model.validation import InvalidResources
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
@@ -40,7 +40,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     source = "standard input" if args.file == "-" else args.file
     try:
-        docs = load_manifest(read_manifest_arg(args.file))
+        docs, warnings = check_manifest_offline(read_manifest_arg(args.file))
     except CliError as exc:
         print(f"healthgate validate: {exc}", file=sys.stderr)
         return exc.code
@@ -51,6 +51,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for d in docs:
         kinds[d.resource.kind] = kinds.get(d.resource.kind, 0) + 1
     summary = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     print(f"{source}: valid ({len(docs)} resources: {summary})")
     return EXIT_OK
 

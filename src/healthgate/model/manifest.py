@@ -199,5 +199,18 @@ def load_manifest(text: str, limits: ManifestLimits | None = None) -> list[Docum
     return documents
 
 
+def check_manifest_offline(
+    text: str, limits: ManifestLimits | None = None
+) -> tuple[list[Document], list[Issue]]:
+    """What ``healthgate validate`` does: every rule, with references to
+    other projects' resources as warnings (returned) instead of errors."""
+    documents = parse_manifest(text, limits)
+    issues = validate_documents(documents, offline=True)
+    errors = [i for i in issues if not i.warning]
+    if errors:
+        raise InvalidResources(errors)
+    return documents, [i for i in issues if i.warning]
+
+
 def load_manifest_file(path: str | Path, limits: ManifestLimits | None = None) -> list[Document]:
     return load_manifest(Path(path).read_text(encoding="utf-8"), limits)

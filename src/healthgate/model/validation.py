@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -52,6 +52,7 @@ class Issue:
     line: int | None = None
     kind: str | None = None
     name: str | None = None  # full path when known, else the bare name
+    warning: bool = False  # worth saying, but nothing is refused for it
 
     def where(self) -> str:
         parts = []
@@ -97,6 +98,9 @@ class Document:
     def issue(self, field: str, message: str) -> Issue:
         r = self.resource
         return Issue(field, message, self.index, self.line, r.kind, str(r.path))
+
+    def warning(self, field: str, message: str) -> Issue:
+        return replace(self.issue(field, message), warning=True)
 
 
 # ------------------------------------------------------------------ one resource
@@ -162,8 +166,13 @@ def parse_resource(
 PUBLISHABLE_NEG_TYPES = ("GCE_VM_IP_PORT", "GCE_VM_IP")
 
 
-def validate_documents(documents: Sequence[Document]) -> list[Issue]:
-    """Every cross-resource rule over the complete set of resources."""
+def validate_documents(documents: Sequence[Document], offline: bool = False) -> list[Issue]:
+    """Every cross-resource rule over the complete set of resources.
+
+    ``offline`` (``healthgate validate``, no server): a consumer's PSC NEG
+    names a producer's service attachment in *another* project, which a
+    consumer's manifest does not hold; that reference cannot be checked
+    here, so it is reported as a warning, not an error."""
     issues: list[Issue] = []
     by_path: dict[ResourcePath, Document] = {}
     for doc in documents:
@@ -197,6 +206,15 @@ def validate_documents(documents: Sequence[Document]) -> list[Issue]:
                     )
                 issues.append(doc.issue(ref.field, message))
             elif ref.target not in by_path:
+                if offline and ref.target.project != res.project:
+                    issues.append(
+                        doc.warning(
+                            ref.field,
+                            f"{ref.target} is in another project, not in this manifest: "
+                            "not checked offline (apply checks it)",
+                        )
+                    )
+                    continue
                 issues.append(doc.issue(ref.field, f"reference to missing resource {ref.target}"))
 
         if isinstance(res, HealthSource):
