@@ -284,3 +284,21 @@ def test_what_get_prints_can_be_applied_back_unchanged() -> None:
             assert plan["unchanged"] and not plan["create"] and not plan["update"], plan
 
     run(scenario)
+
+
+def test_a_dry_run_shows_what_each_update_changes_field_by_field() -> None:
+    async def scenario(hg: InProcessApi, api: httpx.AsyncClient) -> None:
+        dicts = example_world()
+        assert (await apply(api, dicts)).status_code == 200
+        dicts[0]["checkIntervalSec"] = 7
+        front = next(d for d in dicts if d["kind"] == "BackendService" and d["project"] == "web")
+        front["backends"][1]["failoverPriority"] = 5
+        resp = await apply(api, dicts, dryRun=True)
+        assert resp.status_code == 200, resp.text
+        diff = resp.json()["plan"]["diff"]
+        assert {tuple(c.values()) for changes in diff.values() for c in changes} == {
+            ("checkIntervalSec", 2, 7),
+            ("backends[1].failoverPriority", None, 5),
+        }
+
+    run(scenario)

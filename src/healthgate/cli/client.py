@@ -197,9 +197,13 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 def print_plan(out: dict[str, Any], mood: str) -> None:
     plan = out["plan"]
+    diff = plan.get("diff") or {}
     for sign, key in (("+", "create"), ("~", "update"), ("-", "delete")):
         for path in plan.get(key, []):
             print(f"{sign} {path}")
+            for change in diff.get(path, []):
+                before, after = (json.dumps(change[k]) for k in ("from", "to"))
+                print(f"    {change['field']}: {before} -> {after}")
     verbs = {
         "create": "created",
         "update": "updated",

@@ -31,13 +31,40 @@ class Plan:
     def changes(self) -> int:
         return len(self.create) + len(self.update) + len(self.delete)
 
+    # for each update, what changes: [(field path, before, after)]
+    changes_by_path: dict[ResourcePath, list[tuple[str, Any, Any]]] = field(default_factory=dict)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "create": [str(p) for p in self.create],
             "update": [str(p) for p in self.update],
             "unchanged": [str(p) for p in self.unchanged],
             "delete": [str(p) for p in self.delete],
+            "diff": {
+                str(p): [{"field": f, "from": a, "to": b} for f, a, b in changes]
+                for p, changes in self.changes_by_path.items()
+            },
         }
+
+
+MISSING: Any = None  # (a field that is absent on one side shows as null)
+
+
+def field_diff(before: Any, after: Any, at: str = "") -> list[tuple[str, Any, Any]]:
+    """The fields that differ between two wire documents, as paths like
+    ``backends[0].failoverPriority`` (lists compared item by item)."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        out = []
+        for key in sorted(set(before) | set(after), key=str):
+            where = f"{at}.{key}" if at else str(key)
+            out += field_diff(before.get(key, MISSING), after.get(key, MISSING), where)
+        return out
+    if isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
+        out = []
+        for i, (a, b) in enumerate(zip(before, after, strict=True)):
+            out += field_diff(a, b, f"{at}[{i}]")
+        return out
+    return [] if before == after else [(at, before, after)]
 
 
 def plan_apply(current: Mapping[ResourcePath, Resource], documents: Sequence[Document]) -> Plan:
@@ -56,6 +83,7 @@ def plan_apply(current: Mapping[ResourcePath, Resource], documents: Sequence[Doc
             plan.unchanged.append(path)
         else:
             plan.update.append(path)
+            plan.changes_by_path[path] = field_diff(old.to_wire(), doc.resource.to_wire())
         plan.result[path] = doc.resource
     # validate the new world, with the documents (for locations) first
     by_path = {d.resource.path: d for d in documents}
