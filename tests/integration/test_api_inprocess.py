@@ -302,3 +302,32 @@ def test_a_dry_run_shows_what_each_update_changes_field_by_field() -> None:
         }
 
     run(scenario)
+
+
+def test_metrics_parse_as_openmetrics_with_help_type_and_one_series_per_state() -> None:
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    async def scenario(hg: InProcessApi, api: httpx.AsyncClient) -> None:
+        assert (await apply(api, example_world())).status_code == 200
+        resp = await api.get("/metrics", headers={"Accept": "application/openmetrics-text"})
+        assert resp.headers["content-type"].startswith("application/openmetrics-text")
+        families = list(text_string_to_metric_families(resp.text))  # type: ignore[no-untyped-call]
+        assert all(f.documentation and f.type for f in families)
+        names = {f.name for f in families}
+        assert {"healthgate_health_state", "healthgate_prober_lag_seconds"} <= names
+        assert not any("max" in n for n in names)  # no all-time maximum gauges
+        state = next(f for f in families if f.name == "healthgate_health_state")
+        by_node: dict[str, list[tuple[str, float]]] = {}
+        for sample in state.samples:
+            by_node.setdefault(sample.labels["path"], []).append(
+                (sample.labels["state"], sample.value)
+            )
+        assert by_node and all(
+            sorted(s for s, _ in v) == ["HEALTHY", "UNHEALTHY", "UNKNOWN"]
+            and sum(x for _, x in v) == 1
+            for v in by_node.values()
+        )
+        plain = await api.get("/metrics")  # the Prometheus text format by default
+        assert plain.headers["content-type"].startswith("text/plain") and "# EOF" not in plain.text
+
+    run(scenario)

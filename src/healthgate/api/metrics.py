@@ -8,7 +8,7 @@ and transition kinds too, and per-endpoint series stop at
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -17,14 +17,16 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.registry import Collector
 
 from healthgate.controlplane.health_service import PROBE_BUCKETS, HealthService
 from healthgate.controlplane.recorder import TransitionRecorder
 from healthgate.health.states import Outcome
+from healthgate.probes.scheduler import LAG_BUCKETS
 
 MAX_ENDPOINT_SERIES = 10_000
-STATE_VALUE = {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}
+STATES = ("UNKNOWN", "HEALTHY", "UNHEALTHY")
 
 
 class EngineCollector(Collector):
@@ -69,11 +71,14 @@ class EngineCollector(Collector):
 
         state_gauge = GaugeMetricFamily(
             "healthgate_health_state",
-            "State of sources, composites and PSC NEGs (0 UNKNOWN, 1 HEALTHY, 2 UNHEALTHY)",
-            labels=["kind", "path"],
+            "State of sources, composites and PSC NEGs: 1 for the state it is in, 0 for the others",
+            labels=["kind", "path", "state"],
         )
         for kind, node in engine.node_states():
-            state_gauge.add_metric([kind, node.path], STATE_VALUE[node.state.name])
+            for state in STATES:
+                state_gauge.add_metric(
+                    [kind, node.path, state], 1 if node.state.name == state else 0
+                )
         yield state_gauge
 
         routes = GaugeMetricFamily(
@@ -118,11 +123,16 @@ class EngineCollector(Collector):
             "Scheduler ticks that left due probes or results for the next tick (prober overloaded)",
             value=sched.deferred_ticks,
         )
-        yield GaugeMetricFamily(
-            "healthgate_prober_max_lag_seconds",
-            "Largest event-loop lag seen by the prober",
-            value=sched.max_lag,
+        lag = HistogramMetricFamily(
+            "healthgate_prober_lag_seconds",
+            "How late each prober tick ran (event-loop lag)",
         )
+        acc, cumulative = 0, []
+        for bound, n in zip((*LAG_BUCKETS, float("inf")), sched.lag_buckets, strict=True):
+            acc += n
+            cumulative.append(("+Inf" if bound == float("inf") else repr(bound), acc))
+        lag.add_metric([], cumulative, sched.lag_sum)
+        yield lag
 
 
 def endpoint_series(health: HealthService) -> str:
@@ -159,8 +169,24 @@ def endpoint_series_parts(health: HealthService, per_part: int = 1000) -> Iterat
             yield "".join(lines)
 
 
-def render_metrics(health: HealthService, recorder: TransitionRecorder) -> str:
-    """Every series but the per-endpoint ones (:func:`endpoint_series_parts`)."""
+OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def render_metrics(
+    health: HealthService,
+    recorder: TransitionRecorder,
+    collectors: Sequence[Collector] = (),
+    openmetrics: bool = False,
+) -> str:
+    """Every series but the per-endpoint ones (:func:`endpoint_series_parts`),
+    in Prometheus text or (``openmetrics``) OpenMetrics without its closing
+    ``# EOF``, which the caller writes after the per-endpoint series."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector(health, recorder))
+    for collector in collectors:
+        registry.register(collector)
+    if openmetrics:
+        text: bytes = openmetrics_latest(registry)  # type: ignore[no-untyped-call]
+        return text.decode().removesuffix("# EOF\n")
     return generate_latest(registry).decode()

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import (
     PlainTextResponse,
     RedirectResponse,
@@ -17,7 +17,12 @@ from starlette.responses import (
 from starlette.staticfiles import StaticFiles
 
 from healthgate.api.auth import AccessError
-from healthgate.api.metrics import endpoint_series_parts, render_metrics
+from healthgate.api.metrics import (
+    OPENMETRICS,
+    PROMETHEUS,
+    endpoint_series_parts,
+    render_metrics,
+)
 from healthgate.api.state import ApiState, Auth
 
 
@@ -53,21 +58,22 @@ def operations_router(state: ApiState, app: FastAPI) -> APIRouter:
         return PlainTextResponse("ready\n")
 
     @router.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
-    async def metrics(authorization: Auth = None) -> Response:
+    async def metrics(request: Request, authorization: Auth = None) -> Response:
         if not state.principal(authorization).can_scrape:
             raise AccessError(
                 403, "/metrics needs an admin or metrics token (it lists every project)"
             )
-        head = render_metrics(state.health, state.recorder) + "".join(
-            f() for f in state.extra_metrics
-        )
+        openmetrics = "application/openmetrics-text" in request.headers.get("accept", "")
+        head = render_metrics(state.health, state.recorder, state.collectors, openmetrics)
 
         async def body() -> AsyncIterator[str]:
             yield head
             for part in endpoint_series_parts(state.health):  # (10k endpoints: 1.3 MB)
                 await asyncio.sleep(0)  # the prober's next tick may be due
                 yield part
+            if openmetrics:
+                yield "# EOF\n"
 
-        return StreamingResponse(body(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return StreamingResponse(body(), media_type=OPENMETRICS if openmetrics else PROMETHEUS)
 
     return router

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import Header, Query
+from prometheus_client.registry import Collector
 
 from healthgate.api.auth import Access, AccessError, Principal
 from healthgate.controlplane.errors import ControlError, Refusal
@@ -58,7 +59,7 @@ class ApiState:
     access: Access
     settings: ApiSettings = field(default_factory=ApiSettings)
     ready: bool = False
-    extra_metrics: list[Callable[[], str]] = field(default_factory=list)
+    collectors: list[Collector] = field(default_factory=list)  # more /metrics families
     dataplane_status: Callable[[], dict[str, dict[str, object]]] | None = None
     public_healthz: bool = False  # forwarding rules' healthz without a token
     agent_address: tuple[str, int] | None = None  # where HAProxy's agent-check is answered

@@ -31,9 +31,12 @@ import heapq
 import logging
 import resource
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol, cast
+
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from healthgate.dataplane.guard import ConnectionGuard
 from healthgate.dataplane.http import HttpProxy, HttpSettings, UpstreamPool
@@ -537,31 +540,39 @@ class DataPlaneService(DataPlaneMetrics, Protocol):
     async def close(self) -> None: ...
 
 
-def metrics_text(dp: DataPlaneMetrics) -> str:
-    lines = [
-        "# HELP healthgate_route_propagation_seconds From a route change to the first request routed by it",
-        "# TYPE healthgate_route_propagation_seconds histogram",
-    ]
-    acc = 0
-    for bound, n in zip((*PROPAGATION_BUCKETS, float("inf")), dp.propagation, strict=True):
-        acc += n
-        le = "+Inf" if bound == float("inf") else repr(bound)
-        lines.append(f'healthgate_route_propagation_seconds_bucket{{le="{le}"}} {acc}')
-    lines.append(f"healthgate_route_propagation_seconds_count {acc}")
-    lines.append(f"healthgate_route_propagation_seconds_sum {dp.propagation_sum}")
-    lines += [
-        "# HELP healthgate_listener_events_total Connections, requests, retries and failures per listener",
-        "# TYPE healthgate_listener_events_total counter",
-    ]
-    for path, stats in dp.listener_stats().items():
-        for key, value in sorted(stats.items()):
-            if key.startswith("served_by "):
-                upstream = key.removeprefix("served_by ")
-                lines.append(
-                    f'healthgate_listener_served_total{{listener="{path}",upstream="{upstream}"}} {value}'
-                )
-            else:
-                lines.append(
-                    f'healthgate_listener_events_total{{listener="{path}",event="{key}"}} {value}'
-                )
-    return "\n".join(lines) + "\n"
+class DataPlaneCollector(Collector):
+    """The data plane's families, for the client library to write: route
+    propagation, listener events, requests served per upstream."""
+
+    def __init__(self, dp: DataPlaneMetrics) -> None:
+        self.dp = dp
+
+    def collect(self) -> Iterator[Metric]:
+        hist = HistogramMetricFamily(
+            "healthgate_route_propagation_seconds",
+            "From a route change to the first request routed by it",
+        )
+        acc, cumulative = 0, []
+        for bound, n in zip((*PROPAGATION_BUCKETS, float("inf")), self.dp.propagation, strict=True):
+            acc += n
+            cumulative.append(("+Inf" if bound == float("inf") else repr(bound), acc))
+        hist.add_metric([], cumulative, self.dp.propagation_sum)
+        yield hist
+        events = CounterMetricFamily(
+            "healthgate_listener_events",
+            "Connections, requests, retries, refusals and timeouts per listener",
+            labels=["listener", "event"],
+        )
+        served = CounterMetricFamily(
+            "healthgate_listener_served",
+            "Requests and connections served, per listener and upstream",
+            labels=["listener", "upstream"],
+        )
+        for path, stats in self.dp.listener_stats().items():
+            for key, value in sorted(stats.items()):
+                if key.startswith("served_by "):
+                    served.add_metric([path, key.removeprefix("served_by ")], value)
+                else:
+                    events.add_metric([path, key], value)
+        yield events
+        yield served

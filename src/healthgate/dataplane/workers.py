@@ -35,8 +35,10 @@ import os
 import pickle
 import struct
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from healthgate.dataplane.manager import PROPAGATION_BUCKETS, DataPlane, DataPlaneSettings
 from healthgate.health.engine import EndpointKey, HealthEngine, RouteTable
@@ -204,16 +206,16 @@ class WorkerPool:
                         merged[key] = value
         return out
 
-    def metrics_text(self) -> str:
-        lines = [
-            "# HELP healthgate_worker_connections_total Connections accepted per data-plane worker",
-            "# TYPE healthgate_worker_connections_total counter",
-        ]
+    def collect(self) -> Iterator[Metric]:
+        """Connections per worker process (the pool is a Collector)."""
+        family = CounterMetricFamily(
+            "healthgate_worker_connections",
+            "Connections accepted per data-plane worker",
+            labels=["worker"],
+        )
         for w in self.workers:
-            lines.append(
-                f'healthgate_worker_connections_total{{worker="{w.index}"}} {w.connections}'
-            )
-        return "\n".join(lines) + "\n"
+            family.add_metric([str(w.index)], w.connections)
+        yield family
 
     # -- processes
     async def _spawn(self, worker: _Worker) -> None:

@@ -64,6 +64,7 @@ probes/timetable.py's, shared with the simulator.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import heapq
 import logging
 import math
@@ -72,7 +73,7 @@ import resource
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from healthgate.health.states import Outcome, ProbeResult
@@ -116,6 +117,9 @@ class SchedulerSettings:
     fd_reserve: int = 256  # file descriptors kept for the API, store and data plane
 
 
+LAG_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
 @dataclass(slots=True)
 class SchedulerStats:
     started: int = 0
@@ -124,6 +128,9 @@ class SchedulerStats:
     suspect: int = 0
     dropped: int = 0  # results of a spec that changed or was removed meanwhile
     max_lag: float = 0.0
+    # how late each tick ran, as a histogram over LAG_BUCKETS (+Inf last)
+    lag_buckets: list[int] = field(default_factory=lambda: [0] * (len(LAG_BUCKETS) + 1))
+    lag_sum: float = 0.0
     deferred_ticks: int = 0  # ticks that left due work for the next one (overload)
 
 
@@ -328,6 +335,8 @@ class ProbeScheduler:
         self._tick_at = float("inf")
         self._tick_handle = None
         stats.max_lag = max(stats.max_lag, lag)
+        stats.lag_buckets[bisect.bisect_left(LAG_BUCKETS, lag)] += 1
+        stats.lag_sum += max(lag, 0.0)
         if lag > settings.lag_threshold:
             self._last_lag_at = now
             log.warning("prober event loop lagged %.0f ms behind", lag * 1000)

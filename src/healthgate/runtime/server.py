@@ -35,9 +35,9 @@ from healthgate.controlplane.recorder import TransitionRecorder
 from healthgate.controlplane.resources import ControlPlane
 from healthgate.dataplane.manager import (
     DataPlane,
+    DataPlaneCollector,
     DataPlaneService,
     DataPlaneSettings,
-    metrics_text,
 )
 from healthgate.dataplane.workers import WorkerPool
 from healthgate.health.states import Record, RouteChange
@@ -230,9 +230,9 @@ class Server:
         self.api_state.public_healthz = s.public_healthz
         if self.agent is not None:
             self.api_state.agent_address = (self.agent.host, self.agent.port)
-        self.api_state.extra_metrics.append(lambda: metrics_text(dataplane))
+        self.api_state.collectors.append(DataPlaneCollector(dataplane))
         if isinstance(dataplane, WorkerPool):
-            self.api_state.extra_metrics.append(dataplane.metrics_text)
+            self.api_state.collectors.append(dataplane)
         self.api_state.dataplane_status = dataplane.status
         app = create_app(self.api_state)
         for configure in self.configure_app:
