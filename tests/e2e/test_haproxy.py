@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -101,6 +102,26 @@ def stack(tmp_path: Path) -> Iterator[tuple[Stack, HAProxy, int]]:
         resp = st.api.get(f"/v1/projects/web/global/forwardingRules/{FRONT}/haproxy")
         assert resp.status_code == 200, resp.text
         section = resp.text
+        # the CLI prints the same section
+        cli = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "healthgate",
+                "export",
+                "haproxy",
+                FRONT,
+                "--project",
+                "web",
+                "--server",
+                st.proc.url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert cli.returncode == 0 and cli.stdout == section, cli.stderr
         # one server per region, in failover order: us-east1 (local) first
         servers = [
             line.split() for line in section.splitlines() if line.strip().startswith("server")

@@ -448,7 +448,7 @@ def print_event(item: dict[str, Any], output: str) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     """A configuration for another data plane that follows healthgate."""
     api = Api(args)
-    project = args.project or "default"
+    project = project_of(args)
     params = {"agent": args.agent} if args.agent else {}
     path = f"/v1/projects/{project}/global/forwardingRules/{args.frontend}/{args.target}"
     print(api.response("GET", path, params=params).text, end="")
