@@ -445,3 +445,40 @@ def test_listening_beyond_loopback_requires_tokens(tmp_path: Path) -> None:
     )
     assert proc.returncode == 1
     assert "not a loopback address: give --tokens FILE" in proc.stderr
+
+
+def test_cli_get_wide_shows_since_and_fingerprint(api: httpx.Client, server: ServeProcess) -> None:
+    import subprocess
+    import sys
+
+    dicts = world()
+    api.post("/v1/apply", json={"manifest": manifest(dicts)}).raise_for_status()
+    project = dicts[0]["project"]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "healthgate",
+            "get",
+            "hc",
+            "--project",
+            project,
+            "--region",
+            "us-east1",
+            "-o",
+            "wide",
+            "--server",
+            server.url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    header, row = proc.stdout.splitlines()[:2]
+    assert header.split() == ["NAME", "REGION", "STATE", "SINCE", "FINGERPRINT", "WHY"]
+    fingerprint = api.get(
+        f"/v1/projects/{project}/regions/us-east1/healthChecks/{row.split()[0]}"
+    ).json()["fingerprint"]
+    assert fingerprint in row.split()

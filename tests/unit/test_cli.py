@@ -234,3 +234,15 @@ def test_validate_of_a_consumer_manifest_warns_about_the_producers_attachment(
     docs[0]["pscTargetService"] = "projects/web/regions/us-east1/serviceAttachments/nope"
     consumer.write_text(yaml.safe_dump_all(docs))
     assert main(["validate", "-f", str(consumer)]) == 1  # its own project's: still an error
+
+
+def test_tables_wrap_the_reason_to_the_terminal_and_never_cut_text() -> None:
+    from healthgate.cli.render import table
+
+    why = "1 of 4 endpoints healthy (25%) < minHealthyThreshold 3 and < healthyPercentThreshold 75%"
+    rows = [["web-source", "us-east1", "UNHEALTHY", why]]
+    narrow = table(["NAME", "REGION", "STATE", "WHY"], rows, width=70)
+    assert all(len(line) <= 70 for line in narrow.splitlines())
+    assert " ".join(narrow.split()).endswith(why)  # every word is there
+    piped = table(["NAME", "REGION", "STATE", "WHY"], rows, width=0)
+    assert piped.splitlines()[1].endswith(why) and len(piped.splitlines()) == 2

@@ -251,7 +251,7 @@ def cmd_get(args: argparse.Namespace) -> int:
     url = collection_url(args, collection_of(args.kind))
     if args.name:
         item = api.request("GET", f"{url}/{args.name}")
-        if args.output == "table":
+        if args.output in ("table", "wide"):
             items = [item]
         else:
             emit(item, args.output)
@@ -264,14 +264,22 @@ def cmd_get(args: argparse.Namespace) -> int:
             token = page.get("nextPageToken")
             if not token:
                 break
-        if args.output != "table":
+        if args.output not in ("table", "wide"):
             emit({"items": items}, args.output)
             return EXIT_OK
+    wide = args.output == "wide"
     rows = []
     for item in items:
         state, why = state_summary(item)
-        rows.append([item["name"], item.get("region", "global"), state, why])
-    print(table(["NAME", "REGION", "STATE", "WHY"], rows) if rows else "no resources")
+        row = [item["name"], item.get("region", "global"), state]
+        if wide:  # when it last changed, and what to send as a precondition
+            since = (item.get("status") or {}).get("lastChange") or (
+                (item.get("status") or {}).get("route") or {}
+            ).get("since", "")
+            row += [since, item.get("fingerprint", "")]
+        rows.append([*row, why])
+    headers = ["NAME", "REGION", "STATE", *(["SINCE", "FINGERPRINT"] if wide else []), "WHY"]
+    print(table(headers, rows) if rows else "no resources")
     return EXIT_OK
 
 

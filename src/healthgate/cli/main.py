@@ -359,7 +359,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("get", help="list resources of a kind, or get one")
     p.add_argument("kind")
     p.add_argument("name", nargs="?")
-    p.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=["table", "wide", "json", "yaml"],
+        default="table",
+        help="wide: also when the state last changed and the fingerprint; "
+        "yaml can be applied back (apply -f)",
+    )
     client.add_client_options(p)
     p.set_defaults(func=lambda a: client.run_client(client.cmd_get, a))
 
