@@ -482,3 +482,42 @@ def test_cli_get_wide_shows_since_and_fingerprint(api: httpx.Client, server: Ser
         f"/v1/projects/{project}/regions/us-east1/healthChecks/{row.split()[0]}"
     ).json()["fingerprint"]
     assert fingerprint in row.split()
+
+
+def test_cli_get_watch_prints_the_table_and_keeps_watching(
+    api: httpx.Client, server: ServeProcess, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    dicts = world()
+    api.post("/v1/apply", json={"manifest": manifest(dicts)}).raise_for_status()
+    out = tmp_path / "watch.txt"
+    with open(out, "wb") as sink:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "healthgate",
+                "get",
+                "hs",
+                "--project",
+                dicts[0]["project"],
+                "--region",
+                "us-east1",
+                "--watch",
+                "--interval",
+                "0.2",
+                "--server",
+                server.url,
+            ],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        text = wait_for(lambda: "web-source" in out.read_text() and out.read_text(), 20)
+        assert text.startswith("-- ") and "NAME" in text
+        assert proc.poll() is None  # still watching
+    finally:
+        proc.terminate()
+        proc.wait(10)

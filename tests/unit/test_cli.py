@@ -246,3 +246,27 @@ def test_tables_wrap_the_reason_to_the_terminal_and_never_cut_text() -> None:
     assert " ".join(narrow.split()).endswith(why)  # every word is there
     piped = table(["NAME", "REGION", "STATE", "WHY"], rows, width=0)
     assert piped.splitlines()[1].endswith(why) and len(piped.splitlines()) == 2
+
+
+def test_bash_completion_offers_commands_kinds_and_options() -> None:
+    script = subprocess.run(
+        [sys.executable, "-m", "healthgate", "completion", "bash"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+
+    def complete(*words: str) -> list[str]:
+        line = " ".join(words)
+        cmd = (
+            f"{script}\nCOMP_WORDS=({line}); COMP_CWORD={len(words) - 1}; _healthgate; "
+            'echo "${COMPREPLY[@]}"'
+        )
+        return subprocess.run(
+            ["bash", "-c", cmd], capture_output=True, text=True, timeout=30, check=True
+        ).stdout.split()
+
+    assert complete("healthgate", "ge") == ["get"]
+    assert "healthChecks" in complete("healthgate", "get", "hea")
+    assert complete("healthgate", "serve", "--xd") == ["--xds"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import sys
@@ -247,6 +249,23 @@ def state_summary(item: dict[str, Any]) -> tuple[str, str]:
 
 
 def cmd_get(args: argparse.Namespace) -> int:
+    if not getattr(args, "watch", False):
+        return get_once(args)
+    # --watch: the table again whenever it changes (states, reasons), until Ctrl-C
+    shown = ""
+    while True:
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer):
+            get_once(args)
+        text = buffer.getvalue()
+        if text != shown:
+            stamp = time.strftime("%H:%M:%S")
+            print(f"-- {stamp}\n{text}", end="", flush=True)
+            shown = text
+        time.sleep(args.interval)
+
+
+def get_once(args: argparse.Namespace) -> int:
     api = Api(args)
     url = collection_url(args, collection_of(args.kind))
     if args.name:

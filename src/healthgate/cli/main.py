@@ -223,6 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("version", help="print healthgate's version")
     p.set_defaults(func=lambda _a: print(f"healthgate {__version__}") or EXIT_OK)
 
+    p = sub.add_parser(
+        "completion", help="a shell completion script: source <(healthgate completion bash)"
+    )
+    p.add_argument("shell", choices=["bash"])
+    p.set_defaults(func=lambda _a: print(completion_script(parser), end="") or EXIT_OK)
+
     from healthgate.cli import client
 
     p = sub.add_parser("serve", help="run the API, store, probes and engine in one process")
@@ -367,6 +373,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="wide: also when the state last changed and the fingerprint; "
         "yaml can be applied back (apply -f)",
     )
+    p.add_argument("-w", "--watch", action="store_true", help="print again whenever it changes")
+    p.add_argument(
+        "--interval", type=positive_float, default=2.0, help="--watch: seconds between looks (2)"
+    )
     client.add_client_options(p)
     p.set_defaults(func=lambda a: client.run_client(client.cmd_get, a))
 
@@ -439,6 +449,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-endpoints", action="store_true", help="hide endpoint-level transitions")
     p.set_defaults(func=cmd_simulate)
     return parser
+
+
+def completion_script(parser: argparse.ArgumentParser) -> str:
+    """A bash completion script made from the parser itself: subcommands,
+    each one's options, and resource kinds where a command takes one."""
+    from healthgate.cli.client import ALIASES
+    from healthgate.model.names import KIND_TO_COLLECTION
+
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    cases = []
+    for name, p in sub.choices.items():
+        options = sorted(o for a in p._actions for o in a.option_strings if o.startswith("--"))
+        cases.append(f'    {name}) opts="{" ".join(options)}" ;;')
+    kinds = " ".join(sorted({*ALIASES, *KIND_TO_COLLECTION.values()}))
+    return f"""# bash completion for healthgate: source <(healthgate completion bash)
+_healthgate() {{
+  local cur="${{COMP_WORDS[COMP_CWORD]}}" opts=""
+  if [ "$COMP_CWORD" -eq 1 ]; then
+    COMPREPLY=( $(compgen -W "{" ".join(sub.choices)}" -- "$cur") ); return
+  fi
+  case "${{COMP_WORDS[1]}}" in
+{chr(10).join(cases)}
+  esac
+  case "${{COMP_WORDS[1]}}" in
+    get|describe|delete)
+      if [ "$COMP_CWORD" -eq 2 ] && [[ "$cur" != -* ]]; then
+        COMPREPLY=( $(compgen -W "{kinds}" -- "$cur") ); return
+      fi ;;
+  esac
+  COMPREPLY=( $(compgen -W "$opts" -- "$cur") )
+}}
+complete -F _healthgate healthgate
+"""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
