@@ -58,3 +58,44 @@ def test_a_full_disk_delays_transition_records_and_loses_none(
     assert len(lines) == 2 and all(r.exc_info is None for r in lines)
     assert "disk is full" in lines[0].getMessage()
     assert [e.record["name"] for e in store.query_log(LogQuery())] == ["s"]
+
+
+def test_a_transition_has_one_shape_in_the_log_and_in_the_api(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import json
+
+    from healthgate.health.states import RouteChange
+
+    transition = Transition(
+        2.5,
+        "shop",
+        "us-east1",
+        "HealthSource",
+        "s",
+        "projects/shop/regions/us-east1/healthSources/s",
+        HealthState.HEALTHY,
+        HealthState.UNHEALTHY,
+        "why",
+    )
+    route = RouteChange(
+        2.5, "web", "projects/web/global/forwardingRules/front", "a", "b", "normal", "moved"
+    )
+    store = MemoryStore()
+
+    async def go() -> None:
+        recorder = TransitionRecorder(store)
+        task = asyncio.create_task(recorder.run())
+        recorder.on_records([transition, route])
+        await asyncio.wait_for(recorder.flush(), 10)
+        task.cancel()
+
+    with caplog.at_level(logging.INFO, logger="healthgate.transitions"):
+        run_async(go(), timeout=20)
+    logged = [
+        json.loads(r.getMessage()) for r in caplog.records if r.name == "healthgate.transitions"
+    ]
+    stored = [dict(e.record) for e in store.query_log(LogQuery())]
+    assert logged == stored  # the API's events are these, with their id
+    assert set(logged[0]) <= set(logged[1])  # a route change has every key of a transition
+    assert logged[0]["timestamp"] == "1970-01-01T00:00:02.500Z"

@@ -20,11 +20,10 @@ import asyncio
 import json
 import logging
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 from healthgate.controlplane.saved_states import encode_record_states
-from healthgate.health.states import Record
+from healthgate.health.states import Record, timestamp
 from healthgate.store.base import Store, StoreError
 
 log = logging.getLogger("healthgate.recorder")
@@ -33,22 +32,13 @@ transition_log = logging.getLogger("healthgate.transitions")
 Event = tuple[int, dict[str, Any]]
 
 
-def iso(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+iso = timestamp  # (kept under its old name for the API's renderings)
 
 
 def log_line(record: dict[str, Any]) -> str:
-    line = {
-        "time": iso(record["time"]),
-        "project": record["project"],
-        "region": record.get("region", "global"),
-        "kind": record["kind"],
-        "name": record.get("name") or str(record.get("frontend", "")).rsplit("/", 1)[-1],
-        "from": record["from"],
-        "to": record["to"],
-        "reason": record["reason"],
-    }
-    return json.dumps(line, separators=(",", ":"))
+    """A transition as one JSON line: the record itself, the same shape the
+    API's events have (without the id, which the store gives it later)."""
+    return json.dumps(record, separators=(",", ":"))
 
 
 class TransitionRecorder:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import IntEnum
 from typing import Any, NamedTuple
 
@@ -70,6 +71,11 @@ class ProbeResult(NamedTuple):
                 return "error" + (f": {self.detail}" if self.detail else "")
 
 
+def timestamp(t: float) -> str:
+    """An engine time (epoch seconds) as ISO 8601, to the millisecond, UTC."""
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 @dataclass(frozen=True, slots=True)
 class Transition:
     """One state change of an endpoint, health source, composite or PSC NEG."""
@@ -87,6 +93,7 @@ class Transition:
     def to_dict(self) -> dict[str, Any]:
         return {
             "time": self.time,
+            "timestamp": timestamp(self.time),
             "project": self.project,
             "region": self.region,
             "kind": self.kind,
@@ -112,15 +119,21 @@ class RouteChange:
     kind: str = field(default="Route")
 
     def to_dict(self) -> dict[str, Any]:
+        # the same keys as a Transition's (one shape for every record, in the
+        # API and in the log), plus the route's own
         return {
             "time": self.time,
+            "timestamp": timestamp(self.time),
             "project": self.project,
+            "region": "global",
             "kind": self.kind,
-            "frontend": self.frontend,
+            "name": self.frontend.rsplit("/", 1)[-1],
+            "path": self.frontend,
             "from": self.previous,
             "to": self.current,
-            "mode": self.mode,
             "reason": self.reason,
+            "frontend": self.frontend,
+            "mode": self.mode,
         }
 
 

@@ -306,7 +306,7 @@ def human_transitions() -> None:
             d = json.loads(record.getMessage())
             frm = str(d["from"]).rsplit("/", 1)[-1]
             to = str(d["to"]).rsplit("/", 1)[-1]
-            return f"{d['time'][11:23]}  {d['kind']:<21} {d['project']}/{d['region']}/{d['name']:<16} {frm} -> {to}: {d['reason']}"
+            return f"{d['timestamp'][11:23]}  {d['kind']:<21} {d['project']}/{d['region']}/{d['name']:<16} {frm} -> {to}: {d['reason']}"
 
     handler.setFormatter(Human())
     transitions.addHandler(handler)
