@@ -331,3 +331,20 @@ def test_metrics_parse_as_openmetrics_with_help_type_and_one_series_per_state() 
         assert plain.headers["content-type"].startswith("text/plain") and "# EOF" not in plain.text
 
     run(scenario)
+
+
+def test_apply_errors_name_the_line_of_the_field() -> None:
+    async def scenario(hg: InProcessApi, api: httpx.AsyncClient) -> None:
+        text = manifest(example_world()).replace(
+            "healthAggregationPolicies/strict", "healthAggregationPolicies/nope", 1
+        )
+        line = (
+            text.splitlines().index("healthAggregationPolicy: healthAggregationPolicies/nope") + 1
+        )
+        resp = await api.post(
+            "/v1/apply", content=text, headers={"Content-Type": "application/yaml"}
+        )
+        err = assert_error(resp, 400, "INVALID_ARGUMENT", "healthAggregationPolicy")
+        assert err["details"][0]["line"] == line
+
+    run(scenario)

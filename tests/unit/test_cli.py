@@ -33,7 +33,8 @@ def test_validate_lists_every_error_and_exits_1(
     assert main(["validate", "-f", str(bad)]) == 1
     err = capsys.readouterr().err
     assert "2 errors" in err
-    assert "document 1 (line 5), HealthCheck http-8080: field checkIntervalSec" in err
+    # the line of the field itself (line 12), not of its document (line 5)
+    assert "document 1 (line 12), HealthCheck http-8080: field checkIntervalSec" in err
     assert "HealthAggregationPolicy strict: field minHealthyThreshold" in err
 
 

@@ -378,8 +378,19 @@ def test_manifest_errors_carry_document_index_and_line() -> None:
     with pytest.raises(InvalidResources) as exc:
         load_manifest(text)
     (issue,) = exc.value.issues
-    assert (issue.document, issue.line, issue.field) == (3, 9, "port")
-    assert str(issue).startswith("document 3 (line 9), HealthCheck bad: field port:")
+    # the line of the field (14), not of its document (9)
+    assert (issue.document, issue.line, issue.field) == (3, 14, "port")
+    assert str(issue).startswith("document 3 (line 14), HealthCheck bad: field port:")
+
+
+def test_cross_resource_errors_point_at_the_fields_line_too() -> None:
+    text = Path(ROOT / "examples" / "two-regions.yaml").read_text()
+    bad = text.replace("healthAggregationPolicies/strict", "healthAggregationPolicies/nope", 1)
+    line = bad.splitlines().index("healthAggregationPolicy: healthAggregationPolicies/nope") + 1
+    with pytest.raises(InvalidResources) as exc:
+        load_manifest(bad)
+    (issue,) = exc.value.issues
+    assert (issue.field, issue.line) == ("healthAggregationPolicy", line)
 
 
 def test_all_errors_are_listed_not_just_the_first() -> None:

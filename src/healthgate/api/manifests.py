@@ -17,7 +17,7 @@ from healthgate.api.auth import AccessError, Principal
 from healthgate.api.state import ApiState, Auth
 from healthgate.controlplane.errors import ControlError, Refusal
 from healthgate.controlplane.offload import collector_paused, off_loop, release
-from healthgate.model.manifest import ManifestLimits, parse_manifest
+from healthgate.model.manifest import ManifestLimits, parse_manifest, with_field_lines
 from healthgate.model.validation import Document, InvalidResources, Issue
 
 MANIFEST_PATHS = ("/v1/apply", "/v1/delete")
@@ -27,6 +27,15 @@ YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
 class ApplyRequest(BaseModel):
     manifest: str = Field(description="a YAML stream, one resource per document")
     dryRun: bool = False
+
+
+def located(body: ManifestBody, issues: list[Issue]) -> list[Issue]:
+    """The plan's issues with their fields' lines (the error path only)."""
+    try:
+        text, _ = body.decode()
+    except ControlError:
+        return issues
+    return with_field_lines(text, issues)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +109,12 @@ def manifest_router(state: ApiState) -> APIRouter:
         raw = await ManifestBody.read(request)
         with collector_paused:  # (see offload.py: the big objects die inside)
             docs, dry_run = await off_loop(documents_of, raw, who)
-            outcome = await state.control.apply(docs, dry_run=dry_run)
+            try:
+                outcome = await state.control.apply(docs, dry_run=dry_run)
+            except ControlError as exc:  # point each problem at its field's line
+                if exc.kind is Refusal.INVALID and exc.details:
+                    exc.details = await off_loop(located, raw, exc.details)
+                raise
             body = {
                 "dryRun": dry_run,
                 "plan": outcome.plan.to_dict(),

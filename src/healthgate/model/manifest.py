@@ -24,7 +24,8 @@ megabytes).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -184,10 +185,87 @@ def parse_manifest(text: str, limits: ManifestLimits | None = None) -> list[Docu
         if loader is not None:
             loader.dispose()
     if issues:
-        raise InvalidResources(issues)
+        raise InvalidResources(with_field_lines(text, issues))
     if not documents:
         raise InvalidResources([Issue("", "the manifest holds no resources")])
     return documents
+
+
+def field_lines(node: yaml.Node, depth: int = 4) -> dict[str, int]:
+    """Field path (``backends[0].group``) -> line, for one resource's node
+    (resources are shallow: four levels cover every field)."""
+    out: dict[str, int] = {}
+    stack: list[tuple[yaml.Node, str, int]] = [(node, "", depth)]
+    while stack:
+        current, at, left = stack.pop()
+        if left <= 0:
+            continue
+        if isinstance(current, yaml.MappingNode):
+            for key, value in current.value:
+                if isinstance(key, yaml.ScalarNode):
+                    path = f"{at}.{key.value}" if at else str(key.value)
+                    out[path] = key.start_mark.line + 1
+                    stack.append((value, path, left - 1))
+        elif isinstance(current, yaml.SequenceNode):
+            for i, item in enumerate(current.value):
+                path = f"{at}[{i}]"
+                out[path] = item.start_mark.line + 1
+                stack.append((item, path, left - 1))
+    return out
+
+
+def _line_of(lines: dict[str, int], field: str) -> int | None:
+    """The line of a field, or of the nearest field that holds it."""
+    at = field
+    while at:
+        if at in lines:
+            return lines[at]
+        cut = max(at.rfind("."), at.rfind("["))
+        at = at[:cut] if cut > 0 else ""
+    return None
+
+
+def with_field_lines(text: str, issues: Sequence[Issue]) -> list[Issue]:
+    """The issues, each with the line of its field rather than of its
+    document. Only on the error path: the manifest is composed again up to the
+    last document with an issue (it was parsed within limits already)."""
+    wanted = {i.document for i in issues if i.document is not None and i.field}
+    if not wanted:
+        return list(issues)
+    maps: dict[tuple[int, int], dict[str, int]] = {}  # (document, resource's line) -> lines
+    loader = Loader(text)
+    try:
+        index = 0
+        while index < max(wanted) and loader.check_node():
+            node = loader.get_node()
+            index += 1
+            if index not in wanted or node is None:
+                continue
+            items = (
+                next(
+                    (
+                        v
+                        for k, v in getattr(node, "value", ())
+                        if getattr(k, "value", None) == "items"
+                    ),
+                    None,
+                )
+                if isinstance(node, yaml.MappingNode)
+                else None
+            )
+            resources = items.value if isinstance(items, yaml.SequenceNode) else [node]
+            for res in resources:
+                maps[(index, res.start_mark.line + 1)] = field_lines(res)
+    except yaml.YAMLError:
+        return list(issues)
+    finally:
+        loader.dispose()
+    out = []
+    for issue in issues:
+        lines = maps.get((issue.document or 0, issue.line or 0))
+        line = _line_of(lines, issue.field) if lines else None
+        out.append(replace(issue, line=line) if line is not None else issue)
+    return out
 
 
 def load_manifest(text: str, limits: ManifestLimits | None = None) -> list[Document]:
@@ -195,7 +273,7 @@ def load_manifest(text: str, limits: ManifestLimits | None = None) -> list[Docum
     documents = parse_manifest(text, limits)
     issues = validate_documents(documents)
     if issues:
-        raise InvalidResources(issues)
+        raise InvalidResources(with_field_lines(text, issues))
     return documents
 
 
@@ -206,6 +284,7 @@ def check_manifest_offline(
     other projects' resources as warnings (returned) instead of errors."""
     documents = parse_manifest(text, limits)
     issues = validate_documents(documents, offline=True)
+    issues = with_field_lines(text, issues)
     errors = [i for i in issues if not i.warning]
     if errors:
         raise InvalidResources(errors)

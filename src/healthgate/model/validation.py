@@ -74,6 +74,8 @@ class Issue:
         detail: dict[str, Any] = {"field": self.field, "description": self.message}
         if self.document is not None:
             detail["document"] = self.document
+        if self.line is not None:
+            detail["line"] = self.line
         if self.name is not None:
             detail["resource"] = self.name
         return detail
