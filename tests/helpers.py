@@ -62,18 +62,18 @@ def documents(dicts: Iterable[dict[str, Any]]) -> list[Document]:
     return docs
 
 
-def issues_of(dicts: Iterable[dict[str, Any]]) -> list[Issue]:
-    """Every issue, field-level or cross-resource."""
+def issues_of(dicts: Iterable[dict[str, Any]], warnings: bool = False) -> list[Issue]:
+    """Every error, field-level or cross-resource (with ``warnings``: only the warnings)."""
     try:
         docs = documents(dicts)
     except InvalidResources as exc:
-        return exc.issues
-    return validate_documents(docs)
+        return [] if warnings else exc.issues
+    return [i for i in validate_documents(docs) if i.warning is warnings]
 
 
 def resources(dicts: Iterable[dict[str, Any]]) -> list[Resource]:
     docs = documents(dicts)
-    problems = validate_documents(docs)
+    problems = [i for i in validate_documents(docs) if not i.warning]
     assert not problems, problems
     return [d.resource for d in docs]
 

@@ -565,3 +565,28 @@ def test_text_is_not_trimmed_silently_and_a_psc_neg_stays_in_its_region() -> Non
     neg = find(dicts, "NetworkEndpointGroup", "shop-us")
     neg["pscTargetService"] = neg["pscTargetService"].replace("us-east1", "europe-west1")
     assert [i.field for i in issues_of(dicts)] == ["pscTargetService"]
+
+
+def test_a_destination_no_attachment_publishes_is_a_warning_not_an_error() -> None:
+    dicts = [
+        d
+        for d in example_dicts()
+        if not (d["kind"] == "ServiceAttachment" and d["region"] == "us-east1")
+    ]
+    dicts = [
+        d
+        for d in dicts
+        if not (
+            d["kind"] == "NetworkEndpointGroup"
+            and d.get("pscTargetService", "").find("us-east1") >= 0
+        )
+    ]
+    for d in dicts:
+        if d["kind"] == "BackendService" and d["region"] == "global":
+            d["backends"] = [b for b in d["backends"] if "us-east1" not in b["group"]]
+    assert issues_of(dicts) == []
+    (warning,) = issues_of(dicts, warnings=True)
+    assert (
+        warning.field == "healthDestination"
+        and "no service attachment publishes" in warning.message
+    )

@@ -212,6 +212,8 @@ def print_plan(out: dict[str, Any], mood: str) -> None:
         "delete": "deleted",
         "unchanged": "unchanged",
     }
+    for warning in plan.get("warnings") or []:
+        print(f"warning: {warning}", file=sys.stderr)
     summary = ", ".join(f"{len(plan[k])} {v}" for k, v in verbs.items() if plan.get(k))
     prefix = f"{mood} " if mood else ""
     print(f"{prefix}{summary or 'nothing to do'}".strip())

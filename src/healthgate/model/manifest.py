@@ -271,7 +271,7 @@ def with_field_lines(text: str, issues: Sequence[Issue]) -> list[Issue]:
 def load_manifest(text: str, limits: ManifestLimits | None = None) -> list[Document]:
     """Parse a manifest and check every rule, fields and references."""
     documents = parse_manifest(text, limits)
-    issues = validate_documents(documents)
+    issues = [i for i in validate_documents(documents) if not i.warning]
     if issues:
         raise InvalidResources(with_field_lines(text, issues))
     return documents

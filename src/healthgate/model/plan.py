@@ -23,6 +23,7 @@ class Plan:
     delete: list[ResourcePath] = field(default_factory=list)
     result: dict[ResourcePath, Resource] = field(default_factory=dict)  # the world after
     issues: list[Issue] = field(default_factory=list)
+    warnings: list[Issue] = field(default_factory=list)  # worth saying; nothing refused for them
     # a delete's refusals, by kind: paths that do not exist, and what is in use
     missing: list[ResourcePath] = field(default_factory=list)
     in_use: list[Issue] = field(default_factory=list)
@@ -40,6 +41,7 @@ class Plan:
             "update": [str(p) for p in self.update],
             "unchanged": [str(p) for p in self.unchanged],
             "delete": [str(p) for p in self.delete],
+            "warnings": [str(w) for w in self.warnings],
             "diff": {
                 str(p): [{"field": f, "from": a, "to": b} for f, a, b in changes]
                 for p, changes in self.changes_by_path.items()
@@ -88,7 +90,9 @@ def plan_apply(current: Mapping[ResourcePath, Resource], documents: Sequence[Doc
     # validate the new world, with the documents (for locations) first
     by_path = {d.resource.path: d for d in documents}
     world = [by_path.get(p) or Document(r) for p, r in plan.result.items()]
-    plan.issues = validate_documents(world) + _duplicates(documents)
+    found = validate_documents(world) + _duplicates(documents)
+    plan.issues = [i for i in found if not i.warning]
+    plan.warnings = [i for i in found if i.warning]
     return plan
 
 

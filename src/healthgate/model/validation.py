@@ -302,7 +302,21 @@ def validate_documents(documents: Sequence[Document], offline: bool = False) -> 
                     )
                 )
 
+    published = {
+        doc.resource.ref("target_service")
+        for doc in by_path.values()
+        if isinstance(doc.resource, ServiceAttachment)
+    }
     for dest, docs in destinations.items():
+        if dest in by_path and dest not in published:
+            for d in docs:
+                issues.append(
+                    d.warning(
+                        "healthDestination",
+                        f"no service attachment publishes {dest}: no consumer's PSC NEG "
+                        "follows this composite (its forwarding rule's healthz still does)",
+                    )
+                )
         if len(docs) > 1:
             names = ", ".join(str(d.resource.path) for d in docs)
             for d in docs:
