@@ -115,9 +115,10 @@ def manifest_router(state: ApiState) -> APIRouter:
                 if exc.kind is Refusal.INVALID and exc.details:
                     exc.details = await off_loop(located, raw, exc.details)
                 raise
+            plan = await off_loop(outcome.plan.to_dict)  # (thousands of paths and warnings)
             body = {
                 "dryRun": dry_run,
-                "plan": outcome.plan.to_dict(),
+                "plan": plan,
                 "revision": outcome.revision,
                 "fingerprints": outcome.fingerprints,
             }
