@@ -348,3 +348,28 @@ def test_apply_errors_name_the_line_of_the_field() -> None:
         assert err["details"][0]["line"] == line
 
     run(scenario)
+
+
+def test_the_openapi_document_types_resources_and_errors_and_docs_need_no_cdn() -> None:
+    async def scenario(hg: InProcessApi, api: httpx.AsyncClient) -> None:
+        doc = (await api.get("/openapi.json")).json()
+        assert "422" not in str(doc)  # FastAPI's, which this API never sends
+        schemas = doc["components"]["schemas"]
+        assert {"HealthCheck", "ForwardingRule", "ErrorBody"} <= set(schemas)
+        assert "checkIntervalSec" in schemas["HealthCheck"]["properties"]  # wire names
+        for path, operations in doc["paths"].items():
+            for method, op in operations.items():
+                assert op["responses"]["400"]["content"]["application/json"]["schema"] == {
+                    "$ref": "#/components/schemas/ErrorBody"
+                }, (path, method)
+        create = doc["paths"]["/v1/projects/{project}/global/{collection}"]["post"]
+        kinds = create["requestBody"]["content"]["application/json"]["schema"]["oneOf"]
+        assert kinds == [
+            {"$ref": "#/components/schemas/BackendService"},
+            {"$ref": "#/components/schemas/ForwardingRule"},
+        ]
+        page = await api.get("/docs")
+        assert page.status_code == 200 and "cdn" not in page.text.lower()
+        assert (await api.get("/static-offline-docs/swagger-ui-bundle.js")).status_code == 200
+
+    run(scenario)

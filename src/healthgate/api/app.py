@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -31,6 +32,7 @@ from healthgate.api.integrations import integrations_router
 from healthgate.api.manifests import MANIFEST_PATHS, manifest_router
 from healthgate.api.operations import operations_router
 from healthgate.api.resources import resource_router
+from healthgate.api.schema import install as install_schema
 from healthgate.api.state import ApiSettings, ApiState
 from healthgate.controlplane.errors import ControlError
 
@@ -80,13 +82,15 @@ class _TooLarge(Exception):
 
 
 def create_app(state: ApiState) -> FastAPI:
-    app = FastAPI(
+    # /docs from assets this package ships (no CDN: it works without internet)
+    app = FastAPIOffline(
         title="healthgate",
         version=__version__,
         description="Composite health and automatic cross-region failover.",
         docs_url="/docs",
         redoc_url=None,
     )
+    install_schema(app)
 
     # ------------------------------------------------------------------ errors
 
