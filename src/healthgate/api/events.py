@@ -14,6 +14,7 @@ from starlette.responses import StreamingResponse
 
 from healthgate.api.auth import Principal
 from healthgate.api.state import ApiState, Auth
+from healthgate.controlplane.recorder import CLOSING
 from healthgate.store.base import LogQuery, record_matches
 
 # an unknown kind or state is a 400 naming the field, not an empty list
@@ -144,6 +145,9 @@ def events_router(state: ApiState) -> APIRouter:
                     continue
                 if item is None:
                     yield b'event: error\ndata: {"message": "subscriber too slow; reconnect with Last-Event-ID"}\n\n'
+                    return
+                if item is CLOSING:
+                    yield b'event: end\ndata: {"message": "the server is stopping; reconnect with Last-Event-ID"}\n\n'
                     return
                 event_id, record = item
                 if event_id <= last or not record_matches(q, record):

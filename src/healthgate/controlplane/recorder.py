@@ -30,6 +30,7 @@ log = logging.getLogger("healthgate.recorder")
 transition_log = logging.getLogger("healthgate.transitions")
 
 Event = tuple[int, dict[str, Any]]
+CLOSING: Event = (-1, {})  # sent to every subscriber when the server stops
 
 
 iso = timestamp  # (kept under its old name for the API's renderings)
@@ -151,6 +152,15 @@ class TransitionRecorder:
 
     def unsubscribe(self, queue: asyncio.Queue[Event | None]) -> None:
         self._subscribers.discard(queue)
+
+    def close_subscribers(self) -> None:
+        """The server stops: every live stream is told to end (and its client
+        to reconnect with Last-Event-ID), so shutdown does not wait on them."""
+        for queue in list(self._subscribers):
+            self._subscribers.discard(queue)
+            while not queue.empty():
+                queue.get_nowait()
+            queue.put_nowait(CLOSING)
 
     def _broadcast(self, event: Event) -> None:
         for queue in list(self._subscribers):

@@ -339,6 +339,8 @@ class Server:
     async def stop(self) -> None:
         if self._settle is not None:
             self._settle.cancel()
+        if self.recorder is not None:
+            self.recorder.close_subscribers()  # live event streams end first
         if self._uvicorn is not None:
             self._uvicorn.should_exit = True
         if self.dataplane is not None:
