@@ -77,8 +77,25 @@ def test_dashboard_shows_a_failover(tmp_path: Path) -> None:
                 "card UNHEALTHY"
             )
             page.screenshot(path=str(ARTIFACTS / "dashboard-failover.png"), full_page=True)
-            page.locator('.card[data-region="us-east1"] button[data-mode="heal"]').click()
+            # every region down: FAIL_OPEN, and it looks alarming
+            for region in ("asia-east1", "europe-west1"):
+                page.locator(f'.card[data-region="{region}"] button[data-mode="refuse"]').click()
+            banner = page.locator(".frontend.alarm .banner")
+            expect(banner).to_contain_text("every region is UNHEALTHY", timeout=15_000)
+            expect(banner).to_contain_text("FAIL_OPEN keeps sending to shop-us-east1")
+            page.screenshot(path=str(ARTIFACTS / "dashboard-all-down.png"), full_page=True)
+            for region in ("us-east1", "asia-east1", "europe-west1"):
+                page.locator(f'.card[data-region="{region}"] button[data-mode="heal"]').click()
             expect(route).to_have_text("shop-us-east1", timeout=15_000)
+            expect(page.locator(".frontend.alarm")).to_have_count(0, timeout=15_000)
+            # the timeline is newest first
+            times = [
+                float(t)
+                for t in page.locator("#timeline li").evaluate_all(
+                    "items => items.map(li => li.dataset.time)"
+                )
+            ]
+            assert times == sorted(times, reverse=True)
             browser.close()
         assert httpx.get(f"http://127.0.0.1:{front}/", timeout=5).text.startswith("region=us-east1")
     finally:

@@ -115,11 +115,15 @@ async function frontend(fr) {
       ${await producerSide(neg.pscTargetService)}
       ${controls}</div>`;
   }
-  return `<div class="frontend" data-frontend="${esc(fr.name)}">
+  // every region down (FAIL_OPEN keeps the first, FAIL_CLOSED refuses): say so loudly
+  const alarm = route.mode === "fail-open" || route.mode === "fail-closed";
+  const banner = alarm ? `<div class="banner">every region is UNHEALTHY: ${
+    route.mode === "fail-open" ? "FAIL_OPEN keeps sending to " + esc(last(target)) : "FAIL_CLOSED refuses new traffic"}</div>` : "";
+  return `<div class="frontend${alarm ? " alarm" : ""}" data-frontend="${esc(fr.name)}">${banner}
     <div class="route">front end <strong>${esc(fr.name)}</strong> (${esc(fr.IPAddress)}:${esc(fr.portRange || (fr.ports || []).join(","))})
       → <strong id="route-${esc(fr.name)}" class="target">${esc(target ? last(target) : "refusing")}</strong>
       <span class="muted">${esc(route.mode || "")}</span></div>
-    <div class="reason">${esc(route.reason || "")}</div>
+    <div class="reason">why: ${esc(route.reason || "")}</div>
     <div class="negs">${cards}</div></div>`;
 }
 
@@ -155,10 +159,23 @@ function watch(project) {
     const name = d.name || last(d.frontend);
     const t = new Date(d.time * 1000).toLocaleTimeString();
     li.innerHTML = `${esc(t)} <span class="kind">${esc(d.kind)}</span> ${esc(d.project)}/${esc(d.region || "global")}/${esc(name)}: ${esc(last(d.from) || "-")} → ${esc(last(d.to) || "refuse")}<div class="reason">${esc(d.reason)}</div>`;
+    // newest first, in time order across projects (each project's stream
+    // replays its own history, so arrivals interleave)
+    li.dataset.time = d.time;
     const list = document.getElementById("timeline");
-    list.prepend(li);
+    const after = [...list.children].find(c => Number(c.dataset.time) < d.time);
+    list.insertBefore(li, after || null);
     while (list.children.length > 200) list.lastChild.remove();
+    soon();  // a transition: the topology changed, show it now
   });
+}
+
+// The topology is read again when a transition arrives (debounced) and every
+// 5 s for the traffic rates - not every second: each read is a few dozen calls.
+let pending = null;
+function soon() {
+  if (pending) return;
+  pending = setTimeout(() => { pending = null; refresh(); }, 150);
 }
 
 document.addEventListener("click", async ev => {
@@ -173,5 +190,5 @@ document.addEventListener("click", async ev => {
 (async () => {
   try { await api("/v1/demo"); demo = true; document.getElementById("demo").hidden = false; } catch (e) { demo = false; }
   await refresh();
-  setInterval(refresh, 1000);
+  setInterval(refresh, 5000);
 })();
