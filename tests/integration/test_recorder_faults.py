@@ -99,3 +99,35 @@ def test_a_transition_has_one_shape_in_the_log_and_in_the_api(
     assert logged == stored  # the API's events are these, with their id
     assert set(logged[0]) <= set(logged[1])  # a route change has every key of a transition
     assert logged[0]["timestamp"] == "1970-01-01T00:00:02.500Z"
+
+
+def test_metric_labels_hold_one_kind_of_value() -> None:
+    """transitions_total's `to` is a state; routes are counted by mode apart."""
+    from healthgate.health.states import RouteChange
+
+    recorder = TransitionRecorder(MemoryStore())
+    recorder.on_records(
+        [
+            Transition(
+                1.0,
+                "p",
+                "r",
+                "HealthSource",
+                "s",
+                "x",
+                HealthState.UNKNOWN,
+                HealthState.HEALTHY,
+                "why",
+            ),
+            RouteChange(
+                1.0,
+                "w",
+                "projects/w/global/forwardingRules/f",
+                None,
+                "projects/w/regions/r/networkEndpointGroups/n",
+                "normal",
+                "first",
+            ),
+        ]
+    )
+    assert recorder.counts == {("HealthSource", "HEALTHY"): 1, ("Route", "normal"): 1}

@@ -95,9 +95,18 @@ class EngineCollector(Collector):
             "State transitions logged, by kind and new state",
             labels=["kind", "to"],
         )
+        route_changes = CounterMetricFamily(
+            "healthgate_route_changes",
+            "Consumer route changes, by the route's new mode (normal, fail-open, fail-closed)",
+            labels=["mode"],
+        )
         for (kind, to), n in sorted(self.recorder.counts.items()):
-            transitions.add_metric([kind, to], n)
+            if kind == "Route":
+                route_changes.add_metric([to], n)
+            else:
+                transitions.add_metric([kind, to], n)
         yield transitions
+        yield route_changes
 
         sched = self.health.scheduler.stats
         yield CounterMetricFamily(

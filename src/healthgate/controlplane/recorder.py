@@ -66,7 +66,9 @@ class TransitionRecorder:
         dicts = [r.to_dict() for r in records]
         for d in dicts:
             transition_log.info(log_line(d))
-            key = (d["kind"], str(d["to"]))
+            # (kind, new state); a route's "to" is a NEG path, so routes are
+            # counted by their new mode: a label holds one kind of value
+            key = (d["kind"], str(d["mode"] if d["kind"] == "Route" else d["to"]))
             self.counts[key] = self.counts.get(key, 0) + 1
         self._pending.extend(dicts)
         self._pending_states.update(encode_record_states(records))
