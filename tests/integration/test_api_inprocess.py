@@ -373,3 +373,32 @@ def test_the_openapi_document_types_resources_and_errors_and_docs_need_no_cdn() 
         assert (await api.get("/static-offline-docs/swagger-ui-bundle.js")).status_code == 200
 
     run(scenario)
+
+
+def test_the_topology_is_one_call_and_follows_the_access_rules() -> None:
+    tokens = [
+        {"token": "admin-token-0123456789", "project": "*", "role": "admin"},
+        {"token": "consumer-token-0123456789", "project": "web", "role": "consumer"},
+    ]
+
+    async def scenario(hg: InProcessApi, api: httpx.AsyncClient) -> None:
+        admin = {"Authorization": "Bearer admin-token-0123456789"}
+        consumer = {"Authorization": "Bearer consumer-token-0123456789"}
+        body = {"manifest": manifest(example_world())}
+        assert (await api.post("/v1/apply", json=body, headers=admin)).status_code == 200
+        top = (await api.get("/v1/projects/web/topology", headers=admin)).json()
+        (front,) = top["frontends"]
+        assert front["name"] == "shop-frontend" and "route" in front["status"]
+        assert [n["name"] for n in front["negs"]] == ["shop-us", "shop-eu"]
+        producer = front["negs"][0]["producer"]
+        assert producer["forwardingRule"]["name"] == "web-fr"
+        (composite,) = producer["composites"]
+        (source,) = composite["sources"]
+        assert len(source["endpoints"]) == 4 and source["endpoints"][0]["healthState"] == "UNKNOWN"
+        # a consumer sees its own NEGs, never the producer's internals
+        mine = (await api.get("/v1/projects/web/topology", headers=consumer)).json()
+        assert [n["producer"] for n in mine["frontends"][0]["negs"]] == ["forbidden", "forbidden"]
+        refused = await api.get("/v1/projects/shop/topology", headers=consumer)
+        assert refused.status_code == 403
+
+    run(scenario, tokens)

@@ -34,6 +34,7 @@ from healthgate.api.operations import operations_router
 from healthgate.api.resources import resource_router
 from healthgate.api.schema import install as install_schema
 from healthgate.api.state import ApiSettings, ApiState
+from healthgate.api.topology import topology_router
 from healthgate.controlplane.errors import ControlError
 
 __all__ = ["ApiSettings", "ApiState", "create_app"]
@@ -124,6 +125,7 @@ def create_app(state: ApiState) -> FastAPI:
     # specific than the resource routes' .../{collection}/{name}
     app.include_router(health_router(state))
     app.include_router(integrations_router(state))
+    app.include_router(topology_router(state))
     app.include_router(resource_router(state))
     app.include_router(events_router(state))
     app.include_router(manifest_router(state))

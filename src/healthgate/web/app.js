@@ -20,50 +20,25 @@ async function api(path, options = {}) {
 function esc(s) { return String(s ?? "").replace(/[&<>"]/g, c => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c])); }
 function last(path) { return String(path || "").split("/").pop(); }
 
-// A reference may be full, partial or a bare name; resolve like the server does.
-function resolve(ref, referrer, collection) {
-  if (ref.startsWith("projects/")) return ref;
-  const p = referrer.split("/");
-  const project = p[1];
-  const here = p[2] === "global" ? "global" : "regions/" + p[3];
-  const parts = ref.split("/");
-  if (parts[0] === "regions" || parts[0] === "global") return `projects/${project}/${ref}`;
-  if (parts.length === 2) return `projects/${project}/${here}/${ref}`;
-  return `projects/${project}/${here}/${collection}/${ref}`;
-}
-
 function state(obj) { return (obj && obj.status && obj.status.healthState) || "UNKNOWN"; }
 function badge(s) { return `<span class="badge ${esc(s)}">${esc(s)}</span>`; }
 
-async function tryGet(path) { try { return await api("/v1/" + path); } catch (e) { return e.status === 403 ? "forbidden" : null; } }
 
-async function producerSide(attachmentPath) {
-  const att = await tryGet(attachmentPath);
-  if (att === "forbidden") return `<div class="level muted">the producer's side is not visible to this token</div>`;
-  if (!att) return "";
-  const frPath = resolve(att.targetService, att.selfLink, "forwardingRules");
-  const fr = await tryGet(frPath);
-  if (fr && fr !== "forbidden") upstreamRegion[`${fr.IPAddress}:${(fr.ports || [String(fr.portRange).split("-")[0]])[0]}`] = frPath.split("/")[3];
-  const region = frPath.split("/")[3];
-  const project = frPath.split("/")[1];
-  let html = `<div class="level">forwarding rule ${esc(last(frPath))} ${badge(state(fr))}`;
-  const comps = await tryGet(`projects/${project}/regions/${region}/compositeHealthChecks`);
-  for (const c of (comps && comps.items) || []) {
-    if (resolve(c.healthDestination, c.selfLink, "forwardingRules") !== frPath) continue;
+// The producer's side of one region, from the project's topology (one call
+// per project: GET /v1/projects/{p}/topology), as far as the token may see it.
+function producerSide(p) {
+  if (p === "forbidden") return `<div class="level muted">the producer's side is not visible to this token</div>`;
+  if (!p || !p.forwardingRule) return "";
+  const fr = p.forwardingRule;
+  upstreamRegion[`${fr.IPAddress}:${(fr.ports || [String(fr.portRange).split("-")[0]])[0]}`] = fr.region;
+  let html = `<div class="level">forwarding rule ${esc(fr.name)} ${badge(state(fr))}`;
+  for (const c of p.composites) {
     html += `<div class="level">composite ${esc(c.name)}${c.mode === "DRY_RUN" ? " (DRY_RUN)" : ""} ${badge(state(c))}<div class="reason">${esc(c.status && c.status.reason)}</div>`;
-    for (const sref of c.healthSources) {
-      const src = await tryGet(resolve(sref, c.selfLink, "healthSources"));
-      if (!src || src === "forbidden") continue;
+    for (const src of c.sources) {
       html += `<div class="level">source ${esc(src.name)} ${badge(state(src))}<div class="reason">${esc(src.status && src.status.reason)}</div>`;
-      const bsPath = resolve(src.sources[0], src.selfLink, "backendServices");
-      const health = await tryGet(bsPath + "/health");
-      if (health && health !== "forbidden") {
-        html += `<div class="chips">` + health.healthStatus.map(ep => {
-          const lastProbe = ep.lastResult ? ep.lastResult.description : "no probe yet";
-          return `<span class="chip ${esc(ep.healthState)}" title="${esc(ep.reason)}">${esc(ep.ipAddress)} · ${esc(lastProbe)}</span>`;
-        }).join("") + `</div>`;
-      }
-      html += `</div>`;
+      html += `<div class="chips">` + src.endpoints.map(ep =>
+        `<span class="chip ${esc(ep.healthState)}" title="${esc(ep.reason)}">${esc(ep.ipAddress)} · ${esc(ep.lastProbe || "no probe yet")}</span>`
+      ).join("") + `</div></div>`;
     }
     html += `</div>`;
   }
@@ -91,17 +66,13 @@ function listenerRates(fr) {
   return out;
 }
 
-async function frontend(fr) {
+function frontend(fr) {
   const route = (fr.status && fr.status.route) || {};
   const served = listenerRates(fr);
   const target = route.target;
-  const bs = await tryGet(resolve(fr.backendService, fr.selfLink, "backendServices"));
-  // every region's card is read at once (the first paint waits on the slowest, not the sum)
-  const cardsOf = await Promise.all(((bs && bs.backends) || []).map(async b => {
-    const negPath = resolve(b.group, bs.selfLink, "networkEndpointGroups");
-    const neg = await tryGet(negPath);
-    if (!neg || neg === "forbidden") return "";
-    const region = negPath.split("/")[3];
+  const cards = fr.negs.map(neg => {
+    const negPath = neg.selfLink;
+    const region = neg.region;
     const s = state(neg);
     const current = negPath === target ? " current" : "";
     const r = served[region] !== undefined ? served[region] : rates[region];
@@ -109,13 +80,12 @@ async function frontend(fr) {
     const controls = demo ? `<div>${["hang", "refuse", "503"].map(m =>
       `<button data-region="${esc(region)}" data-mode="${m}">break: ${m}</button>`).join("")}
       <button data-region="${esc(region)}" data-mode="heal">heal</button></div>` : "";
-    return `<div class="card ${esc(s)}${current}" data-neg="${esc(last(negPath))}" data-region="${esc(region)}">
-      <div><strong>${esc(region)}</strong> ${esc(last(negPath))} ${badge(s)} ${current ? "◀ routing here" : ""} <span class="muted">${esc(rate)}</span></div>
+    return `<div class="card ${esc(s)}${current}" data-neg="${esc(neg.name)}" data-region="${esc(region)}">
+      <div><strong>${esc(region)}</strong> ${esc(neg.name)} ${badge(s)} ${current ? "◀ routing here" : ""} <span class="muted">${esc(rate)}</span></div>
       <div class="reason">${esc(neg.status && neg.status.reason)}</div>
-      ${await producerSide(neg.pscTargetService)}
+      ${producerSide(neg.producer)}
       ${controls}</div>`;
-  }));
-  const cards = cardsOf.join("");
+  }).join("");
   // every region down (FAIL_OPEN keeps the first, FAIL_CLOSED refuses): say so loudly
   const alarm = route.mode === "fail-open" || route.mode === "fail-closed";
   const banner = alarm ? `<div class="banner">every region is UNHEALTHY: ${
@@ -132,12 +102,14 @@ async function refresh() {
   try {
     if (demo) { try { rates = (await api("/v1/demo")).requestsPerSecond; } catch (e) { rates = {}; } }
     const projects = (await api("/v1/projects")).items;
+    // one call per project: its front ends, regions and producers' sides
+    const tops = await Promise.all(projects.map(p =>
+      api(`/v1/projects/${p}/topology`).catch(() => ({ frontends: [] }))));
     let html = "";
-    for (const p of projects) {
-      const frs = await api(`/v1/projects/${p}/global/forwardingRules`).catch(() => ({ items: [] }));
-      for (const fr of frs.items) html += await frontend(fr);
-      watch(p);
-    }
+    tops.forEach((top, i) => {
+      for (const fr of top.frontends) html += frontend(fr);
+      watch(projects[i]);
+    });
     document.getElementById("topology").innerHTML = html || `<p class="muted">no front ends (global forwarding rules) visible</p>`;
     document.getElementById("status").textContent = "live · " + new Date().toLocaleTimeString();
   } catch (e) {
@@ -172,7 +144,7 @@ function watch(project) {
 }
 
 // The topology is read again when a transition arrives (debounced) and every
-// 5 s for the traffic rates - not every second: each read is a few dozen calls.
+// 5 s for the traffic rates: one call per project each time.
 let pending = null;
 function soon() {
   if (pending) return;
