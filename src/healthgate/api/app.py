@@ -4,6 +4,7 @@ error shape, and the routers by resource family.
 * resources.py  - list / create / get / replace / delete, regional and global;
 * health.py     - a backend service's endpoints;
 * integrations.py - a forwarding rule's healthz, HAProxy's configuration;
+* topology.py   - a project's front ends down to the endpoints, in one answer (the dashboard's);
 * events.py     - the transition log, filtered and live;
 * manifests.py  - ``/v1/apply`` and ``/v1/delete``;
 * operations.py - projects, the dashboard, ``/healthz``, ``/readyz``, ``/metrics``.
