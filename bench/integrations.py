@@ -28,10 +28,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import dns.resolver
-import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.e2e.harness import one_port_on
+from tests.e2e.harness import one_port_on, region_at
 from tests.e2e.test_envoy import ENVOY, Envoy
 from tests.e2e.test_failover import Stack
 from tests.e2e.test_haproxy import HAProxy
@@ -45,15 +44,7 @@ def served_by(url: str) -> Callable[[], str | None]:
     """Which region answers a *new* connection (a kept-alive one may stay where
     it was: HAProxy reuses its idle connection to a server whose DNS address
     changed, so a kept client connection never sees the failback)."""
-
-    def probe() -> str | None:
-        try:
-            body = httpx.get(url, timeout=1.0, headers={"Connection": "close"}).text
-        except httpx.HTTPError:
-            return None
-        return body.split()[0].removeprefix("region=") if body.startswith("region=") else None
-
-    return probe
+    return lambda: region_at(url)
 
 
 def dns_answer(port: int) -> Callable[[], str | None]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -145,3 +147,15 @@ def example_world(
                 ep["port"] = port
         out.append(d)
     return out
+
+
+def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``healthgate ARGS`` as a user runs it: a process of its own, bounded in time."""
+    return subprocess.run(
+        [sys.executable, "-m", "healthgate", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )

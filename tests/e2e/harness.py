@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import uvloop
@@ -111,3 +111,34 @@ def start_udp_echo(b: Backends) -> list[asyncio.BaseTransport]:
 
     result: list[asyncio.BaseTransport] = b.run(go())
     return result
+
+
+def region_at(url: str) -> str | None:
+    """Which region answers a new request to ``url`` (None: no answer)."""
+    import httpx
+
+    try:
+        body = httpx.get(url, timeout=2, headers={"Connection": "close"}).text
+    except httpx.HTTPError:
+        return None
+    return body.split()[0].removeprefix("region=") if body.startswith("region=") else None
+
+
+def break_and_time(
+    neg_state: Callable[[str], str],
+    set_mode: Callable[[str, str], None],
+    served: Callable[[], str | None],
+) -> tuple[float, float]:
+    """us-east1 starts refusing: (seconds until healthgate decides it is
+    UNHEALTHY, seconds from that decision until ``served`` moved to
+    europe-west1). Bounded by the waits' own limits."""
+    import time
+
+    from tests.integration.serve_proc import wait_for
+
+    set_mode("us-east1", "refuse")
+    broke = time.monotonic()
+    wait_for(lambda: neg_state("us-east1") == "UNHEALTHY", 15, what="us-east1 UNHEALTHY")
+    decided = time.monotonic()
+    wait_for(lambda: served() == "europe-west1", 10, interval=0.05, what="failover")
+    return decided - broke, time.monotonic() - decided

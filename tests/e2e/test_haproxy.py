@@ -9,15 +9,15 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests.e2e.harness import break_and_time, region_at
 from tests.e2e.test_failover import Stack
+from tests.helpers import run_cli
 from tests.integration.serve_proc import wait_for
 from tests.integration.servers import free_port
 
@@ -88,11 +88,7 @@ class HAProxy:
         return out
 
     def region_served(self) -> str | None:
-        try:
-            body = httpx.get(f"http://127.0.0.1:{self.port}/", timeout=2).text
-        except httpx.HTTPError:
-            return None
-        return body.split()[0].removeprefix("region=") if body.startswith("region=") else None
+        return region_at(f"http://127.0.0.1:{self.port}/")
 
 
 @pytest.fixture
@@ -103,24 +99,7 @@ def stack(tmp_path: Path) -> Iterator[tuple[Stack, HAProxy, int]]:
         assert resp.status_code == 200, resp.text
         section = resp.text
         # the CLI prints the same section
-        cli = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "healthgate",
-                "export",
-                "haproxy",
-                FRONT,
-                "--project",
-                "web",
-                "--server",
-                st.proc.url,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        cli = run_cli("export", "haproxy", FRONT, "--project", "web", "--server", st.proc.url)
         assert cli.returncode == 0 and cli.stdout == section, cli.stderr
         # one server per region, in failover order: us-east1 (local) first
         servers = [
@@ -137,17 +116,11 @@ def stack(tmp_path: Path) -> Iterator[tuple[Stack, HAProxy, int]]:
 def test_traffic_through_haproxy_fails_over_and_back(stack: tuple[Stack, HAProxy, int]) -> None:
     st, hp, _ = stack
     assert wait_for(lambda: hp.region_served() == "us-east1", 10, what="us-east1 served")
-    st.backends.set_mode("us-east1", "refuse")
-    broke = time.monotonic()
-    wait_for(lambda: st.neg_state("us-east1") == "UNHEALTHY", 15, what="us-east1 UNHEALTHY")
-    decided = time.monotonic()
-    wait_for(lambda: hp.region_served() == "europe-west1", 10, interval=0.05, what="failover")
-    moved = time.monotonic()
+    decided, moved = break_and_time(st.neg_state, st.backends.set_mode, hp.region_served)
     print(
-        f"failover: healthgate decided {decided - broke:.2f} s after the break, "
-        f"HAProxy moved {moved - decided:.2f} s later"
+        f"failover: healthgate decided {decided:.2f} s after the break, HAProxy moved {moved:.2f} s later"
     )
-    assert moved - decided < 2.5  # agent-inter 1 s, plus a check's round trip
+    assert moved < 2.5  # agent-inter 1 s, plus a check's round trip
     st.backends.set_mode("us-east1", "ok")
     wait_for(lambda: st.neg_state("us-east1") == "HEALTHY", 15, what="us-east1 HEALTHY")
     healed = time.monotonic()

@@ -15,7 +15,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from healthgate.model.names import KIND_TO_COLLECTION
-from tests.helpers import example_world
+from tests.helpers import example_world, run_cli
 from tests.integration.serve_proc import ServeProcess, wait_for
 
 
@@ -424,56 +424,28 @@ def test_access_rules_for_each_role(secured: ServeProcess) -> None:
 
 
 def test_listening_beyond_loopback_requires_tokens(tmp_path: Path) -> None:
-    import subprocess
-    import sys
 
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "healthgate",
-            "serve",
-            "--db",
-            str(tmp_path / "x.db"),
-            "--listen",
-            "0.0.0.0:0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = run_cli("serve", "--db", str(tmp_path / "x.db"), "--listen", "0.0.0.0:0")
     assert proc.returncode == 1
     assert "not a loopback address: give --tokens FILE" in proc.stderr
 
 
 def test_cli_get_wide_shows_since_and_fingerprint(api: httpx.Client, server: ServeProcess) -> None:
-    import subprocess
-    import sys
 
     dicts = world()
     api.post("/v1/apply", json={"manifest": manifest(dicts)}).raise_for_status()
     project = dicts[0]["project"]
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "healthgate",
-            "get",
-            "hc",
-            "--project",
-            project,
-            "--region",
-            "us-east1",
-            "-o",
-            "wide",
-            "--server",
-            server.url,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    proc = run_cli(
+        "get",
+        "hc",
+        "--project",
+        project,
+        "--region",
+        "us-east1",
+        "-o",
+        "wide",
+        "--server",
+        server.url,
     )
     assert proc.returncode == 0, proc.stderr
     header, row = proc.stdout.splitlines()[:2]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from healthgate.cli.main import main
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run_cli
 
 EXAMPLE = str(ROOT / "examples" / "two-regions.yaml")
 SCENARIO = str(ROOT / "examples" / "scenario-us-east1-hangs.yaml")
@@ -106,15 +106,9 @@ def test_everyday_mistakes_with_files_get_one_line_not_a_traceback(
 
 
 def test_validate_reads_standard_input() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "healthgate", "validate", "-f", "-"],
-        input=Path(EXAMPLE).read_bytes(),
-        capture_output=True,
-        timeout=60,
-        check=False,
-    )
+    proc = run_cli("validate", "-f", "-", stdin=Path(EXAMPLE).read_text())
     assert proc.returncode == 0, proc.stderr
-    assert b"standard input: valid (20 resources" in proc.stdout
+    assert "standard input: valid (20 resources" in proc.stdout
 
 
 def test_a_key_given_twice_is_an_error_with_its_line(
@@ -166,25 +160,7 @@ def test_a_server_that_is_not_healthgate_is_one_line(tmp_path: Path) -> None:
     thread.start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "healthgate",
-                "get",
-                "hc",
-                "--project",
-                "p",
-                "--region",
-                "r",
-                "--server",
-                url,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        proc = run_cli("get", "hc", "--project", "p", "--region", "r", "--server", url)
     finally:
         server.shutdown()
     assert proc.returncode == 1
@@ -199,22 +175,7 @@ def test_serve_on_a_busy_port_stops_before_touching_the_database(tmp_path: Path)
         taken.listen()
         port = taken.getsockname()[1]
         db = tmp_path / "never.db"
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "healthgate",
-                "serve",
-                "--db",
-                str(db),
-                "--listen",
-                f"127.0.0.1:{port}",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        proc = run_cli("serve", "--db", str(db), "--listen", f"127.0.0.1:{port}")
     assert proc.returncode == 1 and "--listen" in proc.stderr and "in use" in proc.stderr
     assert not db.exists()
 
@@ -250,13 +211,7 @@ def test_tables_wrap_the_reason_to_the_terminal_and_never_cut_text() -> None:
 
 
 def test_bash_completion_offers_commands_kinds_and_options() -> None:
-    script = subprocess.run(
-        [sys.executable, "-m", "healthgate", "completion", "bash"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
+    script = run_cli("completion", "bash").stdout
 
     def complete(*words: str) -> list[str]:
         line = " ".join(words)

@@ -8,7 +8,6 @@ from typing import Any
 from fastapi import APIRouter
 
 from healthgate.api.state import ApiState, Auth
-from healthgate.controlplane.errors import ControlError, Refusal
 from healthgate.controlplane.recorder import iso
 
 
@@ -24,8 +23,7 @@ def health_router(state: ApiState) -> APIRouter:
         who = state.principal(authorization)
         state.check_read(who, project)
         path = state.path_of(project, region, "backendServices", name)
-        if path not in state.control.stored:
-            raise ControlError(Refusal.NOT_FOUND, f"{path} not found")
+        state.stored(path)  # (NOT_FOUND when it is not there)
         engine = state.health.engine
         items = []
         for ep in engine.endpoints(path):

@@ -35,8 +35,7 @@ def integrations_router(state: ApiState) -> APIRouter:
         if not state.public_healthz:
             state.check_read(state.principal(authorization), project)
         path = state.path_of(project, region, "forwardingRules", name)
-        if path not in state.control.stored:
-            raise ControlError(Refusal.NOT_FOUND, f"{path} not found")
+        state.stored(path)  # (NOT_FOUND when it is not there)
         health = forwarding_rule_health(state.health.engine, str(path))
         body = {
             "forwardingRule": str(path),
@@ -57,8 +56,7 @@ def integrations_router(state: ApiState) -> APIRouter:
         order, driven by this server's agent-check answers."""
         state.check_read(state.principal(authorization), project)
         path = state.path_of(project, GLOBAL, "forwardingRules", name)
-        if path not in state.control.stored:
-            raise ControlError(Refusal.NOT_FOUND, f"{path} not found")
+        state.stored(path)  # (NOT_FOUND when it is not there)
         address = state.agent_address
         if agent:
             host, sep, port = agent.rpartition(":")

@@ -139,11 +139,7 @@ def _register(
         where: Where, collection: Collection, name: str, authorization: Auth = None
     ) -> dict[str, Any]:
         state.check_read(state.principal(authorization), where.project)
-        path = path_of(where, collection, name)
-        stored = state.control.stored.get(path)
-        if stored is None:
-            raise ControlError(Refusal.NOT_FOUND, f"{path} not found")
-        return state.present(stored)
+        return state.present(state.stored(path_of(where, collection, name)))
 
     async def replace_resource(
         where: Where,
@@ -161,10 +157,8 @@ def _register(
         outcome = await state.control.apply(
             [doc], fingerprints={path: fp} if fp else None, replace_only=True
         )
-        written = outcome.stored.get(path) or state.control.stored.get(path)
-        if written is None:  # (deleted by another writer right after this one)
-            raise ControlError(Refusal.NOT_FOUND, f"{path} not found")
-        return state.present(written)
+        # (as written; NOT_FOUND if another writer deleted it right after)
+        return state.present(outcome.stored.get(path) or state.stored(path))
 
     async def delete_resource(
         where: Where,
@@ -176,10 +170,7 @@ def _register(
     ) -> dict[str, Any]:
         who = state.principal(authorization)
         path = path_of(where, collection, name)
-        stored = state.control.stored.get(path)
-        if stored is None:
-            raise ControlError(Refusal.NOT_FOUND, f"{path} not found")
-        state.check_write(who, stored.resource)
+        state.check_write(who, state.stored(path).resource)
         fp = fingerprint or if_match
         await state.control.delete([path], fingerprints={path: fp} if fp else None)
         return {"deleted": str(path)}

@@ -105,6 +105,13 @@ class ApiState:
             )
         return ResourcePath(project, region, collection, name)
 
+    def stored(self, path: ResourcePath) -> Stored:
+        """The resource at ``path`` as the mirror has it, or NOT_FOUND."""
+        found = self.control.stored.get(path)
+        if found is None:
+            raise ControlError(Refusal.NOT_FOUND, f"{path} not found")
+        return found
+
     def present(self, stored: Stored) -> dict[str, Any]:
         res = stored.resource
         out = res.to_wire()
