@@ -2,11 +2,15 @@
 
 Each test takes ``store``, made by every factory in ``STORES``; a new store
 (a clustered one) joins by adding its factory there and must pass all of it.
+Revisions are opaque increasing numbers: a store may start above 0 (an etcd
+namespace starts at the cluster's revision), so the tests count from
+``store.revision()`` at the start.
 """
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,24 +27,40 @@ from healthgate.store.base import (
     Store,
     Txn,
 )
+from healthgate.store.etcd import EtcdStore
 from healthgate.store.memory import MemoryStore
 from healthgate.store.sqlite import SqliteStore, StoreLocked
+from tests.etcd_members import EtcdCluster
 from tests.helpers import run_async
 
 Factory = Callable[[Path, int], Store]
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"), 1)
+    yield cluster
+    cluster.close()
+
 
 STORES: dict[str, Factory] = {
     "memory": lambda _tmp, history: MemoryStore(history=history),
     "sqlite": lambda tmp, history: SqliteStore(tmp / "store.db", history=history),
 }
+ETCD_STORE = "etcd"
 
 
-@pytest.fixture(params=sorted(STORES))
+@pytest.fixture(params=[*sorted(STORES), ETCD_STORE])
 def make(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., Store]]:
     made: list[Store] = []
 
     def factory(history: int = 10_000) -> Store:
-        store = STORES[request.param](tmp_path, history)
+        if request.param == ETCD_STORE:
+            cluster = request.getfixturevalue("etcd")
+            namespace = f"/contract/{uuid.uuid4().hex}"
+            store: Store = EtcdStore(cluster.endpoints, namespace, history=history)
+        else:
+            store = STORES[request.param](tmp_path, history)
         made.append(store)
         return store
 
@@ -64,14 +84,14 @@ def put(store: Store, key: str, value: Any = None, **kw: Any) -> int:
 def test_every_commit_moves_the_revision_on_by_one_and_fingerprints_documents(
     store: Store,
 ) -> None:
-    assert store.revision() == 0
+    z = store.revision()
     r1 = put(store, "resources/a")
     r2 = store.commit(Txn(puts={"resources/b": {"v": 1}, "resources/c": {"v": 2}}))
-    assert (r1, r2) == (1, 2)
-    assert store.revision() == 2
+    assert (r1, r2) == (z + 1, z + 2)
+    assert store.revision() == z + 2
     a, b = store.get("resources/a"), store.get("resources/b")
     assert a is not None and b is not None
-    assert (a.revision, b.revision) == (1, 2)
+    assert (a.revision, b.revision) == (z + 1, z + 2)
     assert b.value == {"v": 1}
     assert store.get("resources/missing") is None
 
@@ -83,32 +103,34 @@ def test_update_keeps_created_and_moves_updated(store: Store) -> None:
     second = store.get("k")
     assert first is not None and second is not None
     assert second.created == first.created
-    assert second.revision == 2 and second.value == {"v": 2}
+    assert second.revision == first.revision + 1 and second.value == {"v": 2}
 
 
 def test_snapshot_is_every_document_under_a_prefix_with_its_revision(store: Store) -> None:
+    z = store.revision()
     put(store, "resources/b")
     put(store, "resources/a")
     put(store, "other/x")
     snap = store.snapshot("resources/")
-    assert snap.revision == 3
+    assert snap.revision == z + 3
     assert [d.key for d in snap.documents] == ["resources/a", "resources/b"]
 
 
 def test_delete_removes_and_counts_as_a_change(store: Store) -> None:
-    put(store, "a")
+    z = put(store, "a") - 1
     rev = store.commit(Txn(deletes=["a"]))
     assert store.get("a") is None
-    assert rev == 2
-    assert store.changes_since(1) == [Change(2, "a", None, store.changes_since(1)[0].time)]
+    assert rev == z + 2
+    changes = store.changes_since(z + 1)
+    assert changes == [Change(z + 2, "a", None, changes[0].time)]
 
 
 def test_a_transaction_that_changes_nothing_makes_no_revision(store: Store) -> None:
-    put(store, "a")
-    assert store.commit(Txn()) == 1
-    assert store.commit(Txn(deletes=["missing"])) == 1
-    assert store.revision() == 1 and store.changes_since(1) == []
-    assert store.commit(Txn(deletes=["a", "missing"])) == 2
+    z = put(store, "a") - 1
+    assert store.commit(Txn()) == z + 1
+    assert store.commit(Txn(deletes=["missing"])) == z + 1
+    assert store.revision() == z + 1 and store.changes_since(z + 1) == []
+    assert store.commit(Txn(deletes=["a", "missing"])) == z + 2
 
 
 # ---------------------------------------------------------------------- preconditions
@@ -124,15 +146,17 @@ def test_a_transaction_that_changes_nothing_makes_no_revision(store: Store) -> N
     ],
 )
 def test_expectations_on_an_existing_document(store: Store, expect: int | None, ok: bool) -> None:
-    put(store, "a")
+    z = put(store, "a") - 1
+    if expect is not None and expect > 0:
+        expect += z  # a revision counted from the store's start
     txn = Txn(puts={"a": {"v": "new"}, "b": {"v": "b"}}, expect={"a": expect})
     if ok:
-        assert store.commit(txn) == 2
+        assert store.commit(txn) == z + 2
     else:
         with pytest.raises(PreconditionFailed) as info:
             store.commit(txn)
-        assert info.value.key == "a" and info.value.actual == 1
-        assert store.revision() == 1  # nothing written: not a, not b
+        assert info.value.key == "a" and info.value.actual == z + 1
+        assert store.revision() == z + 1  # nothing written: not a, not b
         assert store.get("b") is None
         doc = store.get("a")
         assert doc is not None and doc.value == {"v": "a"}
@@ -140,67 +164,68 @@ def test_expectations_on_an_existing_document(store: Store, expect: int | None, 
 
 @pytest.mark.parametrize(("expect", "ok"), [(None, True), (EXISTS, False), (1, False)])
 def test_expectations_on_a_missing_document(store: Store, expect: int | None, ok: bool) -> None:
+    z = store.revision()
+    if expect is not None and expect > 0:
+        expect += z
     txn = Txn(puts={"a": {"v": 1}}, expect={"a": expect})
     if ok:
         store.commit(txn)
     else:
         with pytest.raises(PreconditionFailed):
             store.commit(txn)
-        assert store.revision() == 0
+        assert store.revision() == z
 
 
 def test_a_write_planned_at_an_old_revision_is_refused_whole(store: Store) -> None:
-    put(store, "a")
+    z = put(store, "a") - 1
     base = store.revision()
     put(store, "b")  # another writer, after the plan
     with pytest.raises(RevisionMoved) as info:
         store.commit(Txn(puts={"c": {"v": 1}}, deletes=["a"], base_revision=base))
-    assert (info.value.base, info.value.actual) == (1, 2)
+    assert (info.value.base, info.value.actual) == (z + 1, z + 2)
     assert store.get("a") is not None and store.get("c") is None
-    assert store.commit(Txn(puts={"c": {"v": 1}}, base_revision=2)) == 3
+    assert store.commit(Txn(puts={"c": {"v": 1}}, base_revision=z + 2)) == z + 3
 
 
 # ---------------------------------------------------------------------- history and watch
 
 
 def test_changes_since_gives_whole_transactions_in_order(store: Store) -> None:
+    z = store.revision()
     store.commit(Txn(puts={"a": {"v": 1}, "b": {"v": 2}}))
     store.commit(Txn(deletes=["a"], puts={"c": {"v": 3}}))
-    changes = store.changes_since(0)
-    assert [(c.revision, c.key, c.value) for c in changes] == [
-        (1, "a", {"v": 1}),
-        (1, "b", {"v": 2}),
-        (2, "c", {"v": 3}),
-        (2, "a", None),
-    ] or [(c.revision, c.key, c.value) for c in changes] == [
-        (1, "a", {"v": 1}),
-        (1, "b", {"v": 2}),
-        (2, "a", None),
-        (2, "c", {"v": 3}),
+    changes = store.changes_since(z)
+    assert sorted((c.revision - z, c.key, c.value is None) for c in changes) == [
+        (1, "a", False),
+        (1, "b", False),
+        (2, "a", True),
+        (2, "c", False),
     ]
-    assert [c.revision for c in store.changes_since(1)] == [2, 2]
-    assert store.changes_since(2) == []
-    assert [c.revision for c in store.changes_since(0, limit=1)] == [1, 1]
+    assert changes[0].value == {"v": 1} and [c.revision - z for c in changes] == [1, 1, 2, 2]
+    assert [c.revision - z for c in store.changes_since(z + 1)] == [2, 2]
+    assert store.changes_since(z + 2) == []
+    assert [c.revision - z for c in store.changes_since(z, limit=1)] == [1, 1]
 
 
 def test_history_is_compacted_and_an_old_watch_is_told(make: Callable[..., Store]) -> None:
     store = make(history=3)
+    z = store.revision()
     for i in range(6):
         put(store, f"k{i}")
-    assert [c.revision for c in store.changes_since(3)] == [4, 5, 6]
+    assert [c.revision - z for c in store.changes_since(z + 3)] == [4, 5, 6]
     with pytest.raises(Compacted) as info:
-        store.changes_since(2)
-    assert info.value.oldest == 4
+        store.changes_since(z + 2)
+    assert info.value.oldest == z + 4
 
     async def first_item() -> None:
         with pytest.raises(Compacted):
-            await anext(aiter(store.watch(1)))
+            await anext(aiter(store.watch(z + 1)))
 
     run_async(first_item(), timeout=10)
 
 
 def test_watch_replays_from_a_revision_then_follows_live_commits(store: Store) -> None:
-    put(store, "a")
+    z = put(store, "a") - 1
     put(store, "b")
 
     async def scenario() -> list[list[tuple[int, str]]]:
@@ -208,8 +233,8 @@ def test_watch_replays_from_a_revision_then_follows_live_commits(store: Store) -
         got_two = asyncio.Event()
 
         async def follow() -> None:
-            async for batch in store.watch(1):
-                seen.append([(c.revision, c.key) for c in batch])
+            async for batch in store.watch(z + 1):
+                seen.append([(c.revision - z, c.key) for c in batch])
                 if len(seen) == 2:
                     got_two.set()
                 if len(seen) == 4:
@@ -234,11 +259,13 @@ def test_watch_replays_from_a_revision_then_follows_live_commits(store: Store) -
 
 
 def test_two_watchers_see_the_same_changes(store: Store) -> None:
+    z = store.revision()
+
     async def scenario() -> tuple[list[int], list[int]]:
         async def collect(n: int) -> list[int]:
             out: list[int] = []
-            async for batch in store.watch(0):
-                out.append(batch[0].revision)
+            async for batch in store.watch(z):
+                out.append(batch[0].revision - z)
                 if len(out) == n:
                     return out
             return out
