@@ -190,6 +190,20 @@ class HealthCheck(Resource):
     expected_status_codes: list[str] = Field(default_factory=lambda: ["200"], min_length=1)
     grpc_service_name: str | None = Field(None, max_length=1024)
     enabled: bool = True
+    # cluster mode (SPEC §4): probers of these regions check the endpoints
+    # too, and an endpoint is UNHEALTHY only when a quorum of the live
+    # vantages says so; empty: the endpoint's own region decides alone
+    vantage_regions: list[str] = Field(default_factory=list, max_length=10)
+
+    @field_validator("vantage_regions")
+    @classmethod
+    def _check_vantage_regions(cls, value: list[str]) -> list[str]:
+        for region in value:
+            if not is_valid_name(region):
+                raise ValueError(f"expected region names ({NAME_RULE}), got {brief(region)}")
+        if len(set(value)) != len(value):
+            raise ValueError("a region is listed twice")
+        return value
 
     @field_validator("request_path")
     @classmethod
