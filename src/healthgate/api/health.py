@@ -9,6 +9,7 @@ from fastapi import APIRouter
 
 from healthgate.api.state import ApiState, Auth
 from healthgate.controlplane.recorder import iso
+from healthgate.health.types import endpoint_name
 
 
 def health_router(state: ApiState) -> APIRouter:
@@ -28,12 +29,15 @@ def health_router(state: ApiState) -> APIRouter:
         items = []
         for ep in engine.endpoints(path):
             last = ep.last_result
+            # cluster mode: the state is the vantages' quorum, and so is its reason
+            quorum = state.health.vantages(f"{path}/endpoints/{endpoint_name(ep.ip, ep.port)}")
             items.append(
                 {
+                    **({"vantages": quorum[1]} if quorum is not None else {}),
                     "ipAddress": ep.ip,
                     "port": ep.port,
                     "healthState": ep.state.name,
-                    "reason": ep.reason,
+                    "reason": ep.reason if quorum is None else quorum[0],
                     "lastChange": iso(ep.since),
                     "lastResult": None
                     if last is None

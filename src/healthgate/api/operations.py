@@ -51,6 +51,16 @@ def operations_router(state: ApiState, app: FastAPI) -> APIRouter:
     async def healthz() -> str:
         return "ok\n"
 
+    @router.get("/v1/cluster", tags=["operations"])
+    async def cluster(authorization: Auth = None) -> dict[str, Any]:
+        """Cluster mode: this node, the live nodes and their regions, the
+        leader, how many endpoints this node probes ("mode": "embedded" when
+        not clustered)."""
+        state.principal(authorization)
+        if state.cluster_status is None:
+            return {"mode": "embedded"}
+        return {"mode": "cluster", **state.cluster_status()}
+
     @router.get("/readyz", tags=["operations"], response_class=PlainTextResponse)
     async def readyz() -> Response:
         if not state.ready:

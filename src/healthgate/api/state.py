@@ -63,6 +63,7 @@ class ApiState:
     dataplane_status: Callable[[], dict[str, dict[str, object]]] | None = None
     public_healthz: bool = False  # forwarding rules' healthz without a token
     agent_address: tuple[str, int] | None = None  # where HAProxy's agent-check is answered
+    cluster_status: Callable[[], dict[str, Any]] | None = None  # cluster mode: this node's view
 
     def principal(self, authorization: str | None) -> Principal:
         return self.access.authenticate(authorization)

@@ -101,8 +101,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from healthgate.store.base import StoreError
 
     configure_logging(args.log_level)
+    db, store = args.db, None
+    if args.store:
+        if args.store.startswith("sqlite:"):
+            db = args.store.removeprefix("sqlite:")
+        elif args.store.startswith("etcd://"):
+            store = args.store
+            missing = [o for o, v in (("--node", args.node), ("--region", args.region)) if not v]
+            if missing:
+                print(
+                    f"healthgate serve: --store etcd:// needs {' and '.join(missing)}",
+                    file=sys.stderr,
+                )
+                return EXIT_REFUSED
+        else:
+            print(
+                f"healthgate serve: --store: expected sqlite:PATH or etcd://HOST:PORT[,HOST:PORT...], "
+                f"got {args.store!r}",
+                file=sys.stderr,
+            )
+            return EXIT_REFUSED
     settings = ServeSettings(
-        db=args.db,
+        db=db,
+        store=store,
+        node=args.node,
+        region=args.region,
+        lease_ttl=args.lease_ttl,
         listen=args.listen,
         manifests=args.file or [],
         tokens_file=args.tokens,
@@ -113,6 +137,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             verify_tls=args.verify_tls,
             ca_file=args.ca_file,
             tcp_half_open=args.tcp_half_open,
+            source=args.probe_source,
         ),
         scheduler=SchedulerSettings(tick=args.probe_tick_ms / 1000)
         if args.probe_tick_ms
@@ -234,6 +259,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run the API, store, probes and engine in one process")
     p.add_argument("--db", default="./healthgate.db", help="SQLite file (default ./healthgate.db)")
     p.add_argument(
+        "--store",
+        metavar="URL",
+        help="sqlite:PATH (the default, as --db) or etcd://HOST:PORT[,HOST:PORT...]: cluster mode, "
+        "many nodes over one etcd cluster (docs/cluster.md; needs --node and --region)",
+    )
+    p.add_argument("--node", help="cluster mode: this node's name, unique in the cluster")
+    p.add_argument("--region", help="cluster mode: the region this node probes and serves")
+    p.add_argument(
+        "--lease-ttl",
+        type=int,
+        default=5,
+        metavar="SECONDS",
+        help="cluster mode: a dead node's endpoints move after this (default 5)",
+    )
+    p.add_argument(
         "--listen", default="127.0.0.1:7400", help="API address HOST:PORT (default 127.0.0.1:7400)"
     )
     p.add_argument(
@@ -273,6 +313,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="TCP checks reset right after the SYN+ACK (HAProxy's way) instead of completing "
         "the handshake; the server's accept queue then never sees them",
+    )
+    p.add_argument(
+        "--probe-source",
+        metavar="IP",
+        help="TCP, HTTP and HTTPS probes leave from this local address (default: the kernel's "
+        "choice); for firewalls that admit probers by address",
     )
     p.add_argument("--verify-tls", action="store_true", help="verify HTTPS probe certificates")
     p.add_argument("--ca-file", help="CA bundle for --verify-tls")

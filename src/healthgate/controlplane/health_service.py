@@ -136,6 +136,11 @@ class HealthService:
     def route_table(self) -> RouteTable:
         return self.engine.route_table()
 
+    def vantages(self, endpoint_path: str) -> tuple[str, dict[str, dict[str, object]]] | None:
+        """Cluster mode: why the vantages' quorum gives an endpoint its state,
+        and each vantage region's opinion (None here: one process decides alone)."""
+        return None
+
     def _on_results(self, _loop_time: float, results: list[tuple[Hashable, ProbeResult]]) -> None:
         """A tick's results: counted, failures logged (rate-limited), and
         into the engine in one call. The keys are the engine's slots."""

@@ -24,7 +24,7 @@ from typing import Any
 
 from healthgate.controlplane.saved_states import encode_record_states
 from healthgate.health.states import Record, timestamp
-from healthgate.store.base import Store, StoreError
+from healthgate.store.base import NotLeader, Store, StoreError
 
 log = logging.getLogger("healthgate.recorder")
 transition_log = logging.getLogger("healthgate.transitions")
@@ -59,6 +59,15 @@ class TransitionRecorder:
         self.counts: dict[tuple[str, str], int] = {}
         self.last_id = 0
         self._since_trim = 0
+        # cluster mode: only the elected leader persists (persist), and every
+        # node's subscribers are fed from the stored log instead of from the
+        # writes (broadcast_writes off; cluster/node.py calls publish)
+        self.persist = True
+        self.broadcast_writes = True
+        # records a non-leader computed and has not seen in the stored log
+        # yet: written by this node if it is elected before they appear
+        # (every node computes the same records, with the same times)
+        self._unconfirmed: dict[tuple[str, str, float], dict[str, Any]] = {}
 
     # -- inputs (called on the event loop, never block)
 
@@ -70,11 +79,43 @@ class TransitionRecorder:
             # counted by their new mode: a label holds one kind of value
             key = (d["kind"], str(d["mode"] if d["kind"] == "Route" else d["to"]))
             self.counts[key] = self.counts.get(key, 0) + 1
+        if not self.persist:
+            if not self.broadcast_writes:  # a cluster node
+                for d in dicts:
+                    self._unconfirmed[_identity(d)] = d
+                while len(self._unconfirmed) > 10_000:
+                    del self._unconfirmed[next(iter(self._unconfirmed))]
+            return
         self._pending.extend(dicts)
         self._pending_states.update(encode_record_states(records))
         self._kick()
 
+    def stop_persisting(self) -> None:
+        """This node is no longer the leader: what is pending is not its to write."""
+        self.persist = False
+        self._pending.clear()
+        self._pending_states.clear()
+        self._pending_deletes.clear()
+
+    def take_over(self, horizon: float) -> int:
+        """This node was elected: write what it computed since ``horizon``
+        (a time) that no leader wrote. Returns how many."""
+        self.persist = True
+        missed = [d for d in self._unconfirmed.values() if float(d["time"]) >= horizon]
+        self._unconfirmed.clear()
+        missed.sort(key=lambda d: float(d["time"]))
+        self._pending[:0] = missed
+        self._kick()
+        return len(missed)
+
+    def save(self, states: dict[str, Any]) -> None:
+        """Persist these states with the next batch (a new leader's full picture)."""
+        self._pending_states.update(states)
+        self._kick()
+
     def on_forget(self, paths: Sequence[str]) -> None:
+        if not self.persist:
+            return
         for p in paths:
             if "/endpoints/" in p:
                 self._pending_deletes.append("endpoint/" + p)
@@ -102,6 +143,10 @@ class TransitionRecorder:
                 deletes, self._pending_deletes = self._pending_deletes, []
                 try:
                     ids = await asyncio.to_thread(self._write, batch, states, deletes)
+                except NotLeader:
+                    log.warning("deposed: %d transitions left to the new leader", len(batch))
+                    self.stop_persisting()
+                    continue
                 except StoreError as exc:  # a full or read-only disk: one line, not a traceback
                     log.error(
                         "could not persist %d transitions: %s; retrying in 1 s", len(batch), exc
@@ -114,8 +159,9 @@ class TransitionRecorder:
                     self._requeue(batch, states, deletes)
                     await asyncio.sleep(1.0)
                     continue
-                for event_id, record in zip(ids, batch, strict=True):
-                    self._broadcast((event_id, record))
+                if self.broadcast_writes:
+                    for event_id, record in zip(ids, batch, strict=True):
+                        self._broadcast((event_id, record))
             self._idle.set()
 
     def _requeue(
@@ -164,6 +210,12 @@ class TransitionRecorder:
                 queue.get_nowait()
             queue.put_nowait(CLOSING)
 
+    def publish(self, event: Event) -> None:
+        """A stored transition, read back from the log (cluster mode), to every subscriber."""
+        self.last_id = max(self.last_id, event[0])
+        self._unconfirmed.pop(_identity(event[1]), None)
+        self._broadcast(event)
+
     def _broadcast(self, event: Event) -> None:
         for queue in list(self._subscribers):
             try:
@@ -174,3 +226,12 @@ class TransitionRecorder:
                 while not queue.empty():
                     queue.get_nowait()
                 queue.put_nowait(None)
+
+
+def _identity(record: dict[str, Any]) -> tuple[str, str, float]:
+    """What makes a record the same on every node: what, to what, when."""
+    return (
+        str(record.get("path") or record.get("frontend")),
+        str(record.get("to")),
+        float(record.get("time", 0.0)),
+    )

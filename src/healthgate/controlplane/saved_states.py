@@ -71,3 +71,25 @@ def decode_states(
         except (KeyError, TypeError, ValueError):
             log.warning("ignoring unreadable stored state %s", key)
     return endpoints, nodes, routes
+
+
+def engine_states(engine: Any) -> dict[str, Any]:
+    """Every source, composite, NEG and route state the engine holds now, as
+    state-store puts: what a newly elected leader writes once, so that the
+    stored states are whole even if transitions fell between two leaders."""
+    puts: dict[str, Any] = {}
+    for path, status in engine.node_states():
+        puts["node/" + path] = {
+            "state": status.state.name,
+            "reason": status.reason,
+            "since": status.since,
+        }
+    for frontend, route in engine.route_table().routes.items():
+        puts["route/" + frontend] = {
+            "target": route.target,
+            "mode": route.mode,
+            "reason": route.reason,
+            "since": route.since,
+            "attachment": route.attachment,
+        }
+    return puts

@@ -64,6 +64,9 @@ class DataPlaneSettings:
     # with workers, each opens every listener with SO_REUSEPORT (runtime/workers.py)
     workers: int = 0
     reuse_port: bool = False
+    # cluster mode (SPEC §4): open only the regional rules of this region and
+    # the global rules whose dataPlaneRegion is this region (None: every rule)
+    region: str | None = None
     http: HttpSettings = field(default_factory=HttpSettings)
     # open client connections of every front end together (dataplane/guard.py);
     # 0: half of the open-file limit less 4,096 kept for the rest
@@ -183,7 +186,7 @@ class DataPlane:
     def _desired(self, resources: Mapping[ResourcePath, Resource]) -> dict[str, ListenerSpec]:
         out: dict[str, ListenerSpec] = {}
         for path, res in resources.items():
-            if not isinstance(res, ForwardingRule):
+            if not isinstance(res, ForwardingRule) or not self._serves(res):
                 continue
             bs_path = res.ref("backend_service")
             bs = resources.get(bs_path) if bs_path else None
@@ -199,6 +202,12 @@ class DataPlane:
                 res.ip_address, tuple(res.port_list()), layer, res.is_global
             )
         return out
+
+    def _serves(self, rule: ForwardingRule) -> bool:
+        region = self.settings.region
+        if region is None:
+            return True
+        return (rule.data_plane_region if rule.is_global else rule.region) == region
 
     async def sync(self, resources: Mapping[ResourcePath, Resource]) -> None:
         """Open, close or reopen listeners to match the forwarding rules."""

@@ -179,6 +179,26 @@ class EndpointTable:
                 details.pop(slot, None)
         return records
 
+    def set_state(self, now: float, slot: int, new: HealthState, reason: str) -> list[Record]:
+        """Set an endpoint's state decided outside this table's threshold
+        machine (cluster mode: the quorum of the vantages' opinions, or a
+        prober taking an endpoint over from the stored opinion); the
+        transition, handed to the graph as a probe's flip would be."""
+        agg = self._aggs[self._agg[slot]]
+        assert agg is not None
+        old = self._force_state(now, agg, slot, new)
+        if old == new:
+            return []
+        key = self._key[slot]
+        assert key is not None
+        records: list[Record] = [self._transition(now, agg, key, old, new, reason)]
+        if self.on_flip is not None:
+            self.on_flip(now, agg.path, records)
+        return records
+
+    def state(self, slot: int) -> HealthState:
+        return _STATES[self._state[slot]]
+
     def _transition(
         self,
         now: float,

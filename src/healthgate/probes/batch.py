@@ -430,6 +430,11 @@ class BatchProber:
         try:
             # Closing and disconnecting then send RST: no FIN exchange, no TIME_WAIT.
             sock.setsockopt(_SOL_SOCKET, _SO_LINGER, _LINGER_RST)
+            source = self.settings.source
+            if source is not None and (":" in source) == (family == socket.AF_INET6):
+                # an explicit address survives the disconnect of a pooled socket
+                # (the kernel keeps a bound address; the port is chosen anew)
+                sock.bind((source, 0))
             self._ep.register(sock.fileno(), _MASK)
         except OSError:
             sock.close()

@@ -50,6 +50,10 @@ class ProbeSettings:
     ca_file: str | None = None
     max_head_bytes: int = 8192  # status line + headers
     max_body_bytes: int = 65536  # a kept-alive response's body must fit, or the connection closes
+    # the local address probes leave from (firewalls that admit probers by
+    # address, multi-homed hosts); None: the kernel's choice. TCP, HTTP and
+    # HTTPS checks; gRPC checks leave from the kernel's choice.
+    source: str | None = None
 
 
 # per-probe outcomes as globals (see the note on Outcome)
@@ -137,12 +141,22 @@ class Prober:
         finally:
             handle.cancel()
 
+    def _local(self, ip: str) -> tuple[str, int] | None:
+        """Where a probe of ``ip`` leaves from (None: the kernel's choice, and
+        always for an address family the source is not of)."""
+        source = self.settings.source
+        if source is None or (":" in source) != (":" in ip):
+            return None
+        return (source, 0)
+
     async def _probe(
         self, loop: asyncio.AbstractEventLoop, spec: ProbeSpec, key: Any, start: float
     ) -> ProbeResult:
         try:
             if spec.type == "TCP":
-                transport, _ = await loop.create_connection(_tcp_factory, spec.ip, spec.port)
+                transport, _ = await loop.create_connection(
+                    _tcp_factory, spec.ip, spec.port, local_addr=self._local(spec.ip)
+                )
                 transport.close()
                 return ProbeResult(Outcome.OK, loop.time() - start)
             if spec.type in ("HTTP", "HTTPS"):
@@ -202,6 +216,7 @@ class Prober:
             spec.port,
             ssl=tls,
             server_hostname=(spec.host or "") if tls else None,
+            local_addr=self._local(spec.ip),
         )
         try:
             proto.transport = transport

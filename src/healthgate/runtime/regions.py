@@ -8,6 +8,10 @@ endpoint=127.0.1.2`` - unless its region is set to:
 * ``refuse`` - the listener is closed: connections are refused (RST);
 * ``hang``   - connections are accepted and requests read, but never answered;
 * ``503``    - every request gets ``503 Service Unavailable``.
+
+:meth:`RegionBackends.deny` makes a region answer 503 to one client
+address only (a prober whose path to the region is broken, for the
+multi-vantage tests: the other probers still see it HEALTHY).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ class RegionBackends:
     def __init__(self) -> None:
         self.endpoints: list[_Endpoint] = []
         self.served: dict[str, int] = {}
+        self.denied: dict[str, set[str]] = {}  # region -> client addresses answered 503
         self._tasks: set[asyncio.Task[None]] = set()
 
     def add(self, region: str, ip: str, port: int) -> None:
@@ -68,7 +73,9 @@ class RegionBackends:
                     await reader.readexactly(length)
                 if ep.mode == "hang":
                     await asyncio.sleep(3600)
-                if ep.mode == "503":
+                peer = writer.get_extra_info("peername")
+                denied = self.denied.get(ep.region)
+                if ep.mode == "503" or (denied and peer and peer[0] in denied):
                     body = f"region={ep.region} endpoint={ep.ip} unavailable\n".encode()
                     writer.write(
                         b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: %d\r\n\r\n%s"
@@ -96,6 +103,14 @@ class RegionBackends:
             writer.close()
             if task is not None:
                 self._tasks.discard(task)
+
+    def deny(self, region: str, client: str, on: bool = True) -> None:
+        """Answer 503 to requests from ``client`` (an address) in ``region``."""
+        clients = self.denied.setdefault(region, set())
+        if on:
+            clients.add(client)
+        else:
+            clients.discard(client)
 
     async def set_mode(self, region: str, mode: str, count: int | None = None) -> int:
         """Break (or heal, with ``ok``) a region's endpoints; returns how many changed."""

@@ -29,6 +29,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from healthgate.api.app import ApiSettings, ApiState, create_app
 from healthgate.api.auth import Access
+from healthgate.cluster.node import ClusterHealth, ClusterNode, ClusterSettings
 from healthgate.controlplane.errors import ControlError, Refusal
 from healthgate.controlplane.health_service import HealthService
 from healthgate.controlplane.recorder import TransitionRecorder
@@ -50,6 +51,8 @@ from healthgate.model.resources import HealthCheck, Resource
 from healthgate.model.validation import InvalidResources
 from healthgate.probes.prober import ProbeSettings
 from healthgate.probes.scheduler import SchedulerSettings
+from healthgate.store.base import Store
+from healthgate.store.etcd import EtcdStore, parse_endpoints
 from healthgate.store.sqlite import SqliteStore
 
 if TYPE_CHECKING:
@@ -81,6 +84,18 @@ class ServeSettings:
     dns: str | None = None  # HOST:PORT of the authoritative DNS server for rules' dnsName
     dns_zones: list[str] = field(default_factory=list)  # default: each dnsName's parent
     xds: str | None = None  # HOST:PORT of the Envoy ADS server (CDS, EDS)
+    # cluster mode (SPEC §4): etcd://HOST:PORT[,...] (None: the SQLite store at db)
+    store: str | None = None
+    node: str | None = None
+    region: str | None = None
+    lease_ttl: int = 5
+
+    @property
+    def clustered(self) -> bool:
+        return self.store is not None and self.store.startswith("etcd://")
+
+    def store_name(self) -> str:
+        return self.store if self.clustered and self.store else self.db
 
 
 def parse_listen(text: str, option: str = "--listen") -> tuple[str, int]:
@@ -147,7 +162,8 @@ class Server:
         self.settings = settings
         self.host, self.port = parse_listen(settings.listen)
         self.access = Access.for_listen(self.host, settings.tokens_file)
-        self.store: SqliteStore | None = None
+        self.store: Store | None = None
+        self.node: ClusterNode | None = None
         self.health: HealthService | None = None
         self.control: ControlPlane | None = None
         self.recorder: TransitionRecorder | None = None
@@ -171,12 +187,25 @@ class Server:
     async def start(self) -> None:
         s = self.settings
         sys.setswitchinterval(s.switch_interval)
-        Path(s.db).parent.mkdir(parents=True, exist_ok=True)
         _check_free(self.host, self.port, "--listen")  # before the database is touched
-        self.store = store = SqliteStore(s.db)
-        self.health = health = HealthService(
-            s.probe, s.scheduler, failure_log_rate=s.failure_log_rate
-        )
+        health: HealthService
+        store: Store
+        dataplane_settings = s.dataplane
+        if s.clustered:
+            assert s.store is not None and s.node and s.region, "checked by the CLI"
+            cluster = ClusterSettings(s.node, s.region, s.lease_ttl)
+            etcd = EtcdStore(parse_endpoints(s.store))
+            self.store = store = etcd
+            health = ClusterHealth(
+                etcd, cluster, s.probe, s.scheduler, failure_log_rate=s.failure_log_rate
+            )
+            # the nodes of one region share its front ends' addresses
+            dataplane_settings = replace(s.dataplane, region=s.region, reuse_port=True)
+        else:
+            Path(s.db).parent.mkdir(parents=True, exist_ok=True)
+            self.store = store = SqliteStore(s.db)
+            health = HealthService(s.probe, s.scheduler, failure_log_rate=s.failure_log_rate)
+        self.health = health
         self.recorder = recorder = TransitionRecorder(store, retention=s.log_retention)
         recorder.last_id = store.last_log_id()
         health.subscribe(recorder.on_records)
@@ -185,16 +214,20 @@ class Server:
         self._tasks.append(asyncio.create_task(recorder.run(), name="recorder"))
 
         count = await control.load()
-        log.info("loaded %d resources from %s", count, s.db)
+        log.info("loaded %d resources from %s", count, s.store_name())
+        if isinstance(health, ClusterHealth):
+            assert isinstance(store, EtcdStore)
+            self.node = ClusterNode(store, health.cluster, health, recorder)
+            await self.node.start()  # members and opinions known before probing starts
         dataplane: DataPlaneService
         if s.dataplane.workers and s.dataplane.enabled:
             # listeners in worker processes (SO_REUSEPORT), fed from here
-            pool = WorkerPool(health.engine, replace(s.dataplane, reuse_port=True))
+            pool = WorkerPool(health.engine, replace(dataplane_settings, reuse_port=True))
             await pool.start()
             self.dataplane = dataplane = pool
             health.subscribe(lambda records: pool.publish_health())
         else:
-            self.dataplane = dataplane = DataPlane(health.engine, s.dataplane)
+            self.dataplane = dataplane = DataPlane(health.engine, dataplane_settings)
         await dataplane.sync(control.resources)  # routes are already resumed: fail static
         control.on_change.append(dataplane.sync)
         control.start()  # from here on, every change reaches the mirror through the watch
@@ -230,6 +263,8 @@ class Server:
         self.api_state.public_healthz = s.public_healthz
         if self.agent is not None:
             self.api_state.agent_address = (self.agent.host, self.agent.port)
+        if self.node is not None:
+            self.api_state.cluster_status = self.node.status
         self.api_state.collectors.append(DataPlaneCollector(dataplane))
         if isinstance(dataplane, WorkerPool):
             self.api_state.collectors.append(dataplane)
@@ -284,7 +319,7 @@ class Server:
         self._settle = asyncio.get_running_loop().call_later(
             first_round_seconds(control.resources.values()), _collect_and_freeze
         )
-        log.info("healthgate serving on %s (store %s)", self.url, s.db)
+        log.info("healthgate serving on %s (store %s)", self.url, s.store_name())
 
     async def _start_xds(self, address: str, health: HealthService, control: ControlPlane) -> None:
         """Envoy's ADS: a new snapshot whenever the resources change or a
@@ -351,6 +386,8 @@ class Server:
             await self.dns.close()
         if self.xds is not None:
             await self.xds.close()
+        if self.node is not None:
+            await self.node.close()
         if self.control is not None:
             await self.control.close()
         if self.health is not None:

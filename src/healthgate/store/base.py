@@ -114,6 +114,11 @@ class Unavailable(StoreError):
     """The store cannot take writes now (no quorum, read-only or full disk)."""
 
 
+class NotLeader(StoreError):
+    """A write guarded by an election key found the key gone: the writer was
+    deposed (cluster mode), and the write was not made."""
+
+
 @dataclass(frozen=True, slots=True)
 class LogQuery:
     project: str | None = None

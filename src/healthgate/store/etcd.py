@@ -71,6 +71,7 @@ from healthgate.store.base import (
     Document,
     LogEntry,
     LogQuery,
+    NotLeader,
     PreconditionFailed,
     RevisionMoved,
     Snapshot,
@@ -89,10 +90,6 @@ LOG_ID_WIDTH = 20
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE}
 _EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # the end of a stream
 _CLOSING: set[asyncio.Task[None]] = set()
-
-
-class NotLeader(StoreError):
-    """A guarded write found its election key gone: this node was deposed."""
 
 
 def prefix_end(prefix: bytes) -> bytes:
@@ -125,8 +122,8 @@ def parse_endpoints(text: str) -> list[str]:
 @dataclass(frozen=True, slots=True)
 class EtcdSettings:
     request_timeout: float = 2.0
-    watch_deadline: float = 6.0  # a watch silent this long (no answer to a progress ask) is dropped
-    progress_every: float = 2.0
+    watch_deadline: float = 3.0  # a watch silent this long (no answer to a progress ask) is dropped
+    progress_every: float = 1.0
     history: int = 10_000  # revisions of history kept
     compact_every: int = 1_000
 
@@ -217,6 +214,10 @@ class EtcdStore:
 
     def _key(self, key: str) -> bytes:
         return f"{self.ns}/{key}".encode()
+
+    def full_key(self, key: str) -> str:
+        """A key with the namespace, as etcd knows it."""
+        return f"{self.ns}/{key}"
 
     def _strip(self, raw: bytes) -> str:
         return raw.decode()[len(self.ns) + 1 :]
@@ -748,8 +749,11 @@ def _close_later(ch: grpc.aio.Channel) -> None:
 
 class Lease:
     """A lease kept alive on the event loop: refreshed every TTL/3 (in a
-    thread: the refresh is a blocking call), reported lost when a refresh
-    says it expired or none succeeded for a whole TTL."""
+    thread: the refresh is a blocking call). It is reported lost only when
+    etcd says it expired - etcd, not this process, decides: while etcd
+    cannot be reached the lease may well live on (etcd extends every lease
+    when a new leader is elected), and whatever this node writes meanwhile
+    fails or is guarded anyway."""
 
     def __init__(self, store: EtcdStore, ttl: int) -> None:
         self.store = store
@@ -767,20 +771,23 @@ class Lease:
     async def _refresh(self) -> None:
         loop = asyncio.get_running_loop()
         ok_at = loop.time()
+        warned = False
         while True:
             await asyncio.sleep(self.ttl / 3)
             try:
                 left = await asyncio.to_thread(self.store.keep_alive_once, self.id)
             except StoreError as exc:
-                if loop.time() - ok_at > self.ttl:
-                    log.warning("lease %x lost: no refresh for %ds (%s)", self.id, self.ttl, exc)
-                    self.lost.set()
-                    return
+                if not warned and loop.time() - ok_at > self.ttl:
+                    log.warning("lease %x not refreshed for %ds: %s", self.id, self.ttl, exc)
+                    warned = True
                 continue
             if left <= 0:
                 log.warning("lease %x expired", self.id)
                 self.lost.set()
                 return
+            if warned:
+                log.info("lease %x refreshed again", self.id)
+                warned = False
             ok_at = loop.time()
 
     async def close(self, revoke: bool = True) -> None:

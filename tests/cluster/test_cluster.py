@@ -1,0 +1,281 @@
+"""Cluster mode end to end (SPEC §4): 3 etcd members, 3 healthgate nodes
+(a and b in us-east1, c in europe-west1), real backends, a client sending
+requests through the front end the whole time. Each scenario starts from
+everything up and HEALTHY, asserts its outcome and prints how long it took.
+
+Run these alone with ``pytest -m cluster``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import yaml
+
+from healthgate.cluster.placement import by_region, probers
+from tests.cluster.stack import SOURCES, ClusterStack, Node, Traffic
+from tests.integration.serve_proc import wait_for
+
+pytestmark = pytest.mark.cluster
+
+US, EU = "us-east1", "europe-west1"
+WINDOW = 1 * 2 + 1 * 1  # timeout x threshold + interval x (threshold - 1), the e2e world's checks
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterStack]:
+    s = ClusterStack(tmp_path_factory.mktemp("cluster"), lease_ttl=2)
+    try:
+        s.start()
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture
+def fresh(stack: ClusterStack) -> ClusterStack:
+    stack.heal_all()
+    return stack
+
+
+def transitions_since(stack: ClusterStack, node: Node, after: int) -> list[dict[str, object]]:
+    return [e for e in stack.events(node, after) if e["kind"] != "Endpoint"]
+
+
+def test_nodes_share_the_probing_and_agree(fresh: ClusterStack) -> None:
+    statuses = {n.name: n.cluster() for n in fresh.live()}
+    leaders = {s["leader"] for s in statuses.values()}
+    assert len(leaders) == 1 and None not in leaders
+    assert sum(s["leading"] for s in statuses.values()) == 1
+    # 4 us-east1 endpoints between a and b as rendezvous hashing says, the 2
+    # in europe-west1 on c
+    regions = by_region({n.name: n.region for n in fresh.live()})
+    expected = dict.fromkeys(fresh.nodes, 0)
+    for region in (US, EU):
+        body = fresh.live()[0].get(f"/v1/projects/shop/regions/{region}/backendServices/web/health")
+        for ep in body["healthStatus"]:
+            path = f"{body['backendService']}/endpoints/{ep['ipAddress']}:{ep['port']}"
+            owner = probers(path, region, (region,), regions)[region]
+            expected[owner] += 1
+    assert {n: s["probing"] for n, s in statuses.items()} == expected
+    assert expected["c"] == 2 and expected["a"] + expected["b"] == 4
+    for node in fresh.live():
+        assert fresh.route_target(node) == US
+
+
+def test_kill_a_prober_node(fresh: ClusterStack) -> None:
+    leader = fresh.leader()
+    # a us-east1 node that probes something (rendezvous may give one of them all
+    # four), the leader only if it is that one
+    probing = [n for n in fresh.live() if n.region == US and n.cluster()["probing"]]
+    victim = next((n for n in probing if n is not leader), probing[0])
+    survivor = next(n for n in fresh.live() if n.region == US and n is not victim)
+    after = fresh.last_event_id(survivor)
+    with Traffic(fresh.front) as traffic:
+        time.sleep(0.5)  # traffic flowing before the kill
+        victim.kill()
+        killed = time.monotonic()
+        wait_for(lambda: survivor.cluster()["probing"] == 4, 15, what="the survivor probes all 4")
+        took = time.monotonic() - killed
+        # one more interval of probes from the survivor, still HEALTHY
+        time.sleep(1.5)
+    print(
+        f"\nkill -9 prober {victim.name}: {survivor.name} probes its endpoints after {took:.2f} s"
+    )
+    print(
+        f"traffic: {traffic.done} requests, {traffic.retried} retried, {len(traffic.errors)} errors"
+    )
+    assert took <= fresh.lease_ttl + 1 + 2  # lease TTL + one interval (+ the watch's delivery)
+    assert "victim" not in survivor.cluster()["members"]
+    changes = transitions_since(fresh, survivor, after)
+    assert changes == [], changes  # no route change, nothing above the endpoints moved
+    unknown = [e for e in fresh.events(survivor, after) if e["to"] == "UNKNOWN"]
+    assert unknown == []
+    assert traffic.errors == []
+    assert traffic.regions.get(EU, 0) == 0
+
+
+def test_kill_the_leader_then_break_a_region(fresh: ClusterStack) -> None:
+    leader = fresh.leader()
+    after = fresh.last_event_id(leader)
+    with Traffic(fresh.front) as traffic:
+        time.sleep(0.5)
+        leader.kill()
+        fresh.backends.set_mode(US, "refuse")
+        broke = time.monotonic()
+        others = fresh.live()
+        wait_for(
+            lambda: all(fresh.route_target(n) == EU for n in others), 20, what="failover everywhere"
+        )
+        took = time.monotonic() - broke
+        new_leader = wait_for(fresh._leader_or_none, 10, what="a new leader")
+    print(f"\nkill -9 leader {leader.name}, break us-east1: failover after {took:.2f} s")
+    print(f"new leader {new_leader.name}; traffic: {traffic.done} requests, ")
+    print(f"{traffic.retried} retried, {len(traffic.errors)} errors")
+    assert took <= WINDOW + fresh.lease_ttl + 1 + 1  # window + TTL + 1 s (+1 s: interval phase)
+    assert new_leader is not leader
+
+    def neg_records() -> list[dict[str, object]]:
+        return [
+            e
+            for e in fresh.events(new_leader, after)
+            if e["kind"] == "NetworkEndpointGroup" and e["to"] == "UNHEALTHY"
+        ]
+
+    wait_for(neg_records, 10, what="the NEG's transition in the log")
+    wait_for(lambda: fresh._log_quiet(new_leader), 10, interval=0.5, what="a quiet log")
+    records = neg_records()
+    assert len(records) == 1, records  # recorded once
+    # the same log through every node
+    for node in fresh.live():
+        assert [e["id"] for e in fresh.events(node, after)] == [
+            e["id"] for e in fresh.events(new_leader, after)
+        ]
+
+
+def test_the_etcd_leader_dies(fresh: ClusterStack) -> None:
+    node = fresh.live()[0]
+    after = fresh.last_event_id(node)
+    old = fresh.etcd.leader()
+    with Traffic(fresh.front) as traffic:
+        old.kill()
+        killed = time.monotonic()
+        new = wait_for(lambda: _etcd_leader(fresh), 10, what="a new etcd leader")
+        elected = time.monotonic() - killed
+        time.sleep(fresh.lease_ttl * 2)  # two lease TTLs: would anything move?
+    print(f"\netcd leader {old.name} killed: {new.name} leads after {elected:.2f} s")
+    print(f"traffic: {traffic.done} requests, {len(traffic.errors)} errors")
+    spurious = fresh.events(node, after)
+    assert spurious == [], spurious  # no spurious transition
+    assert all(len(n.cluster()["members"]) == 3 for n in fresh.live())
+    assert traffic.errors == []
+
+
+def _etcd_leader(stack: ClusterStack) -> object:
+    try:
+        return stack.etcd.leader()
+    except Exception:
+        return None
+
+
+def test_quorum_lost_then_back(fresh: ClusterStack) -> None:
+    node = fresh.nodes["c"]
+    writer = fresh.nodes["a"]
+    lost = fresh.etcd.members[1:]
+    with Traffic(fresh.front) as traffic:
+        for member in lost:
+            member.kill()
+        fresh.backends.set_mode(US, "refuse")
+        broke = time.monotonic()
+        time.sleep(WINDOW + 2)  # long enough for a failover, had there been quorum
+        routes = {n.name: fresh.route_target(n) for n in fresh.live()}
+        changed = [dict(d, description="written without quorum") for d in fresh.world]
+        manifest = yaml.safe_dump_all(changed)
+        refused = httpx.post(writer.url + "/v1/apply", json={"manifest": manifest}, timeout=10)
+        read = httpx.get(writer.url + "/v1/projects/shop/regions/us-east1/healthChecks", timeout=5)
+        served_during = dict(traffic.regions)
+        for member in lost:
+            fresh.etcd.restart(member)
+        back = time.monotonic()
+        wait_for(
+            lambda: all(fresh.route_target(n) == EU for n in fresh.live()),
+            30,
+            what="failover once quorum is back",
+        )
+        took = time.monotonic() - back
+    print(f"\nquorum lost {back - broke:.1f} s: routes {routes}, write {refused.status_code}")
+    print(f"quorum back: failover after {took:.2f} s; traffic {traffic.done} requests, ")
+    print(f"{traffic.retried} retried, {len(traffic.errors)} errors, served {served_during}")
+    assert set(routes.values()) == {US}  # no decision changed without quorum
+    assert refused.status_code == 503 and refused.json()["error"]["status"] == "UNAVAILABLE"
+    assert read.status_code == 200 and read.json()["items"]
+    assert sum(served_during.values()) > 0  # traffic kept flowing (retried into europe-west1)
+    assert traffic.errors == []
+    assert node.alive
+
+
+def test_a_frozen_etcd_member(fresh: ClusterStack) -> None:
+    # freeze the member node a talks to now
+    node = fresh.nodes["a"]
+    address = node.cluster()["etcdMember"]
+    frozen = next(m for m in fresh.etcd.members if m.address == address)
+    after = fresh.last_event_id(node)
+    with Traffic(fresh.front) as traffic:
+        frozen.freeze()
+        try:
+            froze = time.monotonic()
+            fresh.backends.set_mode(US, "refuse")
+            wait_for(
+                lambda: all(fresh.route_target(n) == EU for n in fresh.live()),
+                30,
+                what="failover with a frozen member",
+            )
+            took = time.monotonic() - froze
+        finally:
+            frozen.thaw()
+    logs = "".join(n.log.read_text() for n in fresh.live())
+    print(f"\nfrozen etcd member {frozen.name}: failover after {took:.2f} s")
+    print(f"traffic: {traffic.done} requests, {len(traffic.errors)} errors")
+    assert "a frozen member?" in logs  # the watchdog noticed
+    records = [
+        e
+        for e in fresh.events(node, after)
+        if e["kind"] == "NetworkEndpointGroup" and e["to"] == "UNHEALTHY"
+    ]
+    assert len(records) == 1
+    assert traffic.errors == []
+
+
+def test_one_dissenting_vantage(fresh: ClusterStack) -> None:
+    # us-east1's endpoints are checked from europe-west1 too
+    world = [
+        dict(d, vantageRegions=[EU]) if d["kind"] == "HealthCheck" and d["region"] == US else d
+        for d in fresh.world
+    ]
+    fresh.apply(world)
+    node = fresh.nodes["a"]
+    after = fresh.last_event_id(node)
+    c = fresh.nodes["c"]
+    wait_for(lambda: c.cluster()["probing"] == 2 + 4, 10, what="c probes us-east1 too")
+    try:
+        # c's path to us-east1 breaks: one vantage of two dissents
+        fresh.backends.backends.deny(US, SOURCES["c"])
+        started = time.monotonic()
+
+        def dissent_seen() -> bool:
+            body = node.get(f"/v1/projects/shop/regions/{US}/backendServices/web/health")
+            return all(
+                "saw it UNHEALTHY, short of a quorum" in e["reason"] for e in body["healthStatus"]
+            )
+
+        try:
+            wait_for(dissent_seen, 15, what="europe-west1's dissent on every endpoint")
+        except TimeoutError:
+            print(node.get(f"/v1/projects/shop/regions/{US}/backendServices/web/health"))
+            raise
+        seen = time.monotonic() - started
+        assert all(fresh.route_target(n) == US for n in fresh.live())
+        assert transitions_since(fresh, node, after) == []  # no failover
+        print(f"\none dissenting vantage: seen after {seen:.2f} s, no failover")
+        # now us-east1's own probers agree: a quorum of 2 of 2
+        for name in ("a", "b"):
+            fresh.backends.backends.deny(US, SOURCES[name])
+        wait_for(
+            lambda: all(fresh.route_target(n) == EU for n in fresh.live()),
+            15,
+            what="failover on a quorum of vantages",
+        )
+
+        def quorum_seen() -> bool:
+            body = node.get(f"/v1/projects/shop/regions/{US}/backendServices/web/health")
+            return all(
+                "UNHEALTHY from 2 of 2 live vantages" in e["reason"] for e in body["healthStatus"]
+            )
+
+        wait_for(quorum_seen, 10, what="every endpoint UNHEALTHY by a quorum")
+    finally:
+        fresh.backends.backends.denied.clear()
+        fresh.apply(fresh.world)
