@@ -246,3 +246,34 @@ class Traffic:
                         self.regions[region] = self.regions.get(region, 0) + 1
                     break
                 time.sleep(0.005)
+
+
+class TcpTraffic(Traffic):
+    """New TCP connections to a TCP front end, one request each, no retry:
+    a TCP proxy cannot know whether a byte stream may be replayed, so a
+    connection a killed node held is an error, counted and reported."""
+
+    def __init__(self, host: str, port: int, max_requests: int = 50_000) -> None:
+        super().__init__(f"tcp://{host}:{port}", max_requests)
+        self.address = (host, port)
+
+    def _run(self) -> None:
+        import socket
+
+        while not self._stop.is_set() and self.done < self.max:
+            self.done += 1
+            try:
+                with socket.create_connection(self.address, timeout=5) as s:
+                    s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    data = b""
+                    while chunk := s.recv(4096):
+                        data += chunk
+                text = data.decode(errors="replace")
+                if not text.startswith("HTTP/1.1 200"):
+                    self.errors.append(text[:60] or "empty answer")
+                else:
+                    region = text.split("\r\n\r\n", 1)[1].split()[0].removeprefix("region=")
+                    self.regions[region] = self.regions.get(region, 0) + 1
+            except OSError as exc:
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+            time.sleep(0.005)

@@ -8,6 +8,8 @@ Run these alone with ``pytest -m cluster``.
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 from collections.abc import Iterator
 
@@ -16,7 +18,7 @@ import pytest
 import yaml
 
 from healthgate.cluster.placement import by_region, probers
-from tests.cluster.stack import SOURCES, ClusterStack, Node, Traffic
+from tests.cluster.stack import SOURCES, ClusterStack, Node, TcpTraffic, Traffic
 from tests.integration.serve_proc import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -74,7 +76,8 @@ def test_kill_a_prober_node(fresh: ClusterStack) -> None:
     victim = next((n for n in probing if n is not leader), probing[0])
     survivor = next(n for n in fresh.live() if n.region == US and n is not victim)
     after = fresh.last_event_id(survivor)
-    with Traffic(fresh.front) as traffic:
+    tcp_port = fresh.producer_ports[0]  # us-east1's TCP producer rule, on a and b
+    with Traffic(fresh.front) as traffic, TcpTraffic("127.0.1.100", tcp_port) as tcp:
         time.sleep(0.5)  # traffic flowing before the kill
         victim.kill()
         killed = time.monotonic()
@@ -88,8 +91,9 @@ def test_kill_a_prober_node(fresh: ClusterStack) -> None:
     print(
         f"traffic: {traffic.done} requests, {traffic.retried} retried, {len(traffic.errors)} errors"
     )
+    print(f"TCP: {tcp.done} connections, {len(tcp.errors)} failed {tcp.errors[:3]}")
     assert took <= fresh.lease_ttl + 1 + 2  # lease TTL + one interval (+ the watch's delivery)
-    assert "victim" not in survivor.cluster()["members"]
+    assert victim.name not in survivor.cluster()["members"]
     changes = transitions_since(fresh, survivor, after)
     assert changes == [], changes  # no route change, nothing above the endpoints moved
     unknown = [e for e in fresh.events(survivor, after) if e["to"] == "UNKNOWN"]
@@ -279,3 +283,57 @@ def test_one_dissenting_vantage(fresh: ClusterStack) -> None:
     finally:
         fresh.backends.backends.denied.clear()
         fresh.apply(fresh.world)
+
+
+def _sse_ids(url: str, headers: dict[str, str], want: int, timeout: float) -> list[tuple[int, str]]:
+    """(id, kind) of the first ``want`` events of a stream; bounded in time."""
+    out: list[tuple[int, str]] = []
+    deadline = time.monotonic() + timeout
+    with httpx.stream("GET", url, headers=headers, timeout=timeout) as r:
+        event_id = 0
+        for line in r.iter_lines():
+            if line.startswith("id: "):
+                event_id = int(line[4:])
+            elif line.startswith("data: ") and event_id:
+                out.append((event_id, json.loads(line[6:])["kind"]))
+                event_id = 0
+                if len(out) >= want:
+                    break
+            if time.monotonic() > deadline:
+                break
+    return out
+
+
+def test_any_node_writes_reads_and_streams_the_one_log(fresh: ClusterStack) -> None:
+    a, b, c = fresh.nodes["a"], fresh.nodes["b"], fresh.nodes["c"]
+    # a write through b is read back, with its fingerprint, through a and c
+    changed = [
+        dict(d, description="via b") if d["kind"] == "HealthCheck" else d for d in fresh.world
+    ]
+    fresh.apply(changed, b)
+    path = "/v1/projects/shop/regions/europe-west1/healthChecks/http-8080"
+    wait_for(lambda: a.get(path).get("description") == "via b", 5, what="a's mirror")
+    assert a.get(path)["fingerprint"] == c.get(path)["fingerprint"] == b.get(path)["fingerprint"]
+    # a transition streams from every node with the same id
+    stream = "/v1/projects/web/events/stream?kind=NetworkEndpointGroup"
+    got: dict[str, list[tuple[int, str]]] = {}
+    threads = [
+        threading.Thread(
+            target=lambda n=n: got.__setitem__(n.name, _sse_ids(n.url + stream, {}, 1, 20)),
+            daemon=True,
+        )
+        for n in (a, b, c)
+    ]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)  # the streams are open (they start "from now")
+    fresh.backends.set_mode(EU, "refuse")
+    for t in threads:
+        t.join(25)
+    assert set(got) == {"a", "b", "c"}
+    ids = {name: events[0][0] for name, events in got.items()}
+    assert len(set(ids.values())) == 1, got  # one record, one id, on every node
+    # and a stream resumed on another node with Last-Event-ID replays it
+    first = ids["a"]
+    again = _sse_ids(c.url + stream, {"Last-Event-ID": str(first - 1)}, 1, 10)
+    assert again[0] == (first, "NetworkEndpointGroup")

@@ -526,3 +526,33 @@ def test_a_tcp_check_completes_the_handshake_unless_half_open(
         assert seen == accepted
     finally:
         listener.close()
+
+
+@both
+@pytest.mark.parametrize("kind", ["TCP", "HTTP"])
+def test_probes_leave_from_the_source_address(prober_kind: str, kind: str) -> None:
+    """--probe-source: every probe, a pooled socket's second one too, comes
+    from the given address."""
+    peers: list[str] = []
+
+    async def go() -> list[Outcome]:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            peers.append(writer.get_extra_info("peername")[0])
+            if kind == "HTTP":
+                await reader.readuntil(b"\r\n\r\n")
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        prober = PROBERS[prober_kind](ProbeSettings(source="127.0.0.9"))
+        try:
+            return [(await prober.probe(spec(kind, port))).outcome for _ in range(3)]
+        finally:
+            await prober.close()
+            server.close()
+
+    outcomes = run_async(go())
+    assert outcomes == [Outcome.OK] * 3
+    assert peers and set(peers) == {"127.0.0.9"}

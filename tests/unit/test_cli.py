@@ -180,6 +180,27 @@ def test_serve_on_a_busy_port_stops_before_touching_the_database(tmp_path: Path)
     assert not db.exists()
 
 
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--store", "etcd://127.0.0.1:2379"], "--store etcd:// needs --node and --region"),
+        (["--store", "etcd://127.0.0.1:2379", "--node", "a"], "needs --region"),
+        (["--store", "mysql://x"], "--store: expected sqlite:PATH or etcd://"),
+        (["--store", "etcd://nohost", "--node", "a", "--region", "r"], "'nohost' is not HOST:PORT"),
+        (["--probe-source", "192.0.2.1"], "--probe-source 192.0.2.1"),
+    ],
+)
+def test_serve_refuses_a_bad_store_or_source_in_one_line(
+    tmp_path: Path, args: list[str], says: str
+) -> None:
+    db = tmp_path / "never.db"
+    proc = run_cli("serve", "--db", str(db), "--listen", "127.0.0.1:0", *args)
+    assert proc.returncode == 1, proc.stderr
+    assert says in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not db.exists()
+
+
 def test_validate_of_a_consumer_manifest_warns_about_the_producers_attachment(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

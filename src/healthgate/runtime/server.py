@@ -188,6 +188,8 @@ class Server:
         s = self.settings
         sys.setswitchinterval(s.switch_interval)
         _check_free(self.host, self.port, "--listen")  # before the database is touched
+        if s.probe.source is not None:
+            _check_local(s.probe.source)
         health: HealthService
         store: Store
         dataplane_settings = s.dataplane
@@ -417,6 +419,18 @@ def _check_free(host: str, port: int, option: str) -> None:
         except OSError as exc:
             raise OSError(
                 f"{option} {host}:{port}: {exc.strerror or exc} (another healthgate?)"
+            ) from None
+
+
+def _check_local(source: str) -> None:
+    """--probe-source must be an address of this machine."""
+    family = socket.AF_INET6 if ":" in source else socket.AF_INET
+    with socket.socket(family) as probe:
+        try:
+            probe.bind((source, 0))
+        except OSError as exc:
+            raise OSError(
+                f"--probe-source {source}: {exc.strerror or exc} (not an address of this machine?)"
             ) from None
 
 
