@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import yaml
 
+from healthgate.runtime.etcd_local import EtcdCluster
 from tests.e2e.harness import Backends, e2e_world, ports
-from tests.etcd_members import EtcdCluster
 from tests.integration.serve_proc import wait_for
 from tests.integration.servers import free_port
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from healthgate.runtime.etcd_local import EtcdCluster
 from healthgate.store.base import (
     EXISTS,
     Change,
@@ -30,7 +31,6 @@ from healthgate.store.base import (
 from healthgate.store.etcd import EtcdStore
 from healthgate.store.memory import MemoryStore
 from healthgate.store.sqlite import SqliteStore, StoreLocked
-from tests.etcd_members import EtcdCluster
 from tests.helpers import run_async
 
 Factory = Callable[[Path, int], Store]
@@ -393,3 +393,16 @@ def test_a_full_disk_refuses_the_write_and_loses_nothing(tmp_path: Path) -> None
         assert [c.revision for c in s.changes_since(rev - 1)] == [rev]  # no half transaction
     finally:
         s.close()
+
+
+def test_etcd_names_the_limit_an_oversized_write_meets(etcd: EtcdCluster) -> None:
+    from healthgate.store.base import TooLarge
+
+    store = EtcdStore(etcd.endpoints, f"/contract/{uuid.uuid4().hex}")
+    try:
+        small = store.commit(Txn(puts={f"k{i}": {"v": i} for i in range(100)}))
+        with pytest.raises(TooLarge, match="--max-txn-ops"):
+            store.commit(Txn(puts={f"big{i}": {"v": i} for i in range(300)}))
+        assert store.revision() == small and store.get("big0") is None  # nothing written
+    finally:
+        store.close()

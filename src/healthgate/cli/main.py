@@ -197,6 +197,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     backend_port=args.backend_port,
                     producer_port=args.producer_port,
                     with_=tuple(dict.fromkeys(args.with_ or ())),
+                    cluster=args.cluster,
                 )
             )
         )
@@ -484,6 +485,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["haproxy", "envoy", "dns"],
         help="also show another data plane following healthgate (repeatable): HAProxy on "
         ":8089 (agent-check), Envoy on :8090 (ADS), DNS on :5353",
+    )
+    p.add_argument(
+        "--cluster",
+        action="store_true",
+        help="cluster mode: 3 etcd members (Debian's etcd-server) and a node per region, "
+        "started and removed with the demo (docs/cluster.md)",
     )
     client.add_client_options(p)
     p.set_defaults(func=cmd_demo)

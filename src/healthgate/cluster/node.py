@@ -33,6 +33,7 @@ import contextlib
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -42,7 +43,14 @@ from healthgate.controlplane.health_service import HealthService
 from healthgate.controlplane.recorder import TransitionRecorder
 from healthgate.controlplane.saved_states import engine_states
 from healthgate.health.engine import ApplyResult, HealthEngine, endpoint_name
-from healthgate.health.states import HealthState, Outcome, ProbeResult, Record, Transition
+from healthgate.health.states import (
+    HealthState,
+    Outcome,
+    ProbeResult,
+    Record,
+    RouteChange,
+    Transition,
+)
 from healthgate.health.vantage import vantages_of, verdict
 from healthgate.model.resources import Resource
 from healthgate.probes.prober import ProbeSettings
@@ -124,6 +132,7 @@ class ClusterHealth(HealthService):
         self._outbox_wake = asyncio.Event()
         self._orphans: frozenset[str] = frozenset()
         self.opinion_writes = 0
+        self.route_lags: deque[float] = deque(maxlen=1000)
 
     # ------------------------------------------------------------------ resources
 
@@ -319,7 +328,12 @@ class ClusterHealth(HealthService):
             reason = f"{voters[0].reason} (probed by {voters[0].node})"
         # the opinions' own time, so every node records the same transition
         when = max((o.since for o in voters), default=self.clock())
-        return self.engine.table.set_state(when, ep.slot, state, reason)
+        records = self.engine.table.set_state(when, ep.slot, state, reason)
+        if any(isinstance(r, RouteChange) for r in records):
+            # from the prober's flip to this node's new route: etcd's write,
+            # the watch and the engine (bench/cluster.py reads these)
+            self.route_lags.append(self.clock() - when)
+        return records
 
     def _decide_all(self) -> list[Record]:
         records: list[Record] = []
@@ -541,7 +555,8 @@ class ClusterNode:
 
     def _step_down(self, why: str) -> None:
         if self.leading:
-            log.warning("this node no longer leads: %s", why)
+            level = logging.INFO if why == "stopping" else logging.WARNING
+            log.log(level, "this node no longer leads: %s", why)
         self.leading = False
         self.recorder.stop_persisting()
 
@@ -555,6 +570,8 @@ class ClusterNode:
             "probing": len(self.health.mine),
             "etcdMember": self.store.members.current(),  # the member this node talks to now
             "opinionWrites": self.health.opinion_writes,
+            # seconds from a prober's flip to this node's route change, the last ones
+            "routeLags": [round(x, 6) for x in self.health.route_lags],
         }
 
     async def close(self) -> None:

@@ -53,6 +53,7 @@ from healthgate.store.base import (
     ResourceStore,
     RevisionMoved,
     StateStore,
+    TooLarge,
     Txn,
     Unavailable,
 )
@@ -376,6 +377,8 @@ class ControlPlane:
             raise ControlError(
                 Refusal.UNAVAILABLE, f"the store cannot take writes: {exc}"
             ) from None
+        except TooLarge as exc:
+            raise ControlError(Refusal.INVALID, str(exc)) from None
 
     def _too_busy(self) -> ControlError:
         return ControlError(

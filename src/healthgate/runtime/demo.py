@@ -37,6 +37,7 @@ from healthgate.api.errors import error_response
 from healthgate.integrations.haproxy import haproxy_backend
 from healthgate.integrations.xds import bootstrap
 from healthgate.model.names import ResourcePath
+from healthgate.runtime.etcd_local import EtcdCluster
 from healthgate.runtime.regions import MODES, RegionBackends
 from healthgate.runtime.server import Server, ServeSettings
 
@@ -60,6 +61,9 @@ class DemoSettings:
     agent_port: int = 7401
     xds_port: int = 7402
     dns_port: int = 5353
+    # cluster mode (docs/cluster.md): 3 etcd members and a node per region,
+    # this process being the us-east1 node (its API at ``listen``)
+    cluster: bool = False
 
 
 DNS_NAME = "shop.demo.test"
@@ -322,17 +326,26 @@ async def run_demo(s: DemoSettings) -> None:
     manifest = tmp / "demo.yaml"
     manifest.write_text(yaml.safe_dump_all(demo_manifest(s), sort_keys=False))
     check_programs(s.with_)
-    server = Server(
-        ServeSettings(
-            db=str(tmp / "demo.db"),
-            listen=s.listen,
-            manifests=[str(manifest)],
-            failure_log_rate=0,
-            agent=f"127.0.0.1:{s.agent_port}" if "haproxy" in s.with_ else None,
-            xds=f"127.0.0.1:{s.xds_port}" if "envoy" in s.with_ else None,
-            dns=f"127.0.0.1:{s.dns_port}" if "dns" in s.with_ else None,
-        )
+    etcd: EtcdCluster | None = None
+    if s.cluster:
+        try:
+            etcd = await asyncio.to_thread(EtcdCluster, tmp, 3)
+        except FileNotFoundError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise DemoError(str(exc)) from None
+    settings = ServeSettings(
+        db=str(tmp / "demo.db"),
+        listen=s.listen,
+        manifests=[str(manifest)],
+        failure_log_rate=0,
+        agent=f"127.0.0.1:{s.agent_port}" if "haproxy" in s.with_ else None,
+        xds=f"127.0.0.1:{s.xds_port}" if "envoy" in s.with_ else None,
+        dns=f"127.0.0.1:{s.dns_port}" if "dns" in s.with_ else None,
     )
+    if etcd is not None:
+        settings.store, settings.node, settings.region = etcd.url, "a", REGIONS[0][0]
+        settings.lease_ttl = 3
+    server = Server(settings)
     load = LoadGenerator(s.front_port, s.rate)
     loads = {"healthgate's front end": load}
     if "haproxy" in s.with_:
@@ -342,13 +355,17 @@ async def run_demo(s: DemoSettings) -> None:
     server.configure_app.append(lambda app: add_demo_routes(app, backends, load))
     tasks: list[asyncio.Task[None]] = []
     peers: list[subprocess.Popen[bytes]] = []
+    nodes: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}
     try:
         await backends.start()
         await server.start()
+        if etcd is not None:
+            nodes = start_nodes(etcd, s, tmp)
+            peers += [proc for _, proc in nodes.values()]
         peers += start_peers(server, s, tmp)
         tasks += [asyncio.create_task(g.run()) for g in loads.values()]
-        tasks.append(asyncio.create_task(report(loads, s)))
-        print_intro(server.url, s, manifest)
+        tasks.append(asyncio.create_task(report(loads, s, server if etcd else None)))
+        print_intro(server.url, s, manifest, nodes)
         await server.serve_forever()
     finally:
         print("\nstopping the demo ...", flush=True)
@@ -361,7 +378,31 @@ async def run_demo(s: DemoSettings) -> None:
                 peer.wait(10)
         await server.stop()
         await backends.stop()
+        if etcd is not None:
+            etcd.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# the other nodes of ``demo --cluster``: name -> (region, API port offset from --listen's)
+CLUSTER_NODES = {"b": (REGIONS[1][0], 10), "c": (REGIONS[2][0], 20)}
+
+
+def start_nodes(
+    etcd: EtcdCluster, s: DemoSettings, tmp: Path
+) -> dict[str, tuple[str, subprocess.Popen[bytes]]]:
+    """One ``healthgate serve`` per other region, over the same etcd."""
+    host, _, port = s.listen.rpartition(":")
+    nodes = {}
+    for name, (region, offset) in CLUSTER_NODES.items():
+        url = f"{host}:{int(port) + offset}"
+        cmd = [
+            sys.executable, "-m", "healthgate", "serve",
+            "--store", etcd.url, "--node", name, "--region", region,
+            "--lease-ttl", "3", "--listen", url, "--probe-failure-log-rate", "0",
+            "--log-level", "warning",
+        ]  # fmt: skip
+        nodes[name] = (f"http://{url}", _spawn(cmd, tmp / f"node-{name}.log"))
+    return nodes
 
 
 def start_peers(server: Server, s: DemoSettings, tmp: Path) -> list[subprocess.Popen[bytes]]:
@@ -409,10 +450,16 @@ def dns_says(port: int) -> str:
     return f"{address} ({region})"
 
 
-async def report(loads: dict[str, LoadGenerator], s: DemoSettings) -> None:
+async def report(
+    loads: dict[str, LoadGenerator], s: DemoSettings, clustered: Server | None = None
+) -> None:
     with contextlib.suppress(asyncio.CancelledError):
         while True:
             await asyncio.sleep(5)
+            if clustered is not None and clustered.node is not None:
+                status = clustered.node.status()
+                members = ", ".join(f"{n} ({r})" for n, r in status["members"].items())
+                print(f"-- cluster: leader {status['leader']}; live nodes {members}", flush=True)
             for name, load in loads.items():
                 rates = ", ".join(f"{r} {v}/s" for r, v in load.rates().items()) or "none yet"
                 print(f"-- traffic through {name} (last 5 s): {rates}", flush=True)
@@ -448,7 +495,27 @@ def peers_text(s: DemoSettings) -> str:
     return "".join(line + "\n" for line in lines) + ("\n" if lines else "")
 
 
-def print_intro(url: str, s: DemoSettings, manifest: Path) -> None:
+def cluster_text(nodes: dict[str, tuple[str, subprocess.Popen[bytes]]]) -> str:
+    if not nodes:
+        return ""
+    lines = [
+        "Cluster mode: 3 etcd members; node a (us-east1) is this process, and",
+        *(
+            f"  node {name} ({CLUSTER_NODES[name][0]}): API {url}, pid {proc.pid}"
+            for name, (url, proc) in nodes.items()
+        ),
+        "Try: kill -9 one of those pids and watch its endpoints move to the other nodes;",
+        "     curl -s localhost:7400/v1/cluster   (who leads, who probes what)",
+    ]
+    return "\n".join(lines) + "\n\n"
+
+
+def print_intro(
+    url: str,
+    s: DemoSettings,
+    manifest: Path,
+    nodes: dict[str, tuple[str, subprocess.Popen[bytes]]] | None = None,
+) -> None:
     hg = command_name()
     print(
         f"""
@@ -466,7 +533,7 @@ Try, in another terminal:
   {hg} events --project shop --follow
   {hg} demo heal us-east1
 
-{peers_text(s)}Ctrl-C stops everything.
+{peers_text(s)}{cluster_text(nodes or {})}Ctrl-C stops everything.
 """,
         flush=True,
     )

@@ -114,6 +114,11 @@ class Unavailable(StoreError):
     """The store cannot take writes now (no quorum, read-only or full disk)."""
 
 
+class TooLarge(StoreError):
+    """One transaction is larger than the store takes (etcd's --max-txn-ops
+    and --max-request-bytes); the message says which limit and how to raise it."""
+
+
 class NotLeader(StoreError):
     """A write guarded by an election key found the key gone: the writer was
     deposed (cluster mode), and the write was not made."""

@@ -76,6 +76,7 @@ from healthgate.store.base import (
     RevisionMoved,
     Snapshot,
     StoreError,
+    TooLarge,
     Txn,
     Unavailable,
     record_matches,
@@ -237,6 +238,8 @@ class EtcdStore:
             except grpc.RpcError as exc:
                 code = exc.code()
                 last = exc
+                if code == grpc.StatusCode.INVALID_ARGUMENT:
+                    raise _refusal(exc) from None  # etcd refused the request itself
                 self.members.skip(endpoint)
                 if code in _RETRYABLE or (not write and code == grpc.StatusCode.DEADLINE_EXCEEDED):
                     continue
@@ -288,17 +291,31 @@ class EtcdStore:
         return Snapshot(int(resp.header.revision), docs)
 
     def _read_many(self, keys: Iterable[str]) -> tuple[int, dict[str, Any], int]:
-        """Several resource keys and the resources guard, as of one revision."""
+        """Several resource keys and the resources guard, as of one revision
+        (read in transactions of at most MAX_OPS ranges, all at the first one's revision)."""
         names = list(dict.fromkeys(keys))
-        ops = [pb.RequestOp(request_range=pb.RangeRequest(key=self._meta))]
-        ops += [pb.RequestOp(request_range=pb.RangeRequest(key=self._key("r/" + k))) for k in names]
-        resp = self._txn([], ops)
         found: dict[str, Any] = {}
-        for name, op in zip(names, resp.responses[1:], strict=True):
-            if op.response_range.kvs:
-                found[name] = op.response_range.kvs[0]
-        meta = resp.responses[0].response_range.kvs
-        return int(resp.header.revision), found, int(meta[0].mod_revision) if meta else 0
+        revision, meta_rev = 0, 0
+        for i in range(0, max(len(names), 1), MAX_OPS):
+            chunk = names[i : i + MAX_OPS]
+            ops = [
+                pb.RequestOp(
+                    request_range=pb.RangeRequest(key=self._key("r/" + k), revision=revision)
+                )
+                for k in chunk
+            ]
+            if not revision:
+                ops.insert(0, pb.RequestOp(request_range=pb.RangeRequest(key=self._meta)))
+            resp = self._txn([], ops)
+            answers = list(resp.responses)
+            if not revision:
+                revision = int(resp.header.revision)
+                meta = answers.pop(0).response_range.kvs
+                meta_rev = int(meta[0].mod_revision) if meta else 0
+            for name, op in zip(chunk, answers, strict=True):
+                if op.response_range.kvs:
+                    found[name] = op.response_range.kvs[0]
+        return revision, found, meta_rev
 
     def commit(self, txn: Txn) -> int:
         keys = [*txn.puts, *txn.deletes, *txn.expect]
@@ -725,6 +742,21 @@ class EtcdStore:
             with contextlib.suppress(Exception):
                 _close_later(ch)
         self._aio.clear()
+
+
+def _refusal(exc: grpc.RpcError) -> StoreError:
+    detail = str(exc.details() or "")
+    if "too many operations" in detail:
+        return TooLarge(
+            f"one write of more keys than etcd takes in a transaction ({detail}): "
+            "raise --max-txn-ops on the etcd members (docs/cluster.md) or apply in parts"
+        )
+    if "too large" in detail:
+        return TooLarge(
+            f"one write larger than etcd takes ({detail}): raise --max-request-bytes on the "
+            "etcd members (docs/cluster.md) or apply in parts"
+        )
+    return StoreError(f"etcd refused the request: {detail}")
 
 
 class _WatchEnded(Exception):

@@ -1,9 +1,11 @@
-"""Real etcd members on loopback for the tests (Debian's etcd-server).
+"""A throw-away etcd cluster on loopback: ``healthgate demo --cluster``, the
+cluster tests and bench/cluster.py (Debian's etcd-server).
 
 ``EtcdCluster(tmp, n)`` starts ``n`` members of one cluster, each with its own
 data directory and two free loopback ports, waits until the cluster answers
 a write, and stops them all on ``close``. Members can be killed, frozen
-(SIGSTOP) and brought back, for the cluster-mode scenarios.
+(SIGSTOP) and brought back, for the cluster-mode scenarios. Never for
+production: the members are tuned for loopback (50 ms heartbeats).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from aetcd.rpc import rpc_pb2 as pb
 from aetcd.rpc import rpc_pb2_grpc as stubs
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
+MISSING = "etcd is not installed: apt-get install etcd-server (Debian's package)"
 
 
 def free_port() -> int:
@@ -31,8 +34,11 @@ def free_port() -> int:
 
 
 class Member:
-    def __init__(self, name: str, data: Path, client: int, peer: int) -> None:
+    def __init__(
+        self, name: str, data: Path, client: int, peer: int, extra: tuple[str, ...] = ()
+    ) -> None:
         self.name, self.data, self.client, self.peer = name, data, client, peer
+        self.extra = extra
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = data.with_suffix(".log")
 
@@ -56,6 +62,7 @@ class Member:
             "--election-timeout", "500",
             "--logger", "zap",
             "--log-outputs", str(self.log),
+            *self.extra,
         ]  # fmt: skip
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -75,11 +82,12 @@ class Member:
 
 
 class EtcdCluster:
-    def __init__(self, tmp: Path, size: int = 1) -> None:
+    def __init__(self, tmp: Path, size: int = 1, extra: tuple[str, ...] = ()) -> None:
         if not Path(ETCD).exists():
-            raise RuntimeError("etcd is not installed: apt-get install etcd-server")
+            raise FileNotFoundError(MISSING)
         self.members = [
-            Member(f"m{i}", tmp / f"etcd-m{i}", free_port(), free_port()) for i in range(size)
+            Member(f"m{i}", tmp / f"etcd-m{i}", free_port(), free_port(), extra)
+            for i in range(size)
         ]
         self.initial = ",".join(f"{m.name}=http://127.0.0.1:{m.peer}" for m in self.members)
         for m in self.members:
