@@ -45,23 +45,14 @@ def test_demo_cluster_comes_up_moves_a_dead_nodes_endpoints_and_cleans_up(
     api = _api_port()
     front, backend, producer = free_port(), free_port("127.0.1.1"), free_port("127.0.1.100")
     log_path = tmp_path / "demo.log"
+    cmd = [
+        sys.executable, "-m", "healthgate", "demo", "--cluster",
+        "--listen", f"127.0.0.1:{api}", "--front-port", str(front),
+        "--backend-port", str(backend), "--producer-port", str(producer),
+    ]  # fmt: skip
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "healthgate",
-                "demo",
-                "--cluster",
-                "--listen",
-                f"127.0.0.1:{api}",
-                "--front-port",
-                str(front),
-                "--backend-port",
-                str(backend),
-                "--producer-port",
-                str(producer),
-            ],  # fmt: skip
+            cmd,
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -78,7 +69,7 @@ def test_demo_cluster_comes_up_moves_a_dead_nodes_endpoints_and_cleans_up(
         status = wait_for(
             lambda: (c := cluster()) and len(c["members"]) == 3 and c,
             60,
-            what="3 nodes",  # type: ignore[arg-type]
+            what="3 nodes",
         )
         assert status["leader"] in ("a", "b", "c")
         text = log_path.read_text()
