@@ -1,0 +1,278 @@
+"""Cluster mode, measured (issue: cluster mode on etcd; docs/cluster.md).
+
+    python bench/cluster.py                           # the issue's sizes
+    python bench/cluster.py --endpoints 20000 --single 5000 --duration 10   # quicker
+
+Three figures, each printed with its goal:
+
+1. **Probing shared over nodes**: one node probing ``--single`` endpoints
+   (20,000) against ``--nodes`` nodes (4) sharing ``--endpoints`` (100,000),
+   every endpoint checked every 5 s, all over one 3-member etcd on this
+   machine. CPU per check (utime+stime of every node over the window, per
+   probe started) of the cluster over that of the single node: goal within
+   1.2x. Checks are TCP, half-open (``--tcp-half-open``): the endpoints are
+   loopback addresses 127.10.x.y on one listening socket, which then needs no
+   accept loop of its own (a full handshake would put the backend's accept
+   loop on the same two cores).
+2. **etcd writes per second at steady state** (all endpoints HEALTHY): the
+   etcd revision's growth over the window (lease refreshes make no revision):
+   goal 0 - only transitions and the slow resync are written.
+   And the **memory** (VmRSS) of each node.
+3. **Composite transition -> route change on every node**: the 3-node
+   two-region stack of the cluster tests; us-east1 broken and healed
+   ``--flips`` times; each node reports, per route change, the time from the
+   prober's flip to its own new route (etcd write + watch + engine). p50 and
+   p99 over every node and flip: goal p99 <= 20 ms on loopback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tests.cluster.stack import ClusterStack
+from tests.integration.serve_proc import wait_for
+
+from common import Proc, cpu_seconds, free_port, wait_until
+from healthgate.runtime.etcd_local import EtcdCluster
+from healthgate.store.etcd import EtcdStore
+
+NEG_SIZE = 2000  # endpoints per NEG (one NEG is one etcd key: ~100 KB)
+APPLY_NEGS = 5  # NEGs per apply (an apply is one etcd request: under its 1.5 MiB)
+
+
+def world(count: int, port: int) -> list[list[dict[str, Any]]]:
+    """``count`` TCP endpoints on 127.10.x.y:port, in applies etcd takes."""
+    negs = []
+    for n in range((count + NEG_SIZE - 1) // NEG_SIZE):
+        first = n * NEG_SIZE
+        eps = [
+            {"ipAddress": f"127.10.{i // 250}.{i % 250 + 1}", "port": port}
+            for i in range(first, min(count, first + NEG_SIZE))
+        ]
+        negs.append(
+            {
+                "kind": "NetworkEndpointGroup",
+                "project": "bench",
+                "region": "r1",
+                "name": f"neg{n}",
+                "networkEndpointType": "GCE_VM_IP_PORT",
+                "endpoints": eps,
+            }
+        )
+    check = {
+        "kind": "HealthCheck",
+        "project": "bench",
+        "region": "r1",
+        "name": "hc",
+        "type": "TCP",
+        "port": port,
+        "checkIntervalSec": 5,
+        "timeoutSec": 1,
+    }
+    service = {
+        "kind": "BackendService",
+        "project": "bench",
+        "region": "r1",
+        "name": "bs",
+        "loadBalancingScheme": "INTERNAL",
+        "healthChecks": ["hc"],
+        "backends": [{"group": n["name"]} for n in negs],
+    }
+    batches = [negs[i : i + APPLY_NEGS] for i in range(0, len(negs), APPLY_NEGS)]
+    return [*batches, [check, service]]
+
+
+def start_node(name: str, etcd: EtcdCluster, work: Path) -> tuple[Proc, str]:
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "healthgate", "serve",
+        "--store", etcd.url, "--node", name, "--region", "r1",
+        "--listen", f"127.0.0.1:{port}", "--no-dataplane", "--tcp-half-open",
+        "--probe-failure-log-rate", "0", "--log-level", "warning",
+    ]  # fmt: skip
+    return Proc(cmd, work / f"node-{name}.log"), f"http://127.0.0.1:{port}"
+
+
+def metric(url: str, name: str) -> float:
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def probing_run(
+    count: int, nodes: int, work: Path, duration: float, settle: float
+) -> dict[str, Any]:
+    """``nodes`` nodes over a fresh 3-member etcd probing ``count`` endpoints."""
+    etcd = EtcdCluster(work, 3, ("--quota-backend-bytes", str(4 << 30)))
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("0.0.0.0", 0))  # every 127.10.x.y of it (loopback is all local)
+    listener.listen(4096)
+    port = listener.getsockname()[1]
+    procs: list[tuple[Proc, str]] = []
+    store = EtcdStore(etcd.endpoints)
+    try:
+        procs = [start_node(f"n{i}", etcd, work) for i in range(nodes)]
+        for _proc, url in procs:
+            wait_until(_ready_check(url), 60, f"{url} ready")
+        api = procs[0][1]
+        for docs in world(count, port):
+            r = httpx.post(
+                api + "/v1/apply", json={"manifest": yaml.safe_dump_all(docs)}, timeout=120
+            )
+            r.raise_for_status()
+        # the first round: every endpoint UNKNOWN -> HEALTHY, written and logged
+        wait_until(lambda: _all_healthy(api, count), 300, "every endpoint HEALTHY")
+        _wait_quiet(store, settle)
+        rev0 = store.revision()
+        c0 = [cpu_seconds(p.p.pid) for p, _ in procs]
+        n0 = [metric(u, "healthgate_probes_started_total") for _, u in procs]
+        t0 = time.monotonic()
+        time.sleep(duration)
+        c1 = [cpu_seconds(p.p.pid) for p, _ in procs]
+        n1 = [metric(u, "healthgate_probes_started_total") for _, u in procs]
+        elapsed = time.monotonic() - t0
+        rev1 = store.revision()
+        cpu = sum(c1) - sum(c0)
+        checks = sum(n1) - sum(n0)
+        return {
+            "nodes": nodes,
+            "endpoints": count,
+            "checks_per_s": checks / elapsed,
+            "us_per_check": cpu / max(checks, 1) * 1e6,
+            "cpu_per_node": [round((b - a) / elapsed, 3) for a, b in zip(c0, c1, strict=True)],
+            "probing": [
+                httpx.get(u + "/v1/cluster", timeout=10).json()["probing"] for _, u in procs
+            ],
+            "etcd_writes_per_s": (rev1 - rev0) / elapsed,
+            "rss_mb": [round(rss_mb(p.p.pid), 1) for p, _ in procs],
+        }
+    finally:
+        for proc, _ in procs:
+            proc.stop()
+        store.close()
+        listener.close()
+        etcd.close()
+
+
+def _ready_check(url: str) -> Callable[[], bool]:
+    return lambda: _ready(url)
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(url + "/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _all_healthy(url: str, count: int) -> bool:
+    body = httpx.get(url + "/v1/projects/bench/regions/r1/backendServices/bs/health", timeout=60)
+    data = body.json()
+    return bool(data.get("endpoints") == count and data.get("healthy") == count)
+
+
+def _wait_quiet(store: EtcdStore, settle: float) -> None:
+    """Until etcd's revision has not moved for ``settle`` seconds (the first
+    round's writes are done), at most 5 minutes."""
+    deadline = time.monotonic() + 300
+    last, since = store.revision(), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = store.revision()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= settle:
+            return
+
+
+def route_lags(work: Path, flips: int) -> list[float]:
+    stack = ClusterStack(work, lease_ttl=2)
+    try:
+        stack.start()
+        stack.heal_all()
+        for _ in range(flips):
+            for mode, region in (("refuse", "europe-west1"), ("ok", "us-east1")):
+                stack.backends.set_mode("us-east1", mode)
+                wait_for(
+                    lambda r=region: all(stack.route_target(n) == r for n in stack.live()),
+                    20,
+                    what=f"route to {region}",
+                )
+        lags: list[float] = []
+        for node in stack.live():
+            lags += node.cluster()["routeLags"]
+        return lags
+    finally:
+        stack.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--endpoints", type=int, default=100_000)
+    ap.add_argument("--nodes", type=int, default=4)
+    ap.add_argument("--single", type=int, default=20_000, help="endpoints of the one-node run")
+    ap.add_argument("--duration", type=float, default=20.0)
+    ap.add_argument("--settle", type=float, default=5.0)
+    ap.add_argument("--flips", type=int, default=10)
+    ap.add_argument("--skip-probing", action="store_true")
+    args = ap.parse_args()
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="hg-bench-cluster-") as tmp:
+        work = Path(tmp)
+        if not args.skip_probing:
+            one = probing_run(args.single, 1, work / "one", args.duration, args.settle)
+            many = probing_run(
+                args.endpoints, args.nodes, work / "many", args.duration, args.settle
+            )
+            out["single"], out["cluster"] = one, many
+            ratio = many["us_per_check"] / one["us_per_check"]
+            print(json.dumps(one))
+            print(json.dumps(many))
+            print(
+                f"\nprobing, CPU per check: 1 node x {args.single:,} endpoints "
+                f"{one['us_per_check']:.1f} us; {args.nodes} nodes x {args.endpoints:,} "
+                f"{many['us_per_check']:.1f} us -> {ratio:.2f}x (goal <= 1.2x)"
+            )
+            print(
+                f"etcd writes at steady state: {one['etcd_writes_per_s']:.2f}/s (1 node), "
+                f"{many['etcd_writes_per_s']:.2f}/s ({args.nodes} nodes) (goal: 0)"
+            )
+            print(
+                f"memory per node (MB): 1 node {one['rss_mb']}; {args.nodes} nodes {many['rss_mb']}"
+            )
+        lags = sorted(route_lags(work / "lags", args.flips))
+        if lags:
+            p50 = statistics.median(lags) * 1000
+            p99 = lags[min(len(lags) - 1, int(len(lags) * 0.99))] * 1000
+            print(
+                f"prober flip -> route change on every node: {len(lags)} changes, "
+                f"p50 {p50:.1f} ms, p99 {p99:.1f} ms, worst {lags[-1] * 1000:.1f} ms "
+                f"(goal p99 <= 20 ms)"
+            )
+
+
+if __name__ == "__main__":
+    main()
