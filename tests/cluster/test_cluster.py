@@ -337,3 +337,39 @@ def test_any_node_writes_reads_and_streams_the_one_log(fresh: ClusterStack) -> N
     first = ids["a"]
     again = _sse_ids(c.url + stream, {"Last-Event-ID": str(first - 1)}, 1, 10)
     assert again[0] == (first, "NetworkEndpointGroup")
+
+
+def test_the_dashboard_shows_nodes_leader_and_probers(fresh: ClusterStack) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.browser.test_dashboard import CHROMIUM, FLAGS
+
+    node = fresh.nodes["c"]
+    status = node.cluster()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(node.url + "/")
+        nodes = page.locator("#nodes .node")
+        expect(nodes).to_have_count(3, timeout=15_000)
+        leader = page.locator(f'#nodes .node[data-node="{status["leader"]}"]')
+        expect(leader).to_contain_text("leader")
+        for name, count in status["probingByNode"].items():
+            expect(page.locator(f'#nodes .node[data-node="{name}"]')).to_contain_text(
+                f"probes {count}"
+            )
+        expect(page.locator(".chip").first).to_contain_text("probed by", timeout=15_000)
+        browser.close()
+    assert sum(status["probingByNode"].values()) == 6
+
+
+def test_a_second_node_with_a_taken_name_is_refused(fresh: ClusterStack) -> None:
+    twin = Node(fresh, "a", US)
+    twin.log = fresh.tmp / "node-a-twin.log"
+    twin.start()
+    assert twin.proc is not None
+    code = twin.proc.wait(30)
+    out = twin.log.read_text()
+    assert code == 1 and "--node a: another live node has this name" in out
+    assert "Traceback" not in out
+    assert len(fresh.nodes["a"].cluster()["members"]) == 3  # the real a is untouched

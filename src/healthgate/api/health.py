@@ -9,7 +9,6 @@ from fastapi import APIRouter
 
 from healthgate.api.state import ApiState, Auth
 from healthgate.controlplane.recorder import iso
-from healthgate.health.types import endpoint_name
 
 
 def health_router(state: ApiState) -> APIRouter:
@@ -30,7 +29,7 @@ def health_router(state: ApiState) -> APIRouter:
         for ep in engine.endpoints(path):
             last = ep.last_result
             # cluster mode: the state is the vantages' quorum, and so is its reason
-            quorum = state.health.vantages(f"{path}/endpoints/{endpoint_name(ep.ip, ep.port)}")
+            quorum = state.quorum(path, ep.ip, ep.port)
             items.append(
                 {
                     **({"vantages": quorum[1]} if quorum is not None else {}),

@@ -21,6 +21,7 @@ from healthgate.controlplane.resources import (
     parse_documents,
     split_output_fields,
 )
+from healthgate.health.types import endpoint_name
 from healthgate.model.names import GLOBAL, NAME_RULE, ResourcePath, is_valid_name
 from healthgate.model.resources import (
     BackendService,
@@ -64,6 +65,12 @@ class ApiState:
     public_healthz: bool = False  # forwarding rules' healthz without a token
     agent_address: tuple[str, int] | None = None  # where HAProxy's agent-check is answered
     cluster_status: Callable[[], dict[str, Any]] | None = None  # cluster mode: this node's view
+
+    def quorum(
+        self, backend_service: ResourcePath, ip: str, port: int | None
+    ) -> tuple[str, dict[str, dict[str, object]]] | None:
+        """Cluster mode: an endpoint's quorum reason and its vantages' opinions."""
+        return self.health.vantages(f"{backend_service}/endpoints/{endpoint_name(ip, port)}")
 
     def principal(self, authorization: str | None) -> Principal:
         return self.access.authenticate(authorization)

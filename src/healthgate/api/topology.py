@@ -36,16 +36,23 @@ def topology_router(state: ApiState) -> APIRouter:
         return state.present(stored) if stored is not None else None
 
     def endpoints(backend_service: ResourcePath) -> list[dict[str, Any]]:
-        return [
-            {
+        out = []
+        for ep in state.health.engine.endpoints(backend_service):
+            item: dict[str, Any] = {
                 "ipAddress": ep.ip,
                 "port": ep.port,
                 "healthState": ep.state.name,
                 "reason": ep.reason,
                 "lastProbe": ep.last_result.describe() if ep.last_result else None,
             }
-            for ep in state.health.engine.endpoints(backend_service)
-        ]
+            quorum = state.quorum(backend_service, ep.ip, ep.port)
+            if quorum is not None:  # cluster mode: the quorum, and who probes it now
+                item["reason"] = quorum[0]
+                item["probedBy"] = sorted(
+                    {str(v["prober"]) for v in quorum[1].values() if v["prober"]}
+                )
+            out.append(item)
+        return out
 
     def producer(attachment: ResourcePath | None, who: Principal) -> Any:
         if attachment is None:

@@ -133,6 +133,7 @@ class ClusterHealth(HealthService):
         self._orphans: frozenset[str] = frozenset()
         self.opinion_writes = 0
         self.route_lags: deque[float] = deque(maxlen=1000)
+        self.shares: dict[str, int] = {}  # node -> endpoints it probes (by placement)
 
     # ------------------------------------------------------------------ resources
 
@@ -169,6 +170,7 @@ class ClusterHealth(HealthService):
         endpoints: dict[str, _Endpoint] = {}
         seen: set[int] = set()
         orphans: set[str] = set()
+        shares: dict[str, int] = dict.fromkeys(self.members, 0)
         for t in self.prober.targets():
             path = f"{t.backend_service}/endpoints/{endpoint_name(t.ip, t.port)}"
             region = t.backend_service.region
@@ -179,6 +181,8 @@ class ClusterHealth(HealthService):
             if self.members and region not in self.regions:
                 orphans.add(region)
             owners = probers(path, region, vantages, self.regions) if self.members else {}
+            for owner in set(owners.values()):
+                shares[owner] = shares.get(owner, 0) + 1
             mine = frozenset(v for v, n in owners.items() if n == me)
             if not mine:
                 continue
@@ -195,6 +199,7 @@ class ClusterHealth(HealthService):
             self._mine_by_path.pop(path, None)
             self.scheduler.remove(slot)
         self.endpoints = endpoints
+        self.shares = shares
         if orphans != self._orphans:
             for region in sorted(orphans - self._orphans):
                 log.warning(
@@ -349,11 +354,13 @@ class ClusterHealth(HealthService):
         live = self._live(ep)
         previous = self.engine.table.state(ep.slot)
         _, why = verdict({v: o.state for v, o in ops.items()}, ep.vantages, live, previous)
+        owners = probers(endpoint_path, ep.region, ep.vantages, self.regions)
         out: dict[str, dict[str, object]] = {}
         for vantage in ep.vantages:
             op = ops.get(vantage)
             out[vantage] = {
                 "live": vantage in live,
+                "prober": owners.get(vantage),  # who probes it for this vantage now
                 "state": op.state.name if op else "UNKNOWN",
                 "node": op.node if op else None,
                 "reason": op.reason if op else None,
@@ -411,6 +418,7 @@ class ClusterNode:
         spawn(self.health.write_opinions(), "opinion-writer")
         spawn(self._keep_membership(), "membership")
         spawn(self._resync(), "resync")
+        spawn(self._compact(), "compaction")
         self._campaign = spawn(self._run_election(), "election")
 
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
@@ -419,6 +427,7 @@ class ClusterNode:
         return task
 
     async def _join(self) -> None:
+        await self._name_is_free()
         await self.lease.grant()
         member = {"region": self.settings.region, "started": time.time()}
         await asyncio.to_thread(
@@ -431,6 +440,27 @@ class ClusterNode:
             self.lease.id,
             self.settings.lease_ttl,
         )
+
+    async def _name_is_free(self) -> None:
+        """Another live node with this name (or this node's previous life,
+        whose lease has not ended yet): wait for its lease, then refuse."""
+        key = MEMBERS + self.settings.node
+        deadline = time.monotonic() + self.settings.lease_ttl + 2
+        told = False
+        while True:
+            _, kvs = await asyncio.to_thread(self.store.list_prefix, key)
+            held = [kv for kv in kvs if kv.key == key and kv.lease and kv.lease != self.lease.id]
+            if not held:
+                return
+            if time.monotonic() > deadline:
+                raise StoreError(
+                    f"--node {self.settings.node}: another live node has this name "
+                    "(node names must be unique in a cluster)"
+                )
+            if not told:
+                log.info("waiting for the lease of a previous node %s to end", self.settings.node)
+                told = True
+            await asyncio.sleep(0.5)
 
     async def _keep_membership(self) -> None:
         """A lost lease (etcd unreachable for a whole TTL): step down, then
@@ -456,6 +486,15 @@ class ClusterNode:
             queued = self.health.resync()
             if queued:
                 log.info("resync: %d opinions rewritten", queued)
+
+    async def _compact(self) -> None:
+        """The leader keeps etcd's history bounded (the store's last 10,000
+        revisions), whatever moves the revision."""
+        while True:
+            await asyncio.sleep(60.0)
+            if self.leading:
+                with contextlib.suppress(StoreError):
+                    await asyncio.to_thread(self.store.compact)
 
     # ------------------------------------------------------------------ watches
 
@@ -568,6 +607,7 @@ class ClusterNode:
             "leading": self.leading,
             "members": dict(sorted(self.health.members.items())),
             "probing": len(self.health.mine),
+            "probingByNode": dict(sorted(self.health.shares.items())),
             "etcdMember": self.store.members.current(),  # the member this node talks to now
             "opinionWrites": self.health.opinion_writes,
             # seconds from a prober's flip to this node's route change, the last ones

@@ -385,6 +385,12 @@ class EtcdStore:
             except StoreError:
                 self._compacted_at = floor
 
+    def compact(self) -> None:
+        """Keep the last ``history`` revisions of etcd's history (the cluster's
+        leader calls this now and then: opinion and log writes move the
+        revision too, not only resource writes)."""
+        self._maybe_compact(self.revision())
+
     def changes_since(self, revision: int, limit: int = 10_000) -> list[Change]:
         meta = self._range(self._meta).kvs
         top = int(meta[0].mod_revision) if meta else 0

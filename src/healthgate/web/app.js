@@ -37,7 +37,8 @@ function producerSide(p) {
     for (const src of c.sources) {
       html += `<div class="level">source ${esc(src.name)} ${badge(state(src))}<div class="reason">${esc(src.status && src.status.reason)}</div>`;
       html += `<div class="chips">` + src.endpoints.map(ep =>
-        `<span class="chip ${esc(ep.healthState)}" title="${esc(ep.reason)}">${esc(ep.ipAddress)} · ${esc(ep.lastProbe || "no probe yet")}</span>`
+        `<span class="chip ${esc(ep.healthState)}" title="${esc(ep.reason)}">${esc(ep.ipAddress)} · ${
+          ep.probedBy ? "probed by " + esc(ep.probedBy.join(", ") || "nobody") : esc(ep.lastProbe || "no probe yet")}</span>`
       ).join("") + `</div></div>`;
     }
     html += `</div>`;
@@ -98,7 +99,22 @@ function frontend(fr) {
     <div class="negs">${cards}</div></div>`;
 }
 
+// Cluster mode: the live nodes, their regions, how many endpoints each
+// probes, and the leader (GET /v1/cluster; "embedded" hides the panel).
+async function cluster() {
+  let c;
+  try { c = await api("/v1/cluster"); } catch (e) { return; }
+  if (c.mode !== "cluster") return;
+  document.getElementById("cluster").hidden = false;
+  document.getElementById("nodes").innerHTML = Object.entries(c.members).map(([node, region]) =>
+    `<div class="node" data-node="${esc(node)}"><strong>${esc(node)}</strong> ${esc(region)}
+      ${node === c.leader ? '<span class="badge HEALTHY">leader</span>' : ""}
+      ${node === c.node ? '<span class="muted">(this API)</span>' : ""}
+      <span class="muted">probes ${esc((c.probingByNode || {})[node] ?? 0)}</span></div>`).join("");
+}
+
 async function refresh() {
+  cluster();
   try {
     if (demo) { try { rates = (await api("/v1/demo")).requestsPerSecond; } catch (e) { rates = {}; } }
     const projects = (await api("/v1/projects")).items;
