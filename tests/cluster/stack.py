@@ -156,21 +156,42 @@ class ClusterStack:
                 node.start()
         for node in self.nodes.values():
             node.wait_ready()
-        wait_for(
-            lambda: (
-                all(
-                    self.neg_state(r, n) == "HEALTHY" and self.all_endpoints_healthy(r, n)
-                    for n in self.live()
-                    for r in ("us-east1", "europe-west1")
-                )
-                and all(len(n.cluster()["members"]) == len(self.nodes) for n in self.live())
-            ),
-            30,
-            what="every node up, every endpoint HEALTHY everywhere",
-        )
+        try:
+            wait_for(
+                lambda: (
+                    all(
+                        self.neg_state(r, n) == "HEALTHY" and self.all_endpoints_healthy(r, n)
+                        for n in self.live()
+                        for r in ("us-east1", "europe-west1")
+                    )
+                    and all(len(n.cluster()["members"]) == len(self.nodes) for n in self.live())
+                ),
+                30,
+                what="every node up, every endpoint HEALTHY everywhere",
+            )
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}: {self.describe()}") from None
         # and the leader has written all of it: the log is quiet
         leader = wait_for(self._leader_or_none, 10, what="a leader")
         wait_for(lambda: self._log_quiet(leader), 10, interval=0.5, what="a quiet log")
+
+    def describe(self) -> str:
+        """Every node's view, for a failure's message."""
+        out = []
+        for n in self.live():
+            try:
+                c = n.cluster()
+                states = {}
+                for r in ("us-east1", "europe-west1"):
+                    body = n.get(f"/v1/projects/shop/regions/{r}/backendServices/web/health")
+                    states[r] = [
+                        (e["ipAddress"], e["healthState"], e.get("vantages"))
+                        for e in body["healthStatus"]
+                    ]
+                out.append(f"{n.name}: members {c['members']} leader {c['leader']} {states}")
+            except Exception as exc:
+                out.append(f"{n.name}: {exc!r}")
+        return "; ".join(out)
 
     def all_endpoints_healthy(self, region: str, node: Node) -> bool:
         body = node.get(f"/v1/projects/shop/regions/{region}/backendServices/web/health")

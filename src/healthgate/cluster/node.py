@@ -127,7 +127,7 @@ class ClusterHealth(HealthService):
         self.opinions: dict[str, dict[str, Opinion]] = {}  # endpoint path -> vantage -> opinion
         self.endpoints: dict[str, _Endpoint] = {}
         self.mine: dict[int, tuple[str, frozenset[str]]] = {}  # prober slot -> (path, vantages)
-        self._mine_by_path: dict[str, frozenset[str]] = {}
+        self._mine_by_path: dict[str, tuple[int, frozenset[str]]] = {}  # path -> (slot, vantages)
         self._outbox: dict[str, dict[str, Any]] = {}
         self._outbox_wake = asyncio.Event()
         self._orphans: frozenset[str] = frozenset()
@@ -191,7 +191,7 @@ class ClusterHealth(HealthService):
             if before is None or before[1] != mine:
                 self._take_over(t.slot, path, mine)
             self.mine[t.slot] = (path, mine)
-            self._mine_by_path[path] = mine
+            self._mine_by_path[path] = (t.slot, mine)
             if before is None or t.slot in changed:
                 self.scheduler.upsert(t.slot, self.spec_of(t))
         for slot in [s for s in self.mine if s not in seen]:
@@ -239,7 +239,7 @@ class ClusterHealth(HealthService):
         )
         for r in records:
             if isinstance(r, Transition) and r.kind == "Endpoint":
-                for vantage in self._mine_by_path.get(r.path, ()):
+                for vantage in self._mine_by_path.get(r.path, (0, ()))[1]:
                     self._say(r.path, vantage, r.current, r.time, r.reason)
 
     def _say(self, path: str, vantage: str, state: HealthState, since: float, why: str) -> None:
@@ -310,7 +310,28 @@ class ClusterHealth(HealthService):
             if op is None:
                 return
             self.opinions.setdefault(path, {})[vantage] = op
+            self._correct(path, vantage, op)
         self.emit(self._decide(path))
+
+    def _correct(self, path: str, vantage: str, op: Opinion) -> None:
+        """The prober of an endpoint is the authority on its opinion: a stored
+        opinion that differs from what this node's prober holds now - a late
+        write from the previous prober, or this node's own write that was
+        overtaken while etcd could not take it - is corrected at once (else it
+        would stand until the next transition or the resync)."""
+        slot, vantages = self._mine_by_path.get(path, (0, frozenset()))
+        if vantage not in vantages:
+            return
+        state = self.prober.table.state(slot)
+        if state is not HealthState.UNKNOWN and state is not op.state:
+            log.info(
+                "correcting the stored opinion of %s (%s): %s, not %s",
+                path,
+                vantage,
+                state.name,
+                op.state.name,
+            )
+            self._say(path, vantage, state, self.clock(), "corrected by its prober")
 
     def _live(self, ep: _Endpoint) -> set[str]:
         live = {v for v in ep.vantages if v in self.regions}
@@ -369,7 +390,7 @@ class ClusterHealth(HealthService):
 
     def probing(self) -> dict[str, list[str]]:
         """endpoint path -> the vantages this node probes it for."""
-        return {path: sorted(v) for path, v in self._mine_by_path.items()}
+        return {path: sorted(v) for path, (_, v) in self._mine_by_path.items()}
 
 
 class ClusterNode:

@@ -610,19 +610,24 @@ class EtcdStore:
         with contextlib.suppress(StoreError):
             self._call("Lease.LeaseRevoke", pb.LeaseRevokeRequest(ID=lease), write=True)
 
-    def keep_alive_once(self, lease: int) -> int:
-        """Refresh ``lease`` once; its remaining TTL (0 or less: it expired)."""
-        endpoint = self.members.current()
-        stub = stubs.LeaseStub(self.members.channel(endpoint))
-        try:
-            for resp in stub.LeaseKeepAlive(
-                iter([pb.LeaseKeepAliveRequest(ID=lease)]), timeout=self.settings.request_timeout
-            ):
-                return int(resp.TTL)
-        except grpc.RpcError as exc:
+    def keep_alive_once(self, lease: int, timeout: float | None = None) -> int:
+        """Refresh ``lease`` once, trying each member in turn (each for
+        ``timeout`` seconds: a short one, so that one frozen member does not
+        use up the lease); its remaining TTL (0 or less: it expired)."""
+        why = "no member answered"
+        for _ in self.members.endpoints:
+            endpoint = self.members.current()
+            stub = stubs.LeaseStub(self.members.channel(endpoint))
+            try:
+                for resp in stub.LeaseKeepAlive(
+                    iter([pb.LeaseKeepAliveRequest(ID=lease)]),
+                    timeout=timeout or self.settings.request_timeout,
+                ):
+                    return int(resp.TTL)
+            except grpc.RpcError as exc:
+                why = f"etcd {endpoint}: {exc.details() or exc.code().name}"
             self.members.skip(endpoint)
-            raise Unavailable(f"etcd {endpoint}: {exc.details() or exc.code().name}") from None
-        raise Unavailable(f"etcd {endpoint}: no answer to a lease refresh")
+        raise Unavailable(why)
 
     # ------------------------------------------------------------------ states
 
@@ -813,7 +818,9 @@ class Lease:
         while True:
             await asyncio.sleep(self.ttl / 3)
             try:
-                left = await asyncio.to_thread(self.store.keep_alive_once, self.id)
+                left = await asyncio.to_thread(
+                    self.store.keep_alive_once, self.id, max(0.2, self.ttl / 4)
+                )
             except StoreError as exc:
                 if not warned and loop.time() - ok_at > self.ttl:
                     log.warning("lease %x not refreshed for %ds: %s", self.id, self.ttl, exc)
