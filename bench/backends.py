@@ -36,16 +36,14 @@ class Endpoint(asyncio.Protocol):
         pass
 
 
-async def main(count: int, base: int) -> None:
+async def main(count: int, base: int, host: str = "127.0.0.1") -> None:
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     loop = asyncio.get_running_loop()
     servers = []
     for i in range(count):
         servers.append(
-            await loop.create_server(
-                Endpoint, "127.0.0.1", base + i, backlog=512, reuse_address=True
-            )
+            await loop.create_server(Endpoint, host, base + i, backlog=512, reuse_address=True)
         )
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -60,5 +58,6 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--count", type=int, default=1000)
     ap.add_argument("--base-port", type=int, default=21000)
+    ap.add_argument("--host", default="127.0.0.1", help="the loopback address to listen on")
     a = ap.parse_args()
-    uvloop.run(main(a.count, a.base_port))
+    uvloop.run(main(a.count, a.base_port, a.host))

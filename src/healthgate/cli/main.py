@@ -114,6 +114,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 return EXIT_REFUSED
+            if args.probe_workers:
+                print(
+                    "healthgate serve: --probe-workers is not available in cluster mode yet "
+                    "(a node probes its share in its own process)",
+                    file=sys.stderr,
+                )
+                return EXIT_REFUSED
         else:
             print(
                 f"healthgate serve: --store: expected sqlite:PATH or etcd://HOST:PORT[,HOST:PORT...], "
@@ -127,6 +134,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         node=args.node,
         region=args.region,
         lease_ttl=args.lease_ttl,
+        probe_workers=args.probe_workers,
         listen=args.listen,
         manifests=args.file or [],
         tokens_file=args.tokens,
@@ -314,6 +322,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="TCP checks reset right after the SYN+ACK (HAProxy's way) instead of completing "
         "the handshake; the server's accept queue then never sees them",
+    )
+    p.add_argument(
+        "--probe-workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="probe in N worker processes, each owning a shard of the endpoints (only "
+        "endpoint transitions reach the serving process); 0 (default): in the serving process",
     )
     p.add_argument(
         "--probe-source",

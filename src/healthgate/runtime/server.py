@@ -32,6 +32,7 @@ from healthgate.api.auth import Access
 from healthgate.cluster.node import ClusterHealth, ClusterNode, ClusterSettings
 from healthgate.controlplane.errors import ControlError, Refusal
 from healthgate.controlplane.health_service import HealthService
+from healthgate.controlplane.probe_workers import WorkerProbing
 from healthgate.controlplane.recorder import TransitionRecorder
 from healthgate.controlplane.resources import ControlPlane
 from healthgate.dataplane.manager import (
@@ -89,6 +90,7 @@ class ServeSettings:
     node: str | None = None
     region: str | None = None
     lease_ttl: int = 5
+    probe_workers: int = 0  # probe in N worker processes (0: in the serving process)
 
     @property
     def clustered(self) -> bool:
@@ -206,7 +208,12 @@ class Server:
         else:
             Path(s.db).parent.mkdir(parents=True, exist_ok=True)
             self.store = store = SqliteStore(s.db)
-            health = HealthService(s.probe, s.scheduler, failure_log_rate=s.failure_log_rate)
+            if s.probe_workers > 0:
+                health = WorkerProbing(
+                    s.probe_workers, s.probe, s.scheduler, failure_log_rate=s.failure_log_rate
+                )
+            else:
+                health = HealthService(s.probe, s.scheduler, failure_log_rate=s.failure_log_rate)
         self.health = health
         self.recorder = recorder = TransitionRecorder(store, retention=s.log_retention)
         recorder.last_id = store.last_log_id()

@@ -1,0 +1,165 @@
+"""Probing on every core: ``serve --probe-workers N`` against one process.
+
+    python bench/probe_workers.py                      # 50,000 HTTP kept-alive endpoints at 1 s
+    python bench/probe_workers.py --endpoints 20000 --workers 0,2
+
+The endpoints are split over several bench/backends.py processes (a process
+here may hold at most 20,000 open files, and so may a prober: 50,000
+kept-alive connections need at least three of each). For each worker count
+(0: probing in the serving process), ``healthgate serve`` checks every
+endpoint every second with kept-alive HTTP checks; printed: checks a second,
+the share of probes started within 10 ms of due (goal >= 99 %), and CPU
+per check of the serving process and its workers together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import Proc, backend_endpoints, cpu_seconds, free_port, wait_until
+
+PER_BACKEND = 10_000  # endpoints per backend process (under its 20,000 files), one address each
+PER_NEG = 2_000
+
+
+def backend_host(b: int) -> str:
+    return f"127.0.5.{b + 1}"
+
+
+def world(count: int, base: int) -> list[dict[str, Any]]:
+    """``count`` endpoints: backend process b holds 127.0.5.(b+1):base..base+PER_BACKEND-1
+    (below the ephemeral ports from 32768)."""
+    eps = [(backend_host(i // PER_BACKEND), base + i % PER_BACKEND) for i in range(count)]
+    negs = [
+        {
+            "kind": "NetworkEndpointGroup",
+            "project": "bench",
+            "region": "r1",
+            "name": f"neg{n}",
+            "networkEndpointType": "GCE_VM_IP_PORT",
+            "endpoints": [
+                {"ipAddress": ip, "port": p} for ip, p in eps[n * PER_NEG : (n + 1) * PER_NEG]
+            ],
+        }
+        for n in range((count + PER_NEG - 1) // PER_NEG)
+    ]
+    return [
+        {
+            "kind": "HealthCheck",
+            "project": "bench",
+            "region": "r1",
+            "name": "hc",
+            "type": "HTTP",
+            "requestPath": "/healthz",
+            "checkIntervalSec": 1,
+            "timeoutSec": 1,
+        },
+        *negs,
+        {
+            "kind": "BackendService",
+            "project": "bench",
+            "region": "r1",
+            "name": "bs",
+            "loadBalancingScheme": "INTERNAL",
+            "healthChecks": ["hc"],
+            "backends": [{"group": n["name"]} for n in negs],
+        },
+    ]
+
+
+def metric(url: str, name: str) -> float:
+    for line in httpx.get(url + "/metrics", timeout=60).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def run(
+    count: int, workers: int, base: int, work: Path, warmup: float, duration: float
+) -> dict[str, Any]:
+    manifest = work / f"world-{workers}.yaml"
+    manifest.write_text(yaml.safe_dump_all(world(count, base)))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [
+        sys.executable, "-m", "healthgate", "serve", "--db", str(work / f"w{workers}.db"),
+        "--listen", f"127.0.0.1:{port}", "-f", str(manifest), "--no-dataplane",
+        "--keepalive-probes", "--probe-failure-log-rate", "0", "--log-level", "warning",
+        "--probe-workers", str(workers),
+    ]  # fmt: skip
+    proc = Proc(cmd, work / f"serve-{workers}.log")
+    try:
+        wait_until(lambda: _ready(url), 120, "serve ready")
+        time.sleep(warmup)
+        c0 = cpu_seconds(proc.p.pid, children=True)
+        s0 = metric(url, "healthgate_probes_started_total")
+        l0 = metric(url, "healthgate_probes_late_total")
+        t0 = time.monotonic()
+        time.sleep(duration)
+        c1 = cpu_seconds(proc.p.pid, children=True)
+        s1 = metric(url, "healthgate_probes_started_total")
+        l1 = metric(url, "healthgate_probes_late_total")
+        elapsed = time.monotonic() - t0
+        bs = httpx.get(url + "/v1/projects/bench/regions/r1/backendServices/bs", timeout=60).json()
+    finally:
+        proc.stop()
+    started = s1 - s0
+    return {
+        "workers": workers,
+        "endpoints": count,
+        "checks_per_s": started / elapsed,
+        "on_time": 1 - (l1 - l0) / max(started, 1),
+        "us_per_check": (c1 - c0) / max(started, 1) * 1e6,
+        "cores": (c1 - c0) / elapsed,
+        "healthy": (bs.get("status") or {}).get("healthy"),
+    }
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(url + "/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--endpoints", type=int, default=50_000)
+    ap.add_argument("--workers", default="0,3", help="worker counts to run, comma-separated")
+    ap.add_argument("--warmup", type=float, default=10.0)
+    ap.add_argument("--duration", type=float, default=15.0)
+    ap.add_argument("--base-port", type=int, default=21000)
+    args = ap.parse_args()
+    with (
+        tempfile.TemporaryDirectory(prefix="hg-bench-workers-") as tmp,
+        contextlib.ExitStack() as es,
+    ):
+        work = Path(tmp)
+        for b in range((args.endpoints + PER_BACKEND - 1) // PER_BACKEND):
+            n = min(PER_BACKEND, args.endpoints - b * PER_BACKEND)
+            sub = work / f"b{b}"
+            sub.mkdir()
+            es.enter_context(backend_endpoints(n, args.base_port, sub, backend_host(b)))
+        for w in (int(x) for x in args.workers.split(",")):
+            row = run(args.endpoints, w, args.base_port, work, args.warmup, args.duration)
+            print(
+                f"{row['endpoints']:,} HTTP kept-alive endpoints, {w} workers: "
+                f"{row['checks_per_s']:,.0f} checks/s, {row['on_time'] * 100:.2f} % on time "
+                f"(goal >= 99 %), {row['us_per_check']:.1f} us/check, {row['cores']:.2f} cores, "
+                f"{row['healthy']:,} HEALTHY",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
