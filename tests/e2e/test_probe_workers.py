@@ -35,6 +35,13 @@ def test_workers_probe_resume_after_kill_9_and_fail_over(tmp_path: Path) -> None
             lambda: _metric(s, "healthgate_probes_started_total") > 0, 10, what="probes counted"
         )
         assert started
+        # every endpoint decided (the Stack waited for the NEGs only)
+        wait_for(
+            lambda: all(_all_healthy(s, r) for r in ("us-east1", "europe-west1")),
+            10,
+            what="every endpoint HEALTHY",
+        )
+        time.sleep(0.5)  # (the log written)
         after = s.api.get("/v1/projects/shop/events").json()["last"]
         os.kill(pids["w0"], signal.SIGKILL)
         killed = time.monotonic()
@@ -49,13 +56,18 @@ def test_workers_probe_resume_after_kill_9_and_fail_over(tmp_path: Path) -> None
         )
         time.sleep(3)  # three probe intervals: would its endpoints flap?
         events = s.api.get(f"/v1/projects/shop/events?after={after}").json()["items"]
-        assert events == []  # resumed from their states: no transition, no UNKNOWN
+        assert events == [], [(e["name"], e["from"], e["to"], e["reason"]) for e in events]
         # and the restarted worker probes: a region breaks, traffic moves
         s.backends.set_mode("us-east1", "refuse")
         wait_for(lambda: s.routed_region() == "europe-west1", 10, what="failover")
         s.backends.set_mode("us-east1", "ok")
         wait_for(lambda: s.routed_region() == "us-east1", 10, what="failback")
         assert s.api.get(FRONT).json()["status"]["route"]["mode"] == "normal"
+
+
+def _all_healthy(s: Stack, region: str) -> bool:
+    status = s.api.get(f"/v1/projects/shop/regions/{region}/backendServices/web").json()["status"]
+    return bool(status["endpoints"] and status["healthy"] == status["endpoints"])
 
 
 def _metric(s: Stack, name: str) -> float:

@@ -16,7 +16,9 @@ current states of its shard's endpoints, so it resumes where the dead one
 was (HEALTHY stays HEALTHY until the thresholds say otherwise): no
 transition, no UNKNOWN.
 
-Messages on each worker's pipe (pickled):
+Two one-way pipes per worker (pickled messages), each read by a thread with
+blocking reads (an event loop's reader makes a descriptor non-blocking, and
+a large world then fails half-sent or half-read):
 
     parent -> worker   ("world", resources, states)  states: endpoint path -> (state, since)
     worker -> parent   ("flips", [(path, state, since, reason), ...])
@@ -30,6 +32,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Hashable, Iterable, Sequence
 from multiprocessing.connection import Connection
@@ -69,7 +72,7 @@ class WorkerProbing(HealthService):
         self.probe_settings = probe_settings or ProbeSettings()
         self.scheduler_settings = scheduler_settings or SchedulerSettings()
         self.procs: list[Any] = [None] * workers
-        self.conns: list[Connection | None] = [None] * workers
+        self.conns: list[Connection | None] = [None] * workers  # to each worker
         self.restarts = 0
         self._world: list[Resource] = []
         self._stats: dict[int, tuple[int, int, int, int]] = {}
@@ -84,20 +87,36 @@ class WorkerProbing(HealthService):
             self._spawn(i)
 
     def _spawn(self, index: int) -> None:
-        parent, child = self._ctx.Pipe(duplex=True)
+        down_r, down_w = self._ctx.Pipe(duplex=False)  # parent -> worker
+        up_r, up_w = self._ctx.Pipe(duplex=False)  # worker -> parent
         proc = self._ctx.Process(
             target=worker_main,
-            args=(child, index, self.count, self.probe_settings, self.scheduler_settings),
+            args=(down_r, up_w, index, self.count, self.probe_settings, self.scheduler_settings),
             name=f"healthgate-probe-{worker_name(index)}",
             daemon=True,
         )
         proc.start()
-        child.close()
-        self.procs[index], self.conns[index] = proc, parent
+        down_r.close()
+        up_w.close()
+        self.procs[index], self.conns[index] = proc, down_w
         loop = asyncio.get_running_loop()
-        loop.add_reader(parent.fileno(), self._readable, index)
-        parent.send(("world", self._world, self._states()))
+        threading.Thread(
+            target=self._read, args=(loop, index, up_r), name=f"probe-{index}", daemon=True
+        ).start()
+        down_w.send(("world", self._world, self._states()))
         log.info("probe worker %s started (pid %d)", worker_name(index), proc.pid)
+
+    def _read(self, loop: asyncio.AbstractEventLoop, index: int, conn: Connection) -> None:
+        """A thread per worker: its messages, handed to the event loop."""
+        try:
+            while True:
+                message = conn.recv()
+                loop.call_soon_threadsafe(self._take, index, message)
+        except (EOFError, OSError):
+            with contextlib.suppress(RuntimeError):  # the loop is closed: serve stopped
+                loop.call_soon_threadsafe(self._lost, index, conn)
+        finally:
+            conn.close()
 
     def _states(self) -> dict[str, tuple[int, float]]:
         """Every endpoint's current state, for a (re)started worker to resume from."""
@@ -112,27 +131,15 @@ class WorkerProbing(HealthService):
                     )
         return out
 
-    def _readable(self, index: int) -> None:
-        conn = self.conns[index]
-        if conn is None:
-            return
-        try:
-            while conn.poll():
-                self._take(index, conn.recv())
-        except (EOFError, OSError):
-            self._lost(index)
-
-    def _lost(self, index: int) -> None:
-        conn, proc = self.conns[index], self.procs[index]
-        loop = asyncio.get_running_loop()
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                loop.remove_reader(conn.fileno())
-            conn.close()
-        self.conns[index] = None
+    def _lost(self, index: int, conn: Connection) -> None:
+        proc = self.procs[index]
         started, late, finished, _ = self._stats.pop(index, (0, 0, 0, 0))
         b = self._stats_base
         self._stats_base = (b[0] + started, b[1] + late, b[2] + finished)
+        down = self.conns[index]
+        if down is not None:
+            down.close()
+        self.conns[index] = None
         if proc is not None:
             proc.join(1)
         if self._closing:
@@ -174,12 +181,10 @@ class WorkerProbing(HealthService):
 
     async def close(self) -> None:
         self._closing = True
-        loop = asyncio.get_running_loop()
         for i, conn in enumerate(self.conns):
             if conn is not None:
                 with contextlib.suppress(Exception):
-                    loop.remove_reader(conn.fileno())
-                    conn.close()
+                    conn.close()  # the worker sees the end of its pipe and exits
                 self.conns[i] = None
         for proc in self.procs:
             if proc is not None:
@@ -208,7 +213,8 @@ class WorkerProbing(HealthService):
 
 
 def worker_main(
-    conn: Connection,
+    down: Connection,
+    up: Connection,
     index: int,
     count: int,
     probe_settings: ProbeSettings,
@@ -218,11 +224,12 @@ def worker_main(
     import uvloop
 
     with contextlib.suppress(KeyboardInterrupt):
-        uvloop.run(_worker(conn, index, count, probe_settings, scheduler_settings))
+        uvloop.run(_worker(down, up, index, count, probe_settings, scheduler_settings))
 
 
 async def _worker(
-    conn: Connection,
+    down: Connection,
+    up: Connection,
     index: int,
     count: int,
     probe_settings: ProbeSettings,
@@ -243,7 +250,7 @@ async def _worker(
                 outbox.append((r.path, r.current.name, r.time, r.reason))
         if outbox:
             try:
-                conn.send(("flips", list(outbox)))
+                up.send(("flips", list(outbox)))
             except OSError:
                 done.set()
             outbox.clear()
@@ -276,16 +283,19 @@ async def _worker(
             del mine[slot]
             scheduler.remove(slot)
 
-    def readable() -> None:
+    def read() -> None:
+        """A thread: the serving process's messages, handed to the loop."""
         try:
-            while conn.poll():
-                message = conn.recv()
+            while True:
+                message = down.recv()
                 if message[0] == "world":
-                    world(message[1], message[2])
+                    loop.call_soon_threadsafe(world, message[1], message[2])
         except (EOFError, OSError):
-            done.set()  # the serving process is gone: so is this worker
+            # the serving process is gone (or stopping): so is this worker
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(done.set)
 
-    loop.add_reader(conn.fileno(), readable)
+    threading.Thread(target=read, name="from-serve", daemon=True).start()
     scheduler.start()
 
     async def report() -> None:
@@ -293,7 +303,7 @@ async def _worker(
             await asyncio.sleep(1.0)
             s = scheduler.stats
             try:
-                conn.send(("stats", s.started, s.late_starts, s.finished, scheduler.in_flight))
+                up.send(("stats", s.started, s.late_starts, s.finished, scheduler.in_flight))
             except OSError:
                 done.set()
                 return
@@ -301,6 +311,5 @@ async def _worker(
     reporter = asyncio.create_task(report())
     await done.wait()
     reporter.cancel()
-    loop.remove_reader(conn.fileno())
     await scheduler.close()
     os._exit(0)
