@@ -151,7 +151,12 @@ def main() -> None:
             sub.mkdir()
             es.enter_context(backend_endpoints(n, args.base_port, sub, backend_host(b)))
         for w in (int(x) for x in args.workers.split(",")):
-            row = run(args.endpoints, w, args.base_port, work, args.warmup, args.duration)
+            try:
+                row = run(args.endpoints, w, args.base_port, work, args.warmup, args.duration)
+            except (httpx.HTTPError, TimeoutError) as exc:
+                tail = (work / f"serve-{w}.log").read_text(errors="replace")[-1500:]
+                print(f"{args.endpoints:,} endpoints, {w} workers: failed ({exc!r})\n{tail}")
+                continue
             print(
                 f"{row['endpoints']:,} HTTP kept-alive endpoints, {w} workers: "
                 f"{row['checks_per_s']:,.0f} checks/s, {row['on_time'] * 100:.2f} % on time "
