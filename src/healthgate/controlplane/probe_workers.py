@@ -40,9 +40,8 @@ from typing import Any, cast
 
 from healthgate.cluster.placement import rendezvous
 from healthgate.controlplane.health_service import HealthService
-from healthgate.health.engine import ApplyResult, HealthEngine, endpoint_name, parse_endpoint_name
+from healthgate.health.engine import ApplyResult, HealthEngine, endpoint_name
 from healthgate.health.states import HealthState, ProbeResult, Transition
-from healthgate.model.names import ResourcePath
 from healthgate.model.resources import Resource
 from healthgate.probes.batch import BatchProber
 from healthgate.probes.prober import Prober, ProbeSettings
@@ -169,12 +168,7 @@ class WorkerProbing(HealthService):
         engine = self.engine
         records = []
         for path, state, since, reason in flips:
-            bs_text, _, name = path.rpartition("/endpoints/")
-            try:
-                ip, port = parse_endpoint_name(name)
-                slot = engine.slot_of(ResourcePath.parse(bs_text), ip, port)
-            except ValueError:
-                continue
+            slot = engine.table.slot_of_path(path)
             if slot is not None:
                 records += engine.table.set_state(since, slot, HealthState[state], reason)
         self.emit(records)

@@ -393,12 +393,7 @@ class EndpointTable:
         """Resume endpoints from persisted states (``endpoint path -> (state,
         since)``); entries for endpoints that no longer exist are ignored."""
         for path, (state, since) in endpoints.items():
-            bs_text, _, name = path.rpartition("/endpoints/")
-            try:
-                ip, port = parse_endpoint_name(name)
-                slot = self.slot_of(ResourcePath.parse(bs_text), ip, port)
-            except ValueError:
-                continue
+            slot = self.slot_of_path(path)
             if slot is None:
                 continue
             agg = self._aggs[self._agg[slot]]
@@ -424,6 +419,16 @@ class EndpointTable:
         agg_id = self._agg_ids.get(backend_service)
         agg = self._aggs[agg_id] if agg_id is not None else None
         return agg.slots.get((ip, port)) if agg else None
+
+    def slot_of_path(self, path: str) -> int | None:
+        """The slot of an endpoint path (``<backend service>/endpoints/<ip:port>``);
+        None when there is no such endpoint or the path does not parse."""
+        bs_text, _, name = path.rpartition("/endpoints/")
+        try:
+            ip, port = parse_endpoint_name(name)
+            return self.slot_of(ResourcePath.parse(bs_text), ip, port)
+        except ValueError:
+            return None
 
     def endpoint_path(self, slot: int) -> str:
         key = self._key[slot]

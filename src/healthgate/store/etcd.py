@@ -528,17 +528,15 @@ class EtcdStore:
             call.cancel()
 
     def _event(self, ev: Any) -> Event:
-        kv = ev.kv
-        return Event(
+        return Event(int(ev.kv.mod_revision), self._keyvalue(ev.kv), ev.type == 1)  # 1: DELETE
+
+    def _keyvalue(self, kv: Any) -> KeyValue:
+        return KeyValue(
+            self._strip(kv.key),
+            bytes(kv.value),
+            int(kv.create_revision),
             int(kv.mod_revision),
-            KeyValue(
-                self._strip(kv.key),
-                bytes(kv.value),
-                int(kv.create_revision),
-                int(kv.mod_revision),
-                int(kv.lease),
-            ),
-            ev.type == 1,  # mvccpb.Event.DELETE
+            int(kv.lease),
         )
 
     # ------------------------------------------------------------------ plain keys (cluster)
@@ -546,16 +544,7 @@ class EtcdStore:
     def list_prefix(self, prefix: str) -> tuple[int, list[KeyValue]]:
         start = self._key(prefix)
         resp = self._range(start, prefix_end(start))
-        return int(resp.header.revision), [
-            KeyValue(
-                self._strip(kv.key),
-                bytes(kv.value),
-                int(kv.create_revision),
-                int(kv.mod_revision),
-                int(kv.lease),
-            )
-            for kv in resp.kvs
-        ]
+        return int(resp.header.revision), [self._keyvalue(kv) for kv in resp.kvs]
 
     def put_json(self, items: Mapping[str, Any], lease: int = 0, guarded: bool = False) -> int:
         """Put keys (without the namespace) with JSON values, in transactions
