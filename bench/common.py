@@ -77,15 +77,17 @@ class Proc:
 
 @contextmanager
 def backend_endpoints(
-    count: int, base_port: int, work: Path, host: str = "127.0.0.1"
+    count: int, base_port: int, work: Path, host: str = "127.0.0.1", nice: int = 0
 ) -> Iterator[Proc]:
     """bench/backends.py holding ``count`` HTTP endpoints on 127.0.0.1 from
-    ``base_port``, pinned to core 1, once it says it is ready (an error with
+    ``base_port``, pinned to core 1 (at a lower priority with ``nice``), once it says it is ready (an error with
     its log if it dies first); stopped on the way out."""
     log = work / "backends.log"
     script = Path(__file__).resolve().parent / "backends.py"
     cmd = [sys.executable, str(script), "--count", str(count), "--base-port", str(base_port)]
     cmd += ["--host", host]
+    if nice:
+        cmd = ["nice", "-n", str(nice), *cmd]
     backend = Proc(pinned(cmd, 1), log)
 
     def ready() -> bool:

@@ -2,11 +2,13 @@
 
     python bench/probe_floor.py                          # TCP and kept alive, 1,000 and 10,000
     python bench/probe_floor.py --counts 1000 --ticks 10,16,20
+    python bench/probe_floor.py --checks syn             # half-open raw SYNs (root)
 
 No scheduler, no result, no engine: every tick sends the due share of N
 endpoints a TCP connect (half-open, then a disconnect, exactly the system
-calls of healthgate's batch prober) or a kept-alive HTTP request, and reads
-a private epoll set without blocking. What it costs per check is the least
+calls of healthgate's batch prober), a raw SYN (``syn``: healthgate's own
+prebuilt packets and raw socket, probes/syn.py) or a kept-alive HTTP
+request, and reads the answers without blocking. What it costs per check is the least
 any Python prober with this design can cost on this machine - the yardstick
 for how much of healthgate's CPU per check is its own bookkeeping
 (docs/benchmarks.md). One backend process (bench/backends.py) on core 1,
@@ -30,6 +32,7 @@ from pathlib import Path
 import uvloop
 
 from healthgate.probes.scheduler import raise_open_file_limit
+from healthgate.probes.syn import SYN_READ, SynSocket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import backend_endpoints
@@ -80,6 +83,26 @@ async def run(
                     _connect(fd, _UNSPEC, 16)
                     pool.append(s)
                     done += 1
+
+    elif check == "syn":  # half-open as raw SYNs: healthgate's own packets and socket
+        syn = SynSocket.open()
+        if syn is None:
+            raise SystemExit("syn: this process may not open a raw socket (root or CAP_NET_RAW)")
+        packets = [syn.packet(ip, port) for ip, port in addrs]
+
+        def start(n: int) -> None:
+            nonlocal i
+            for _ in range(n):
+                syn.send(packets[i % count], addrs[i % count][0])
+                i += 1
+
+        def read() -> None:
+            nonlocal done
+            while True:
+                answers = syn.answers()
+                done += sum(1 for a in answers if a[3])
+                if len(answers) < SYN_READ:
+                    return
 
     else:
         socks = []

@@ -85,7 +85,13 @@ def metric(url: str, name: str) -> float:
 
 
 def run(
-    count: int, workers: int, base: int, work: Path, warmup: float, duration: float
+    count: int,
+    workers: int,
+    base: int,
+    work: Path,
+    warmup: float,
+    duration: float,
+    backends: list[Proc],
 ) -> dict[str, Any]:
     manifest = work / f"world-{workers}.yaml"
     manifest.write_text(yaml.safe_dump_all(world(count, base)))
@@ -102,11 +108,13 @@ def run(
         wait_until(lambda: _ready(url), 120, "serve ready")
         time.sleep(warmup)
         c0 = cpu_seconds(proc.p.pid, children=True)
+        b0 = sum(cpu_seconds(b.p.pid) for b in backends)
         s0 = metric(url, "healthgate_probes_started_total")
         l0 = metric(url, "healthgate_probes_late_total")
         t0 = time.monotonic()
         time.sleep(duration)
         c1 = cpu_seconds(proc.p.pid, children=True)
+        b1 = sum(cpu_seconds(b.p.pid) for b in backends)
         s1 = metric(url, "healthgate_probes_started_total")
         l1 = metric(url, "healthgate_probes_late_total")
         elapsed = time.monotonic() - t0
@@ -121,6 +129,7 @@ def run(
         "on_time": 1 - (l1 - l0) / max(started, 1),
         "us_per_check": (c1 - c0) / max(started, 1) * 1e6,
         "cores": (c1 - c0) / elapsed,
+        "backend_cores": (b1 - b0) / elapsed,
         "healthy": (bs.get("status") or {}).get("healthy"),
     }
 
@@ -139,20 +148,33 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=10.0)
     ap.add_argument("--duration", type=float, default=15.0)
     ap.add_argument("--base-port", type=int, default=21000)
+    ap.add_argument(
+        "--backend-nice",
+        type=int,
+        default=0,
+        help="run the backends at this nice value (they stand for other machines)",
+    )
     args = ap.parse_args()
     with (
         tempfile.TemporaryDirectory(prefix="hg-bench-workers-") as tmp,
         contextlib.ExitStack() as es,
     ):
         work = Path(tmp)
+        backends: list[Proc] = []
         for b in range((args.endpoints + PER_BACKEND - 1) // PER_BACKEND):
             n = min(PER_BACKEND, args.endpoints - b * PER_BACKEND)
             sub = work / f"b{b}"
             sub.mkdir()
-            es.enter_context(backend_endpoints(n, args.base_port, sub, backend_host(b)))
+            backends.append(
+                es.enter_context(
+                    backend_endpoints(n, args.base_port, sub, backend_host(b), args.backend_nice)
+                )
+            )
         for w in (int(x) for x in args.workers.split(",")):
             try:
-                row = run(args.endpoints, w, args.base_port, work, args.warmup, args.duration)
+                row = run(
+                    args.endpoints, w, args.base_port, work, args.warmup, args.duration, backends
+                )
             except (httpx.HTTPError, TimeoutError) as exc:
                 tail = (work / f"serve-{w}.log").read_text(errors="replace")[-1500:]
                 print(f"{args.endpoints:,} endpoints, {w} workers: failed ({exc!r})\n{tail}")
@@ -160,7 +182,8 @@ def main() -> None:
             print(
                 f"{row['endpoints']:,} HTTP kept-alive endpoints, {w} workers: "
                 f"{row['checks_per_s']:,.0f} checks/s, {row['on_time'] * 100:.2f} % on time "
-                f"(goal >= 99 %), {row['us_per_check']:.1f} us/check, {row['cores']:.2f} cores, "
+                f"(goal >= 99 %), {row['us_per_check']:.1f} us/check, {row['cores']:.2f} cores "
+                f"(backends {row['backend_cores']:.2f}, nice {args.backend_nice}), "
                 f"{row['healthy']:,} HEALTHY",
                 flush=True,
             )

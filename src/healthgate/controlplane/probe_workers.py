@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import multiprocessing
 import os
@@ -276,6 +277,10 @@ async def _worker(
         for slot in [s for s in mine if s not in seen]:
             del mine[slot]
             scheduler.remove(slot)
+        # the world's objects live as long as it does: out of the collector's
+        # sight, a full collection of a large one would stall probes by tens of ms
+        gc.collect()
+        gc.freeze()
 
     def read() -> None:
         """A thread: the serving process's messages, handed to the loop."""

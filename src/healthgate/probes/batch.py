@@ -27,7 +27,10 @@ What a probe does on the wire (HAProxy does the same):
   With ``ProbeSettings.tcp_half_open`` (an option, never the default) the
   check is HAProxy's: ``TCP_QUICKACK`` off, so the final ACK is held back,
   and the reset follows the SYN+ACK - the server's kernel answered the SYN,
-  but the connection never reaches its accept queue.
+  but the connection never reaches its accept queue. Where the process
+  may open a raw socket (root, ``CAP_NET_RAW``) and the endpoint is IPv4,
+  the half-open check is a raw SYN instead (:mod:`healthgate.probes.syn`:
+  no socket, connect or epoll entry per check; ``ProbeSettings.raw_syn``).
 * **Sockets are reused.** Instead of ``close``, a finished probe's socket is
   disconnected with ``connect(AF_UNSPEC)`` (which sends the RST) and kept in
   a pool; the next probe connects it again. It stays in the epoll set
@@ -58,6 +61,7 @@ import _socket
 import ctypes
 import errno
 import heapq
+import logging
 import os
 import select
 import socket
@@ -70,6 +74,9 @@ from healthgate.health.states import Outcome, ProbeResult
 from healthgate.probes.http import HttpHead, build_request, parse_head
 from healthgate.probes.prober import ProbeSettings, verdict
 from healthgate.probes.spec import ProbeSpec
+from healthgate.probes.syn import SYN_READ, SynPacket, SynSocket
+
+log = logging.getLogger("healthgate.probes")
 
 _EPOLLDOWN: Final = select.EPOLLERR | select.EPOLLHUP
 _READABLE: Final = select.EPOLLIN | select.EPOLLRDHUP | _EPOLLDOWN
@@ -89,6 +96,7 @@ _family: Final = cast(Callable[[socket.socket], int], _socket.socket.family.__ge
 # per-probe outcomes as globals (see the note on Outcome)
 _OK: Final = Outcome.OK
 _TIMEOUT: Final = Outcome.TIMEOUT
+_REFUSED: Final = Outcome.REFUSED
 
 _SLOTS_PER_S: Final = 100  # deadline wheel: 10 ms slots
 _EVENTS: Final = 64  # epoll events read at a time (poll checks its time budget between reads)
@@ -135,6 +143,7 @@ class _Probe:
         "pending",
         "request",
         "reused",
+        "seq",
         "sock",
         "spec",
         "start",
@@ -154,6 +163,7 @@ class _Probe:
         self.buf = b""
         self.reused = False
         self.active = True
+        self.seq = -1  # a raw SYN's sequence number (probes/syn.py)
 
 
 class BatchProber:
@@ -178,6 +188,11 @@ class BatchProber:
         self._requests: dict[Hashable, tuple[ProbeSpec, bytes]] = {}  # by key
         self._pool: dict[int, list[socket.socket]] = {socket.AF_INET: [], socket.AF_INET6: []}
         self.backlog = False  # the last poll stopped with events still ready
+        # half-open TCP checks on a raw socket (probes/syn.py), opened at the first one
+        self._syn: SynSocket | None = None
+        self._syn_tried = False
+        self._by_seq: dict[int, _Probe] = {}  # raw SYNs in flight
+        self._packets: dict[Hashable, tuple[ProbeSpec, SynPacket]] = {}  # by key
 
     @staticmethod
     def handles(spec: ProbeSpec) -> bool:
@@ -201,6 +216,10 @@ class BatchProber:
                     return None
                 self._drop_idle(kept)
         p = _Probe(key, spec, now)
+        if spec.type == "TCP" and self.settings.tcp_half_open and ":" not in spec.ip:
+            syn = self._syn if self._syn_tried else self._open_syn()
+            if syn is not None:
+                return self._send_syn(syn, p, now)
         if spec.type == "HTTP":
             cached = self._requests.get(key)
             if cached is not None and cached[0] is spec:
@@ -213,6 +232,61 @@ class BatchProber:
         if result is None:
             self._expire_at(p)
         return result
+
+    def _open_syn(self) -> SynSocket | None:
+        self._syn_tried = True
+        if self.settings.raw_syn:
+            self._syn = SynSocket.open(self.settings.source)
+        if self._syn is None:
+            log.info(
+                "half-open TCP checks connect() and reset: %s",
+                "raw SYNs are off"
+                if not self.settings.raw_syn
+                else "this process may not open a raw socket (it needs root or CAP_NET_RAW)",
+            )
+        else:
+            log.info("half-open TCP checks send raw SYNs from port %d", self._syn.port)
+        return self._syn
+
+    def _send_syn(self, syn: SynSocket, p: _Probe, now: float) -> ProbeResult | None:
+        spec = p.spec
+        cached = self._packets.get(p.key)
+        if cached is not None and cached[0] is spec:
+            packet = cached[1]
+        else:
+            try:
+                packet = syn.packet(spec.ip, spec.port)
+            except OSError as exc:  # no route to the address, say
+                return ProbeResult(Outcome.ERROR, 0.0, 0, exc.strerror or str(exc))
+            self._packets[p.key] = (spec, packet)
+        try:
+            seq = syn.send(packet, spec.ip)
+        except OSError as exc:
+            return errno_result(exc.errno or 0, now - p.start)
+        p.seq = seq
+        self._by_seq[seq] = p
+        self._running[p.key] = p
+        self._expire_at(p)
+        return None
+
+    def _answers(
+        self, syn: SynSocket, now: float, until: float, done: list[tuple[Hashable, ProbeResult]]
+    ) -> bool:
+        """Finish the raw SYNs answered; False when reading stopped for the
+        time budget with answers perhaps still waiting."""
+        by_seq = self._by_seq
+        while True:
+            answers = syn.answers()
+            for seq, src, sport, up in answers:
+                p = by_seq.get(seq)
+                if p is None or src != p.spec.ip or sport != p.spec.port:
+                    continue  # late (the probe timed out), or not an answer to it
+                self._finish(p, False)
+                done.append((p.key, ProbeResult(_OK if up else _REFUSED, now - p.start)))
+            if len(answers) < SYN_READ:
+                return True
+            if time.perf_counter() > until:
+                return False
 
     def _expire_at(self, p: _Probe) -> None:
         slot = int(p.deadline * _SLOTS_PER_S) + 1  # the first slot wholly after the deadline
@@ -324,6 +398,13 @@ class BatchProber:
             if time.perf_counter() > until:
                 self.backlog = True
                 return done
+        if (
+            self._by_seq
+            and self._syn is not None
+            and not self._answers(self._syn, now, until, done)
+        ):
+            self.backlog = True
+            return done
         slots, expiry = self._expiry_slots, self._expiry
         last = int(now * _SLOTS_PER_S)
         while slots and slots[0] <= last:
@@ -413,6 +494,9 @@ class BatchProber:
 
     def _finish(self, p: _Probe, keep: bool) -> None:
         p.active = False
+        if p.seq >= 0:
+            self._by_seq.pop(p.seq, None)
+            p.seq = -1
         if self._running.get(p.key) is p:
             del self._running[p.key]
         if keep:  # idle until the key's next probe; it stays in the epoll set and _fds
@@ -458,6 +542,7 @@ class BatchProber:
     def cancel(self, key: Hashable) -> None:
         """Stop a probe of ``key`` in flight and drop its kept connection."""
         self._requests.pop(key, None)
+        self._packets.pop(key, None)
         p = self._running.get(key)
         if p is not None:
             p.state = _CONNECTING
@@ -480,4 +565,7 @@ class BatchProber:
             for sock in pool:
                 sock.close()
             pool.clear()
+        if self._syn is not None:
+            self._syn.close()
+            self._syn = None
         self._ep.close()

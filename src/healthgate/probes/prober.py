@@ -46,6 +46,9 @@ class ProbeSettings:
     # (HAProxy's check; the server's accept queue never sees it). Not the
     # default: SPEC §2.1 completes the handshake.
     tcp_half_open: bool = False
+    # half-open TCP checks as raw SYNs on one socket (probes/syn.py) where the
+    # process may open one; off, or without the privilege: connect() and reset
+    raw_syn: bool = True
     verify_tls: bool = False  # HTTPS: verify certificates (with ca_file, or the system store)
     ca_file: str | None = None
     max_head_bytes: int = 8192  # status line + headers
