@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import resource
 import signal
+import ssl
 
 import uvloop
 
@@ -36,14 +37,20 @@ class Endpoint(asyncio.Protocol):
         pass
 
 
-async def main(count: int, base: int, host: str = "127.0.0.1") -> None:
+async def main(count: int, base: int, host: str = "127.0.0.1", tls: str | None = None) -> None:
+    context = None
+    if tls:  # HTTPS endpoints: one certificate and key (PEM) for all
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(tls)
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     loop = asyncio.get_running_loop()
     servers = []
     for i in range(count):
         servers.append(
-            await loop.create_server(Endpoint, host, base + i, backlog=512, reuse_address=True)
+            await loop.create_server(
+                Endpoint, host, base + i, backlog=512, reuse_address=True, ssl=context
+            )
         )
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -59,5 +66,6 @@ if __name__ == "__main__":
     ap.add_argument("--count", type=int, default=1000)
     ap.add_argument("--base-port", type=int, default=21000)
     ap.add_argument("--host", default="127.0.0.1", help="the loopback address to listen on")
+    ap.add_argument("--tls", metavar="PEM", help="serve HTTPS with this key and certificate")
     a = ap.parse_args()
-    uvloop.run(main(a.count, a.base_port, a.host))
+    uvloop.run(main(a.count, a.base_port, a.host, a.tls))

@@ -77,7 +77,12 @@ class Proc:
 
 @contextmanager
 def backend_endpoints(
-    count: int, base_port: int, work: Path, host: str = "127.0.0.1", nice: int = 0
+    count: int,
+    base_port: int,
+    work: Path,
+    host: str = "127.0.0.1",
+    nice: int = 0,
+    tls: Path | None = None,
 ) -> Iterator[Proc]:
     """bench/backends.py holding ``count`` HTTP endpoints on 127.0.0.1 from
     ``base_port``, pinned to core 1 (at a lower priority with ``nice``), once it says it is ready (an error with
@@ -86,6 +91,8 @@ def backend_endpoints(
     script = Path(__file__).resolve().parent / "backends.py"
     cmd = [sys.executable, str(script), "--count", str(count), "--base-port", str(base_port)]
     cmd += ["--host", host]
+    if tls is not None:
+        cmd += ["--tls", str(tls)]
     if nice:
         cmd = ["nice", "-n", str(nice), *cmd]
     backend = Proc(pinned(cmd, 1), log)

@@ -3,6 +3,7 @@
     python bench/probes.py                       # 1,000 and 10,000 endpoints, TCP and HTTP, at 1 s
     python bench/probes.py --counts 1000 --checks http --duration 20
     python bench/probes.py --checks syn          # half-open: raw SYNs (run as root)
+    python bench/probes.py --checks https --counts 1000   # fresh TLS, resumed or not
 
 One backend process (bench/backends.py) holds N endpoints on 127.0.0.1 and is
 pinned to core 1; the checker under test is pinned to core 0. Each checker
@@ -81,7 +82,7 @@ def run_haproxy(
         "  nbthread 1",
         "  maxconn 4000",
         "defaults",
-        "  mode http" if check == "http" else "  mode tcp",  # (syn: HAProxy's TCP check)
+        "  mode http" if check in ("http", "https") else "  mode tcp",  # (syn: its TCP check)
         "  timeout connect 1s",
         "  timeout client 10s",
         "  timeout server 10s",
@@ -91,9 +92,11 @@ def run_haproxy(
         "  default_backend be",
         "backend be",
     ]
-    if check == "http":
+    if check in ("http", "https"):
         lines += ["  option httpchk GET /healthz", "  http-check expect status 200"]
-    lines.append("  default-server check inter 1000ms fall 3 rise 3")
+    # (HTTPS: HAProxy keeps each server's TLS session and resumes it, by default)
+    tls = " check-ssl verify none" if check == "https" else ""
+    lines.append(f"  default-server check inter 1000ms fall 3 rise 3{tls}")
     lines += [f"  server s{i} 127.0.0.1:{base + i}" for i in range(count)]
     cfg = work / "haproxy.cfg"
     cfg.write_text("\n".join(lines) + "\n")
@@ -109,12 +112,13 @@ def run_healthgate(
     count: int,
     base: int,
     check: str,
-    keepalive: bool,
+    variant: str,
     work: Path,
     warmup: float,
     duration: float,
     serve_args: list[str],
 ) -> dict[str, Any]:
+    """``variant``: "" (fresh connections), "keep-alive" or "no resumption" (HTTPS)."""
     docs = [
         {
             "kind": "HealthCheck",
@@ -124,7 +128,7 @@ def run_healthgate(
             "type": "TCP" if check == "syn" else check.upper(),
             "checkIntervalSec": 1,
             "timeoutSec": 1,
-            **({"requestPath": "/healthz"} if check == "http" else {}),
+            **({"requestPath": "/healthz"} if check in ("http", "https") else {}),
         },
         {
             "kind": "NetworkEndpointGroup",
@@ -146,7 +150,7 @@ def run_healthgate(
     ]
     manifest = work / "bench.yaml"
     manifest.write_text(yaml.safe_dump_all(docs))
-    db = work / f"hg-{check}-{keepalive}.db"
+    db = work / f"hg-{check}-{variant.replace(' ', '-')}.db"
     port = 17400
     cmd = [
         sys.executable,
@@ -164,8 +168,10 @@ def run_healthgate(
         "--log-level",
         "warning",
     ]
-    if keepalive:
+    if variant == "keep-alive":
         cmd.append("--keepalive-probes")
+    if variant == "no resumption":
+        cmd.append("--no-tls-resumption")
     if check == "syn":
         cmd.append("--tcp-half-open")
     cmd += serve_args
@@ -205,7 +211,7 @@ def run_healthgate(
     finally:
         proc.stop()
     return {
-        "checker": "healthgate" + (" keep-alive" if keepalive else ""),
+        "checker": "healthgate" + (f" {variant}" if variant else ""),
         "cpu": cpu,
         "checks": checks,
         "late_share": late / started if started else None,
@@ -244,29 +250,28 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        pem = None
+        if "https" in args.checks:
+            import trustme  # (a test extra: make test installs it)
+
+            pem = work / "backend.pem"
+            cert = trustme.CA().issue_cert("127.0.0.1")
+            cert.private_key_and_cert_chain_pem.write_to_path(str(pem))
+        variants = {"http": ["", "keep-alive"], "https": ["", "no resumption"]}
         for count in (int(c) for c in args.counts.split(",")):
-            with backend_endpoints(count, args.base_port, work):
-                for check in args.checks.split(","):
+            for check in args.checks.split(","):
+                tls = pem if check == "https" else None
+                with backend_endpoints(count, args.base_port, work, tls=tls):
                     runs = [
-                        run_haproxy(count, args.base_port, check, work, args.warmup, args.duration),
-                        run_healthgate(
-                            count,
-                            args.base_port,
-                            check,
-                            False,
-                            work,
-                            args.warmup,
-                            args.duration,
-                            args.serve_arg,
-                        ),
+                        run_haproxy(count, args.base_port, check, work, args.warmup, args.duration)
                     ]
-                    if check == "http":
+                    for variant in variants.get(check, [""]):
                         runs.append(
                             run_healthgate(
                                 count,
                                 args.base_port,
                                 check,
-                                True,
+                                variant,
                                 work,
                                 args.warmup,
                                 args.duration,
@@ -289,12 +294,12 @@ def main() -> int:
                         rows.append(row)
                         print(json.dumps(row), file=sys.stderr, flush=True)
     print(
-        f"{'endpoints':>9} {'check':>5} {'checker':<22} {'checks/s':>9} {'CPU %':>6} {'us/check':>9} {'x HAProxy':>9} {'on time':>8}"
+        f"{'endpoints':>9} {'check':>5} {'checker':<25} {'checks/s':>9} {'CPU %':>6} {'us/check':>9} {'x HAProxy':>9} {'on time':>8}"
     )
     for r in rows:
         on_time = f"{100 * (1 - r['late_share']):.2f}%" if r.get("late_share") is not None else "-"
         print(
-            f"{r['endpoints']:>9,} {r['check']:>5} {r['checker']:<22} {r['checks_per_s']:>9.0f} {r['cpu_percent']:>6.1f} "
+            f"{r['endpoints']:>9,} {r['check']:>5} {r['checker']:<25} {r['checks_per_s']:>9.0f} {r['cpu_percent']:>6.1f} "
             f"{r['cpu_us_per_check']:>9.1f} {r['ratio_to_haproxy']:>9.2f} {on_time:>8}"
         )
     print(

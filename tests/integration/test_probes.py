@@ -258,6 +258,50 @@ def test_https_verification_with_a_ca_bundle(ca: trustme.CA, tmp_path: Any) -> N
     assert untrusted.outcome is Outcome.TLS and "CERTIFICATE_VERIFY_FAILED" in untrusted.detail
 
 
+@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3])
+@pytest.mark.parametrize("resume", [True, False])
+def test_fresh_https_checks_resume_the_endpoints_tls_session(
+    ca: trustme.CA, version: ssl.TLSVersion, resume: bool
+) -> None:
+    """A fresh-connection HTTPS check offers its endpoint's last session: the
+    server sees the first handshake in full and the next ones resumed (its
+    own ``session_reused``), TLS 1.2 and 1.3; off, every one in full. A
+    server that declines the session (another one: other ticket keys) gets
+    a full handshake, and the session from it is resumed next."""
+    reused: list[bool] = []
+
+    async def go() -> tuple[list[Outcome], Prober]:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            reused.append(writer.get_extra_info("ssl_object").session_reused)
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            await writer.drain()
+            writer.close()
+
+        prober = Prober(ProbeSettings(tls_resume=resume))
+        outcomes = []
+        try:
+            for rounds in (4, 2):
+                ctx = tls_server_context(ca, ["web.internal"], [])
+                ctx.maximum_version = version
+                server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=ctx)
+                port = server.sockets[0].getsockname()[1]
+                check = spec("HTTPS", port, host="web.internal")
+                try:
+                    for _ in range(rounds):
+                        outcomes.append((await prober.probe(check, key="k")).outcome)
+                finally:
+                    server.close()
+        finally:
+            await prober.close()
+        return outcomes, prober
+
+    outcomes, prober = run_async(go())
+    assert outcomes == [Outcome.OK] * 6
+    assert reused == ([False, True, True, True, False, True] if resume else [False] * 6)
+    assert (prober.tls_handshakes, prober.tls_resumed) == (6, 4 if resume else 0)
+
+
 def test_https_against_plain_http_is_a_tls_failure() -> None:
     async def bad_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.read(100)  # a TLS ClientHello is not HTTP: answer 400, as web servers do

@@ -127,6 +127,15 @@ class EngineCollector(Collector):
             "Probes running now",
             value=self.health.scheduler.in_flight,
         )
+        prober = self.health.scheduler.prober
+        tls = CounterMetricFamily(
+            "healthgate_probe_tls_handshakes",
+            "TLS handshakes of HTTPS checks in this process, by whether a session was resumed",
+            labels=["resumed"],
+        )
+        tls.add_metric(["true"], prober.tls_resumed)
+        tls.add_metric(["false"], prober.tls_handshakes - prober.tls_resumed)
+        yield tls
         yield CounterMetricFamily(
             "healthgate_prober_deferred_ticks",
             "Scheduler ticks that left due probes or results for the next tick (prober overloaded)",

@@ -146,6 +146,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             ca_file=args.ca_file,
             tcp_half_open=args.tcp_half_open,
             source=args.probe_source,
+            tls_resume=not args.no_tls_resumption,
         ),
         scheduler=SchedulerSettings(tick=args.probe_tick_ms / 1000)
         if args.probe_tick_ms
@@ -322,6 +323,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="TCP checks reset right after the SYN+ACK (HAProxy's way) instead of completing "
         "the handshake; the server's accept queue then never sees them",
+    )
+    p.add_argument(
+        "--no-tls-resumption",
+        action="store_true",
+        help="fresh-connection HTTPS checks make a full TLS handshake every time (by "
+        "default each offers its endpoint's last session, as HAProxy's checks do)",
     )
     p.add_argument(
         "--probe-workers",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import ssl
 from typing import Final, cast
 
 from healthgate import __version__
@@ -128,3 +129,107 @@ class HttpProbeProtocol(asyncio.Protocol):
                 self.fut.set_result(HttpHead(error="connection closed mid-response"))
             else:
                 self.fut.set_result(HttpHead(error="closed"))
+
+
+class TlsHttpProbeProtocol(HttpProbeProtocol):
+    """HTTPS: the same reader behind TLS run on memory BIOs by the probe
+    itself, so that a probe can offer the endpoint's last TLS session
+    (resumption: an abbreviated handshake, no certificate, no key exchange
+    of the full kind) - the event loop's own TLS transport has no way to pass
+    a session. A TLS failure fails the probe's future with the ``SSLError``."""
+
+    __slots__ = ("_in", "_out", "ready", "request", "tls")
+
+    def __init__(
+        self,
+        fut: asyncio.Future[HttpHead],
+        max_head: int,
+        max_body: int,
+        context: ssl.SSLContext,
+        server_hostname: str | None,
+        session: ssl.SSLSession | None,
+        request: bytes,
+    ) -> None:
+        super().__init__(fut, max_head, max_body)
+        self._in = ssl.MemoryBIO()
+        self._out = ssl.MemoryBIO()
+        self.tls = context.wrap_bio(
+            self._in, self._out, server_hostname=server_hostname or None, session=session
+        )
+        self.request = request
+        self.ready = False
+
+    def restart(self, fut: asyncio.Future[HttpHead], request: bytes) -> None:
+        self.fut = fut
+        self.buf.clear()
+        self.got_bytes = False
+        self._send(request)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._handshake()
+
+    def _flush(self) -> None:
+        data = self._out.read()
+        if data and self.transport is not None:
+            self.transport.write(data)
+
+    def _send(self, plain: bytes) -> None:
+        try:
+            self.tls.write(plain)
+        except ssl.SSLError as exc:
+            self._fail(exc)
+            return
+        self._flush()
+
+    def _fail(self, exc: ssl.SSLError) -> None:
+        self.closed = True
+        if not self.fut.done():
+            self.fut.set_exception(exc)
+        if self.transport is not None:
+            self.transport.close()
+
+    def _handshake(self) -> None:
+        try:
+            self.tls.do_handshake()
+        except ssl.SSLWantReadError:
+            self._flush()
+            return
+        except ssl.SSLError as exc:
+            self._flush()  # (the alert, for the server's log)
+            self._fail(exc)
+            return
+        self.ready = True
+        self._send(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        self._in.write(data)
+        if not self.ready:
+            self._handshake()
+            if not self.ready or self.closed:
+                return
+        while True:
+            try:
+                plain = self.tls.read(65536)
+            except ssl.SSLWantReadError:
+                break
+            except ssl.SSLZeroReturnError:  # close_notify: as the end of the stream
+                self.closed = True
+                if self.transport is not None:
+                    self.transport.close()
+                break
+            except ssl.SSLError as exc:
+                self._fail(exc)
+                return
+            if not plain:
+                break
+            super().data_received(plain)
+        self._flush()  # (post-handshake messages may want an answer)
+
+    @property
+    def session(self) -> ssl.SSLSession | None:
+        return self.tls.session if self.ready else None
+
+    @property
+    def resumed(self) -> bool:
+        return self.ready and self.tls.session_reused

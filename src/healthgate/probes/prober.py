@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from healthgate.health.states import Outcome, ProbeResult
-from healthgate.probes.http import HttpHead, HttpProbeProtocol, build_request
+from healthgate.probes.http import HttpHead, HttpProbeProtocol, TlsHttpProbeProtocol, build_request
 from healthgate.probes.spec import ProbeSpec
 
 
@@ -57,6 +57,8 @@ class ProbeSettings:
     # address, multi-homed hosts); None: the kernel's choice. TCP, HTTP and
     # HTTPS checks; gRPC checks leave from the kernel's choice.
     source: str | None = None
+    # HTTPS: offer each endpoint's last TLS session on a fresh connection
+    tls_resume: bool = True
 
 
 # per-probe outcomes as globals (see the note on Outcome)
@@ -108,6 +110,9 @@ class Prober:
         self._tls_verify = self._tls_context(verify=True, check_hostname=False)
         self._grpc: Any = None  # created on first gRPC probe (grpcio is heavy to import)
         self._requests: dict[tuple[str, str, bool], bytes] = {}  # one per endpoint and path
+        self._sessions: dict[Any, ssl.SSLSession] = {}  # HTTPS: each key's last TLS session
+        self.tls_handshakes = 0
+        self.tls_resumed = 0  # of which abbreviated (a session resumed)
 
     def _tls_context(self, verify: bool, check_hostname: bool) -> ssl.SSLContext:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
@@ -207,30 +212,59 @@ class Prober:
                 transport.close()
         fut = loop.create_future()
         max_head, max_body = settings.max_head_bytes, settings.max_body_bytes
-        tls: ssl.SSLContext | None = None
         if spec.type == "HTTPS":
             if not settings.verify_tls:
                 tls = self._tls_plain
             else:
                 tls = self._tls_verify_host if spec.host else self._tls_verify
-        transport, proto = await loop.create_connection(
-            lambda: HttpProbeProtocol(fut, max_head, max_body),
-            spec.ip,
-            spec.port,
-            ssl=tls,
-            server_hostname=(spec.host or "") if tls else None,
-            local_addr=self._local(spec.ip),
-        )
+            session = self._sessions.get(key) if key is not None else None
+            hostname = spec.host
+            transport, proto = await loop.create_connection(
+                lambda: TlsHttpProbeProtocol(
+                    fut, max_head, max_body, tls, hostname, session, request
+                ),
+                spec.ip,
+                spec.port,
+                local_addr=self._local(spec.ip),
+            )
+        else:
+            transport, proto = await loop.create_connection(
+                lambda: HttpProbeProtocol(fut, max_head, max_body),
+                spec.ip,
+                spec.port,
+                local_addr=self._local(spec.ip),
+            )
+            transport.write(request)
         try:
             proto.transport = transport
-            transport.write(request)
             head = await fut
         except BaseException:
             transport.close()
             raise
+        if isinstance(proto, TlsHttpProbeProtocol):
+            self._tls_done(key, proto)
         return self._finish(
             spec, key if keepalive else None, head, transport, proto, loop.time() - start
         )
+
+    def _tls_done(self, key: Any, proto: TlsHttpProbeProtocol) -> None:
+        """Count the handshake, and keep the endpoint's session for the next
+        fresh connection (TLS session resumption, as HAProxy's checks do).
+
+        A session is taken from a full handshake only, and offered until the
+        server declines it (expired, its ticket keys rotated): taking one
+        costs more than it saves under TLS 1.3 (the interpreter copies it
+        through its encoding, certificate and all: measured, reading it
+        after every probe made resumed checks dearer than full ones)."""
+        self.tls_handshakes += 1
+        if proto.resumed:
+            self.tls_resumed += 1
+        elif key is not None and self.settings.tls_resume:
+            session = proto.session
+            if session is not None:
+                self._sessions[key] = session
+            else:
+                self._sessions.pop(key, None)
 
     def _finish(
         self,
@@ -262,6 +296,7 @@ class Prober:
         idle = self._idle.pop(key, None)
         if idle is not None:
             idle[0].close()
+        self._sessions.pop(key, None)
         if self._grpc is not None:
             self._grpc.forget(key)
 
