@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shutil
 import sys
 import tempfile
 import time
@@ -148,6 +149,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=10.0)
     ap.add_argument("--duration", type=float, default=15.0)
     ap.add_argument("--base-port", type=int, default=21000)
+    ap.add_argument("--logs", type=Path, help="keep each serve's log in this directory")
     ap.add_argument(
         "--backend-nice",
         type=int,
@@ -179,6 +181,10 @@ def main() -> None:
                 tail = (work / f"serve-{w}.log").read_text(errors="replace")[-1500:]
                 print(f"{args.endpoints:,} endpoints, {w} workers: failed ({exc!r})\n{tail}")
                 continue
+            finally:
+                if args.logs is not None:
+                    args.logs.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(work / f"serve-{w}.log", args.logs / f"serve-{w}.log")
             print(
                 f"{row['endpoints']:,} HTTP kept-alive endpoints, {w} workers: "
                 f"{row['checks_per_s']:,.0f} checks/s, {row['on_time'] * 100:.2f} % on time "

@@ -1,6 +1,7 @@
 """The offline commands: validate and simulate, exit codes and output."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -247,3 +248,25 @@ def test_bash_completion_offers_commands_kinds_and_options() -> None:
     assert complete("healthgate", "ge") == ["get"]
     assert "healthChecks" in complete("healthgate", "get", "hea")
     assert complete("healthgate", "serve", "--xd") == ["--xds"]
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [("-1", "must be 0 or more, got -1"), ("many", "a number of processes or 'auto', got 'many'")],
+)
+def test_probe_workers_takes_a_count_or_auto(
+    tmp_path: Path, value: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--probe-workers auto is one per core; a bad value is a usage error
+    naming the option, before anything is opened."""
+    from healthgate.cli.main import probe_workers
+
+    assert probe_workers("auto") == len(os.sched_getaffinity(0))
+    assert probe_workers("3") == 3
+    db = tmp_path / "never.db"
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--db", str(db), "--probe-workers", value])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--probe-workers" in err and says in err
+    assert not db.exists()
