@@ -5,8 +5,9 @@
     python bench/probe_floor.py --checks syn             # half-open raw SYNs (root)
 
 No scheduler, no result, no engine: every tick sends the due share of N
-endpoints a TCP connect (half-open, then a disconnect, exactly the system
-calls of healthgate's batch prober), a raw SYN (``syn``: healthgate's own
+endpoints a TCP connect (``tcp``: half-open, ``full``: the handshake
+completed, then a disconnect - exactly the system calls of healthgate's
+batch prober), a raw SYN (``syn``: healthgate's own
 prebuilt packets and raw socket, probes/syn.py) or a kept-alive HTTP
 request, and reads the answers without blocking. What it costs per check is the least
 any Python prober with this design can cost on this machine - the yardstick
@@ -53,7 +54,8 @@ async def run(
     per_tick = max(1, round(count * tick))
     done = 0
     i = 0
-    if check == "tcp":
+    if check in ("tcp", "full"):
+        quick = int(check == "full")  # full: the handshake completes (SPEC §2.1's default)
         pool: list[socket.socket] = []
         connecting: dict[int, socket.socket] = {}
 
@@ -66,7 +68,7 @@ async def run(
                     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
                     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     ep.register(s.fileno(), _MASK)
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 0)
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, quick)
                 if s.connect_ex(addrs[i % count]) == 0:
                     _connect(s.fileno(), _UNSPEC, 16)
                     pool.append(s)

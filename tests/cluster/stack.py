@@ -44,6 +44,7 @@ class Node:
             "--listen", f"127.0.0.1:{self.port}",
             "--probe-failure-log-rate", "0",
             "--probe-source", SOURCES[self.name],
+            *self.stack.node_args,
             *extra,
         ]  # fmt: skip
         with open(self.log, "ab") as out:
@@ -65,6 +66,9 @@ class Node:
     def get(self, path: str) -> Any:
         return httpx.get(self.url + path, timeout=3).json()
 
+    def get_text(self, path: str) -> str:
+        return httpx.get(self.url + path, timeout=3).text
+
     def cluster(self) -> dict[str, Any]:
         result: dict[str, Any] = self.get("/v1/cluster")
         return result
@@ -84,9 +88,10 @@ class ClusterStack:
     """3 etcd members, the two-region backends and world, 3 nodes (two in
     us-east1, one in europe-west1)."""
 
-    def __init__(self, tmp: Path, lease_ttl: int = 2) -> None:
+    def __init__(self, tmp: Path, lease_ttl: int = 2, node_args: tuple[str, ...] = ()) -> None:
         self.tmp = tmp
         self.lease_ttl = lease_ttl
+        self.node_args = node_args  # for every node (e.g. --probe-workers 2)
         self.etcd = EtcdCluster(tmp, 3)
         self.backend_port, self.front_port, self.producer_ports = ports()
         self.backends = Backends(self.backend_port).__enter__()

@@ -128,13 +128,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 return EXIT_REFUSED
-            if args.probe_workers:
-                print(
-                    "healthgate serve: --probe-workers is not available in cluster mode yet "
-                    "(a node probes its share in its own process)",
-                    file=sys.stderr,
-                )
-                return EXIT_REFUSED
         else:
             print(
                 f"healthgate serve: --store: expected sqlite:PATH or etcd://HOST:PORT[,HOST:PORT...], "

@@ -34,12 +34,13 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 from healthgate.cluster.placement import by_region, probers
 from healthgate.controlplane.health_service import HealthService
+from healthgate.controlplane.probe_workers import Flip, ProbePool, apply_flips
 from healthgate.controlplane.recorder import TransitionRecorder
 from healthgate.controlplane.saved_states import engine_states
 from healthgate.health.engine import ApplyResult, HealthEngine, endpoint_name
@@ -71,6 +72,9 @@ class ClusterSettings:
     node: str
     region: str
     lease_ttl: int = 5
+    probe_workers: int = (
+        0  # probe this node's share in N worker processes (controlplane/probe_workers.py)
+    )
     resync_every: float = 300.0  # anti-entropy: rewrite opinions that differ from the store
 
 
@@ -134,14 +138,38 @@ class ClusterHealth(HealthService):
         self.opinion_writes = 0
         self.route_lags: deque[float] = deque(maxlen=1000)
         self.shares: dict[str, int] = {}  # node -> endpoints it probes (by placement)
+        # worker processes probe this node's share, or (None) this process's scheduler does
+        self.pool: ProbePool | None = None
+        if cluster.probe_workers > 0:
+            self.pool = ProbePool(
+                cluster.probe_workers,
+                probe_settings or ProbeSettings(),
+                scheduler_settings or SchedulerSettings(),
+                self._worker_flips,
+                self._prober_states,
+                self.scheduler.stats,
+            )
 
     # ------------------------------------------------------------------ resources
+
+    def start(self) -> None:
+        if self.pool is not None:
+            self.pool.start()
+        else:
+            super().start()
+
+    async def close(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()
+        await super().close()
 
     def apply(self, resources: Iterable[Resource]) -> ApplyResult:
         world = list(resources)
         now = self.clock()
         result = self.engine.apply(world, now)
         probing = self.prober.apply(world, now)
+        if self.pool is not None:
+            self.pool.world(world)
         for slot in probing.removed:
             self.scheduler.remove(slot)
             gone = self.mine.pop(slot, None)
@@ -192,12 +220,15 @@ class ClusterHealth(HealthService):
                 self._take_over(t.slot, path, mine)
             self.mine[t.slot] = (path, mine)
             self._mine_by_path[path] = (t.slot, mine)
-            if before is None or t.slot in changed:
+            if self.pool is None and (before is None or t.slot in changed):
                 self.scheduler.upsert(t.slot, self.spec_of(t))
         for slot in [s for s in self.mine if s not in seen]:
             path, _ = self.mine.pop(slot)
             self._mine_by_path.pop(path, None)
-            self.scheduler.remove(slot)
+            if self.pool is None:
+                self.scheduler.remove(slot)
+        if self.pool is not None:  # (the workers find spec changes in the world themselves)
+            self.pool.assign(self._mine_by_path)
         self.endpoints = endpoints
         self.shares = shares
         if orphans != self._orphans:
@@ -234,9 +265,30 @@ class ClusterHealth(HealthService):
                         result.describe(),
                         failure_log.suppressed,
                     )
-        records = self.prober.on_results(
-            self.clock(), cast("list[tuple[int, ProbeResult]]", results)
+        self._flipped(
+            self.prober.on_results(self.clock(), cast("list[tuple[int, ProbeResult]]", results))
         )
+
+    def _worker_flips(self, flips: Sequence[Flip]) -> None:
+        """Probe workers' flips of this node's share: into the prober engine,
+        and opinions, as this process's own probes' flips are."""
+        self._flipped(apply_flips(self.prober.table, flips))
+
+    def _prober_states(self, paths: Iterable[str] | None) -> dict[str, tuple[int, float]]:
+        """The prober engine's states of ``paths`` (None: all of this node's
+        share), for a worker that starts probing them."""
+        out: dict[str, tuple[int, float]] = {}
+        table = self.prober.table
+        for path in self._mine_by_path if paths is None else paths:
+            slot = self._mine_by_path.get(path, (None,))[0]
+            if slot is None:
+                continue
+            state = table.state(slot)
+            if state is not HealthState.UNKNOWN:
+                out[path] = (int(state), table.since(slot))
+        return out
+
+    def _flipped(self, records: list[Record]) -> None:
         for r in records:
             if isinstance(r, Transition) and r.kind == "Endpoint":
                 for vantage in self._mine_by_path.get(r.path, (0, ()))[1]:

@@ -1,26 +1,30 @@
 """Probing on every core: worker processes that each own a shard of endpoints.
 
-``serve --probe-workers N`` runs the probes in N processes. Each worker
-holds the whole world in a *prober* engine of its own (as a cluster node
-does, cluster/node.py), probes the endpoints that rendezvous hashing
-(cluster/placement.py, the same function that shares endpoints among a
-cluster's nodes) gives its shard, runs the threshold machine on them, and
-sends only their **flips** to the serving process, a tick's worth at a time.
-The serving process sets each flipped endpoint's state in its own engine
-(``EndpointTable.set_state``, as a cluster node does with the vantages'
-quorum) and everything above the endpoints - sources, composites, routes,
-the log - happens there, once.
+``serve --probe-workers N`` runs the probes in N processes (a
+:class:`ProbePool`). Each worker holds the whole world in a *prober* engine of
+its own (as a cluster node does, cluster/node.py), probes the endpoints it is
+given that rendezvous hashing (cluster/placement.py, the same function that
+shares endpoints among a cluster's nodes) puts in its shard, runs the
+threshold machine on them, and sends only their **flips**, a tick's worth at
+a time. What the pool is given to probe is the owner's choice: every endpoint
+(:class:`WorkerProbing`, the embedded server: the flipped endpoint's state is
+set in the serving engine with ``EndpointTable.set_state`` and everything
+above the endpoints happens there, once), or a cluster node's share
+(cluster/node.py: a flip becomes the node's opinion, as its own prober's
+flips do).
 
 A worker that dies (``kill -9``) is started again with the world and the
-current states of its shard's endpoints, so it resumes where the dead one
-was (HEALTHY stays HEALTHY until the thresholds say otherwise): no
-transition, no UNKNOWN.
+current states of what it probed, so it resumes where the dead one was
+(HEALTHY stays HEALTHY until the thresholds say otherwise): no transition, no
+UNKNOWN.
 
 Two one-way pipes per worker (pickled messages), each read by a thread with
 blocking reads (an event loop's reader makes a descriptor non-blocking, and
 a large world then fails half-sent or half-read):
 
-    parent -> worker   ("world", resources, states)  states: endpoint path -> (state, since)
+    parent -> worker   ("world", resources)
+                       ("assign", paths or None, states)  None: every endpoint;
+                                                          states: path -> (state, since)
     worker -> parent   ("flips", [(path, state, since, reason), ...])
                        ("stats", started, late, finished, in_flight)
 """
@@ -35,18 +39,19 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any, cast
 
 from healthgate.cluster.placement import rendezvous
 from healthgate.controlplane.health_service import HealthService
+from healthgate.health.endpoints import EndpointTable
 from healthgate.health.engine import ApplyResult, HealthEngine, endpoint_name
-from healthgate.health.states import HealthState, ProbeResult, Transition
+from healthgate.health.states import HealthState, ProbeResult, Record, Transition
 from healthgate.model.resources import Resource
 from healthgate.probes.batch import BatchProber
 from healthgate.probes.prober import Prober, ProbeSettings
-from healthgate.probes.scheduler import ProbeScheduler, SchedulerSettings
+from healthgate.probes.scheduler import ProbeScheduler, SchedulerSettings, SchedulerStats
 
 log = logging.getLogger("healthgate.probe_workers")
 
@@ -57,30 +62,33 @@ def worker_name(index: int) -> str:
     return f"w{index}"
 
 
-class WorkerProbing(HealthService):
-    """The serving process's side: the engine, fed by the workers' flips."""
+class ProbePool:
+    """N probe worker processes and the pipes to them (the owner's side)."""
 
     def __init__(
         self,
-        workers: int,
-        probe_settings: ProbeSettings | None = None,
-        scheduler_settings: SchedulerSettings | None = None,
-        failure_log_rate: float = 0.0,
+        count: int,
+        probe_settings: ProbeSettings,
+        scheduler_settings: SchedulerSettings,
+        on_flips: Callable[[Sequence[Flip]], None],
+        states: Callable[[Iterable[str] | None], dict[str, tuple[int, float]]],
+        stats: SchedulerStats,
     ) -> None:
-        super().__init__(probe_settings, scheduler_settings, failure_log_rate=failure_log_rate)
-        self.count = workers
-        self.probe_settings = probe_settings or ProbeSettings()
-        self.scheduler_settings = scheduler_settings or SchedulerSettings()
-        self.procs: list[Any] = [None] * workers
-        self.conns: list[Connection | None] = [None] * workers  # to each worker
+        self.count = count
+        self.probe_settings = probe_settings
+        self.scheduler_settings = scheduler_settings
+        self.on_flips = on_flips
+        self.states = states  # the owner's current states of these paths (None: all)
+        self.stats = stats  # folded from the workers' reports
+        self.procs: list[Any] = [None] * count
+        self.conns: list[Connection | None] = [None] * count  # to each worker
         self.restarts = 0
         self._world: list[Resource] = []
-        self._stats: dict[int, tuple[int, int, int, int]] = {}
-        self._stats_base = (0, 0, 0)  # of workers that died
+        self._paths: frozenset[str] | None = None  # what to probe (None: every endpoint)
+        self._reports: dict[int, tuple[int, int, int, int]] = {}
+        self._base = (0, 0, 0)  # of workers that died
         self._closing = False
         self._ctx = multiprocessing.get_context("spawn")
-
-    # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
         for i in range(self.count):
@@ -103,7 +111,8 @@ class WorkerProbing(HealthService):
         threading.Thread(
             target=self._read, args=(loop, index, up_r), name=f"probe-{index}", daemon=True
         ).start()
-        down_w.send(("world", self._world, self._states()))
+        down_w.send(("world", self._world))
+        down_w.send(("assign", self._paths, self.states(self._paths)))
         log.info("probe worker %s started (pid %d)", worker_name(index), proc.pid)
 
     def _read(self, loop: asyncio.AbstractEventLoop, index: int, conn: Connection) -> None:
@@ -118,24 +127,32 @@ class WorkerProbing(HealthService):
         finally:
             conn.close()
 
-    def _states(self) -> dict[str, tuple[int, float]]:
-        """Every endpoint's current state, for a (re)started worker to resume from."""
-        out: dict[str, tuple[int, float]] = {}
-        engine = self.engine
-        for bs in engine.backend_services():
-            for ep in engine.endpoints(bs):
-                if ep.state is not HealthState.UNKNOWN:
-                    out[f"{bs}/endpoints/{endpoint_name(ep.ip, ep.port)}"] = (
-                        int(ep.state),
-                        ep.since,
-                    )
-        return out
+    def _send(self, message: tuple[Any, ...]) -> None:
+        for conn in self.conns:
+            if conn is not None:
+                with contextlib.suppress(OSError):  # (a dead worker: restarted with it all)
+                    conn.send(message)
+
+    def world(self, resources: Sequence[Resource]) -> None:
+        """The resources changed: every worker gets them (and finds its changes)."""
+        self._world = list(resources)
+        self._send(("world", self._world))
+
+    def assign(self, paths: Iterable[str] | None) -> None:
+        """Probe these endpoint paths (None: every endpoint of the world). A
+        path new to the pool resumes from the owner's state of it."""
+        chosen = None if paths is None else frozenset(paths)
+        if chosen == self._paths and chosen is not None:
+            return
+        new = None if chosen is None or self._paths is None else chosen - self._paths
+        self._paths = chosen
+        self._send(("assign", chosen, self.states(new)))
 
     def _lost(self, index: int, conn: Connection) -> None:
         proc = self.procs[index]
-        started, late, finished, _ = self._stats.pop(index, (0, 0, 0, 0))
-        b = self._stats_base
-        self._stats_base = (b[0] + started, b[1] + late, b[2] + finished)
+        started, late, finished, _ = self._reports.pop(index, (0, 0, 0, 0))
+        b = self._base
+        self._base = (b[0] + started, b[1] + late, b[2] + finished)
         down = self.conns[index]
         if down is not None:
             down.close()
@@ -152,27 +169,16 @@ class WorkerProbing(HealthService):
     def _take(self, index: int, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == "flips":
-            self._flips(message[1])
+            self.on_flips(message[1])
         elif kind == "stats":
-            self._stats[index] = message[1:]
-            self._fold_stats()
+            self._reports[index] = message[1:]
+            stats, b, reports = self.stats, self._base, self._reports.values()
+            stats.started = b[0] + sum(r[0] for r in reports)
+            stats.late_starts = b[1] + sum(r[1] for r in reports)
+            stats.finished = b[2] + sum(r[2] for r in reports)
 
-    def _fold_stats(self) -> None:
-        stats = self.scheduler.stats
-        b = self._stats_base
-        stats.started = b[0] + sum(s[0] for s in self._stats.values())
-        stats.late_starts = b[1] + sum(s[1] for s in self._stats.values())
-        stats.finished = b[2] + sum(s[2] for s in self._stats.values())
-        self.results = stats.finished
-
-    def _flips(self, flips: Sequence[Flip]) -> None:
-        engine = self.engine
-        records = []
-        for path, state, since, reason in flips:
-            slot = engine.table.slot_of_path(path)
-            if slot is not None:
-                records += engine.table.set_state(since, slot, HealthState[state], reason)
-        self.emit(records)
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs if p is not None]
 
     async def close(self) -> None:
         self._closing = True
@@ -183,25 +189,74 @@ class WorkerProbing(HealthService):
                 self.conns[i] = None
         for proc in self.procs:
             if proc is not None:
-                proc.join(2)
+                await asyncio.to_thread(proc.join, 2)
                 if proc.is_alive():
                     proc.kill()
-                    proc.join(2)
+                    await asyncio.to_thread(proc.join, 2)
 
-    # ------------------------------------------------------------------ resources
+
+class WorkerProbing(HealthService):
+    """The embedded server's side: the engine, fed by the workers' flips."""
+
+    def __init__(
+        self,
+        workers: int,
+        probe_settings: ProbeSettings | None = None,
+        scheduler_settings: SchedulerSettings | None = None,
+        failure_log_rate: float = 0.0,
+    ) -> None:
+        super().__init__(probe_settings, scheduler_settings, failure_log_rate=failure_log_rate)
+        self.pool = ProbePool(
+            workers,
+            probe_settings or ProbeSettings(),
+            scheduler_settings or SchedulerSettings(),
+            self._flips,
+            self._states,
+            self.scheduler.stats,
+        )
+
+    def start(self) -> None:
+        self.pool.start()
+
+    def _states(self, paths: Iterable[str] | None) -> dict[str, tuple[int, float]]:
+        """The current states of every endpoint that has one (the pool
+        probes every endpoint: a new path starts from UNKNOWN anyway)."""
+        out: dict[str, tuple[int, float]] = {}
+        engine = self.engine
+        for bs in engine.backend_services():
+            for ep in engine.endpoints(bs):
+                if ep.state is not HealthState.UNKNOWN:
+                    out[f"{bs}/endpoints/{endpoint_name(ep.ip, ep.port)}"] = (
+                        int(ep.state),
+                        ep.since,
+                    )
+        return out
+
+    def _flips(self, flips: Sequence[Flip]) -> None:
+        self.emit(apply_flips(self.engine.table, flips))
+
+    async def close(self) -> None:
+        await self.pool.close()
 
     def apply(self, resources: Iterable[Resource]) -> ApplyResult:
-        self._world = list(resources)
-        result = self.engine.apply(self._world, self.clock())
-        for conn in self.conns:
-            if conn is not None:
-                with contextlib.suppress(OSError):
-                    conn.send(("world", self._world, {}))
+        world = list(resources)
+        result = self.engine.apply(world, self.clock())
+        self.pool.world(world)
         self.emit(result.records)
         return result
 
     def pids(self) -> list[int]:
-        return [p.pid for p in self.procs if p is not None]
+        return self.pool.pids()
+
+
+def apply_flips(table: EndpointTable, flips: Sequence[Flip]) -> list[Record]:
+    """The workers' flips set in an engine's endpoint table: its records."""
+    records: list[Record] = []
+    for path, state, since, reason in flips:
+        slot = table.slot_of_path(path)
+        if slot is not None:
+            records += table.set_state(since, slot, HealthState[state], reason)
+    return records
 
 
 # ---------------------------------------------------------------------- the worker
@@ -254,21 +309,22 @@ async def _worker(
         Prober(probe_settings), sink, scheduler_settings, batch=BatchProber(probe_settings)
     )
 
-    def world(resources: list[Resource], states: dict[str, tuple[int, float]]) -> None:
-        result = engine.apply(resources, time.time())
-        for slot in result.removed:
-            scheduler.remove(slot)
-            mine.pop(slot, None)
-        changed = {t.slot for t in result.changed}
+    given: list[frozenset[str] | None] = []  # what to probe, once told (None: everything)
+
+    def place(states: dict[str, tuple[int, float]], changed: set[int]) -> None:
+        """Probe the given endpoints of this worker's shard; stop the rest."""
+        if not given:
+            return  # (the first "assign" follows the world at once)
+        paths = given[0]
         seen = set()
         for t in engine.targets():
             path = f"{t.backend_service}/endpoints/{endpoint_name(t.ip, t.port)}"
-            if rendezvous(path, names) != me:
+            if (paths is not None and path not in paths) or rendezvous(path, names) != me:
                 continue
             seen.add(t.slot)
             if t.slot not in mine:
                 resumed = states.get(path)
-                if resumed is not None:  # a worker started again: go on from there
+                if resumed is not None:  # a worker started again, a share moved: go on from there
                     engine.table.set_state(resumed[1], t.slot, HealthState(resumed[0]), "resumed")
                 mine[t.slot] = path
                 scheduler.upsert(t.slot, HealthService.spec_of(t))
@@ -277,20 +333,33 @@ async def _worker(
         for slot in [s for s in mine if s not in seen]:
             del mine[slot]
             scheduler.remove(slot)
+
+    def world(resources: list[Resource]) -> None:
+        result = engine.apply(resources, time.time())
+        for slot in result.removed:
+            scheduler.remove(slot)
+            mine.pop(slot, None)
+        place({}, {t.slot for t in result.changed})
         # the world's objects live as long as it does: out of the collector's
         # sight, a full collection of a large one would stall probes by tens of ms
         gc.collect()
         gc.freeze()
 
+    def assign(paths: frozenset[str] | None, states: dict[str, tuple[int, float]]) -> None:
+        given[:] = [paths]
+        place(states, set())
+
     def read() -> None:
-        """A thread: the serving process's messages, handed to the loop."""
+        """A thread: the owner's messages, handed to the loop."""
         try:
             while True:
                 message = down.recv()
                 if message[0] == "world":
-                    loop.call_soon_threadsafe(world, message[1], message[2])
+                    loop.call_soon_threadsafe(world, message[1])
+                elif message[0] == "assign":
+                    loop.call_soon_threadsafe(assign, message[1], message[2])
         except (EOFError, OSError):
-            # the serving process is gone (or stopping): so is this worker
+            # the owner is gone (or stopping): so is this worker
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(done.set)
 

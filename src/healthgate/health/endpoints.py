@@ -199,6 +199,10 @@ class EndpointTable:
     def state(self, slot: int) -> HealthState:
         return _STATES[self._state[slot]]
 
+    def since(self, slot: int) -> float:
+        """When the endpoint's state began."""
+        return self._since[slot]
+
     def _transition(
         self,
         now: float,

@@ -197,7 +197,7 @@ class Server:
         dataplane_settings = s.dataplane
         if s.clustered:
             assert s.store is not None and s.node and s.region, "checked by the CLI"
-            cluster = ClusterSettings(s.node, s.region, s.lease_ttl)
+            cluster = ClusterSettings(s.node, s.region, s.lease_ttl, s.probe_workers)
             etcd = EtcdStore(parse_endpoints(s.store))
             self.store = store = etcd
             health = ClusterHealth(
