@@ -233,11 +233,6 @@ def test_a_frozen_etcd_member(fresh: ClusterStack) -> None:
     assert traffic.errors == []
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="once in a fresh-clone CI run the dissent was not seen within 15 s (passes "
-    "locally every time); not understood yet, so it may not fail the suite",
-)
 def test_one_dissenting_vantage(fresh: ClusterStack) -> None:
     # us-east1's endpoints are checked from europe-west1 too
     world = [
@@ -257,14 +252,20 @@ def test_one_dissenting_vantage(fresh: ClusterStack) -> None:
         def dissent_seen() -> bool:
             body = node.get(f"/v1/projects/shop/regions/{US}/backendServices/web/health")
             return all(
-                "saw it UNHEALTHY, short of a quorum" in e["reason"] for e in body["healthStatus"]
+                "HEALTHY from us-east1; europe-west1 saw it UNHEALTHY, short of a quorum"
+                in e["reason"]
+                for e in body["healthStatus"]
             )
 
         try:
             wait_for(dissent_seen, 30, what="europe-west1's dissent on every endpoint")
         except TimeoutError:
-            print(node.get(f"/v1/projects/shop/regions/{US}/backendServices/web/health"))
-            raise
+            # Seen twice in full-suite runs (CI, and once locally), never when
+            # the module runs alone: not understood yet. Reported as an
+            # expected failure *with every node's view* (the summary shows
+            # it), so the next run that meets it says why, without failing
+            # the suite on a case that is still open.
+            pytest.xfail(f"dissent not seen within 30 s (open): {fresh.describe()}")
         seen = time.monotonic() - started
         assert all(fresh.route_target(n) == US for n in fresh.live())
         assert transitions_since(fresh, node, after) == []  # no failover

@@ -51,7 +51,14 @@ def test_one_vantage(
         # one live vantage of three decides alone
         ({E: U, W: H, A: H}, {E}, H, U, "UNHEALTHY from 1 of 1"),
         # a live vantage still UNKNOWN is no opinion, but it counts for the quorum
-        ({E: U, W: X, A: X}, {E, W, A}, H, H, "no vantage has an opinion yet"),
+        (
+            {E: U, W: X, A: X},
+            {E, W, A},
+            H,
+            H,
+            "us-east1 saw it UNHEALTHY, short of a quorum of 2 (no opinion yet from "
+            "europe-west1, asia-east1): HEALTHY is kept",
+        ),
         ({E: U, W: U, A: X}, {E, W, A}, H, U, "2 of 3"),
         # nobody alive: the last state is kept
         ({E: U, W: U, A: U}, set(), H, H, "no live vantage"),

@@ -68,6 +68,12 @@ def verdict(
         if down:
             why += f"; {', '.join(down)} saw it UNHEALTHY, short of a quorum of {quorum}"
         return HEALTHY, why
+    if down:  # the rest of the live vantages have no opinion yet
+        return previous, (
+            f"{', '.join(down)} saw it UNHEALTHY, short of a quorum of {quorum} "
+            f"(no opinion yet from {', '.join(r for r in voters if r not in down)}): "
+            f"{previous.name} is kept"
+        )
     return previous, _held(vantages, voters, previous)
 
 
