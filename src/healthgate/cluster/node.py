@@ -242,13 +242,19 @@ class ClusterHealth(HealthService):
             self._orphans = frozenset(orphans)
 
     def _take_over(self, slot: int, path: str, vantages: frozenset[str]) -> None:
-        """Start from the stored opinion of a vantage this node now probes for."""
+        """Start from the stored opinion of a vantage this node now probes
+        for - or, with none stored, from UNKNOWN: a state left in the prober
+        engine from an earlier time this node probed the endpoint (as a
+        stand-in for another region, say) would hide the first flip, and
+        with it the opinion (an endpoint left UNHEALTHY there and failing
+        again would never be said to be UNHEALTHY from this vantage)."""
         stored = self.opinions.get(path, {})
         for vantage in sorted(vantages):
             op = stored.get(vantage)
             if op is not None and op.state is not HealthState.UNKNOWN:
                 self.prober.table.set_state(op.since, slot, op.state, "resumed")
                 return
+        self.prober.table.set_state(self.clock(), slot, HealthState.UNKNOWN, "taken over")
 
     # ------------------------------------------------------------------ probing
 

@@ -326,6 +326,8 @@ async def _worker(
                 resumed = states.get(path)
                 if resumed is not None:  # a worker started again, a share moved: go on from there
                     engine.table.set_state(resumed[1], t.slot, HealthState(resumed[0]), "resumed")
+                else:  # not a state left from an earlier time this worker probed it
+                    engine.table.set_state(time.time(), t.slot, HealthState.UNKNOWN, "assigned")
                 mine[t.slot] = path
                 scheduler.upsert(t.slot, HealthService.spec_of(t))
             elif t.slot in changed:

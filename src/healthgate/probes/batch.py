@@ -192,7 +192,8 @@ class BatchProber:
         self._syn: SynSocket | None = None
         self._syn_tried = False
         self._by_seq: dict[int, _Probe] = {}  # raw SYNs in flight
-        self._packets: dict[Hashable, tuple[ProbeSpec, SynPacket]] = {}  # by key
+        # by key: its spec, SYN and probe object (reused)
+        self._packets: dict[Hashable, tuple[ProbeSpec, SynPacket, _Probe]] = {}
 
     @staticmethod
     def handles(spec: ProbeSpec) -> bool:
@@ -215,11 +216,11 @@ class BatchProber:
                     self._expire_at(kept)
                     return None
                 self._drop_idle(kept)
-        p = _Probe(key, spec, now)
         if spec.type == "TCP" and self.settings.tcp_half_open and ":" not in spec.ip:
             syn = self._syn if self._syn_tried else self._open_syn()
             if syn is not None:
-                return self._send_syn(syn, p, now)
+                return self._send_syn(syn, key, spec, now)
+        p = _Probe(key, spec, now)
         if spec.type == "HTTP":
             cached = self._requests.get(key)
             if cached is not None and cached[0] is spec:
@@ -248,20 +249,27 @@ class BatchProber:
             log.info("half-open TCP checks send raw SYNs from port %d", self._syn.port)
         return self._syn
 
-    def _send_syn(self, syn: SynSocket, p: _Probe, now: float) -> ProbeResult | None:
-        spec = p.spec
-        cached = self._packets.get(p.key)
+    def _send_syn(
+        self, syn: SynSocket, key: Hashable, spec: ProbeSpec, now: float
+    ) -> ProbeResult | None:
+        """A raw SYN. The key's packet and probe object are kept and serve
+        its next probes (as a kept-alive connection's do: an expiry entry of
+        an earlier probe finds it active again, but not yet due)."""
+        cached = self._packets.get(key)
         if cached is not None and cached[0] is spec:
-            packet = cached[1]
+            packet, p = cached[1], cached[2]
+            p.start, p.deadline, p.active = now, now + spec.timeout, True
         else:
             try:
                 packet = syn.packet(spec.ip, spec.port)
             except OSError as exc:  # no route to the address, say
                 return ProbeResult(Outcome.ERROR, 0.0, 0, exc.strerror or str(exc))
-            self._packets[p.key] = (spec, packet)
+            p = _Probe(key, spec, now)
+            self._packets[key] = (spec, packet, p)
         try:
             seq = syn.send(packet, spec.ip)
         except OSError as exc:
+            p.active = False
             return errno_result(exc.errno or 0, now - p.start)
         p.seq = seq
         self._by_seq[seq] = p
