@@ -33,7 +33,7 @@ from pathlib import Path
 import uvloop
 
 from healthgate.probes.scheduler import raise_open_file_limit
-from healthgate.probes.syn import SYN_READ, SynSocket
+from healthgate.probes.syn import SynSocket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import backend_endpoints
@@ -101,9 +101,9 @@ async def run(
         def read() -> None:
             nonlocal done
             while True:
-                answers = syn.answers()
+                answers, more = syn.answers()
                 done += sum(1 for a in answers if a[3])
-                if len(answers) < SYN_READ:
+                if not more:
                     return
 
     else:

@@ -210,4 +210,4 @@ def test_a_process_without_cap_net_raw_falls_back() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "outcome OK raw False" in out.stdout
-    assert "may not open a raw socket (it needs root or CAP_NET_RAW)" in out.stdout
+    assert "cannot open a raw socket (that needs root or CAP_NET_RAW)" in out.stdout

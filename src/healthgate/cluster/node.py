@@ -72,9 +72,7 @@ class ClusterSettings:
     node: str
     region: str
     lease_ttl: int = 5
-    probe_workers: int = (
-        0  # probe this node's share in N worker processes (controlplane/probe_workers.py)
-    )
+    probe_workers: int = 0  # probe this node's share in N worker processes
     resync_every: float = 300.0  # anti-entropy: rewrite opinions that differ from the store
 
 

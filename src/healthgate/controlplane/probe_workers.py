@@ -343,7 +343,9 @@ async def _worker(
             mine.pop(slot, None)
         place({}, {t.slot for t in result.changed})
         # the world's objects live as long as it does: out of the collector's
-        # sight, a full collection of a large one would stall probes by tens of ms
+        # sight, a full collection of a large one would stall probes by tens of
+        # ms (unfrozen first, so that the last world's cycles are collected)
+        gc.unfreeze()
         gc.collect()
         gc.freeze()
 

@@ -74,7 +74,7 @@ from healthgate.health.states import Outcome, ProbeResult
 from healthgate.probes.http import HttpHead, build_request, parse_head
 from healthgate.probes.prober import ProbeSettings, verdict
 from healthgate.probes.spec import ProbeSpec
-from healthgate.probes.syn import SYN_READ, SynPacket, SynSocket
+from healthgate.probes.syn import SynPacket, SynSocket
 
 log = logging.getLogger("healthgate.probes")
 
@@ -243,7 +243,7 @@ class BatchProber:
                 "half-open TCP checks connect() and reset: %s",
                 "raw SYNs are off"
                 if not self.settings.raw_syn
-                else "this process may not open a raw socket (it needs root or CAP_NET_RAW)",
+                else "this process cannot open a raw socket (that needs root or CAP_NET_RAW)",
             )
         else:
             log.info("half-open TCP checks send raw SYNs from port %d", self._syn.port)
@@ -284,14 +284,14 @@ class BatchProber:
         time budget with answers perhaps still waiting."""
         by_seq = self._by_seq
         while True:
-            answers = syn.answers()
+            answers, more = syn.answers()
             for seq, src, sport, up in answers:
                 p = by_seq.get(seq)
                 if p is None or src != p.spec.ip or sport != p.spec.port:
                     continue  # late (the probe timed out), or not an answer to it
                 self._finish(p, False)
                 done.append((p.key, ProbeResult(_OK if up else _REFUSED, now - p.start)))
-            if len(answers) < SYN_READ:
+            if not more:
                 return True
             if time.perf_counter() > until:
                 return False

@@ -240,6 +240,7 @@ class Prober:
             head = await fut
         except BaseException:
             transport.close()
+            self._sessions.pop(key, None)  # (a failed handshake: a full one next time)
             raise
         if isinstance(proto, TlsHttpProbeProtocol):
             self._tls_done(key, proto)

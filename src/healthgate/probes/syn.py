@@ -113,9 +113,9 @@ class SynSocket:
         try:
             raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP)
         except PermissionError:
-            return None
+            return None  # (the caller says so)
         except OSError as exc:
-            log.warning("raw socket unavailable (%s): half-open checks connect", exc.strerror)
+            log.warning("no raw socket (%s)", exc.strerror)
             return None
         holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
@@ -158,9 +158,10 @@ class SynSocket:
         self.raw.sendto(packet.stamp(seq), (dst, 0))
         return seq
 
-    def answers(self) -> list[tuple[int, str, int, bool]]:
-        """The answers waiting (at most ``SYN_READ``): (the sequence number
-        they acknowledge, source address, source port, SYN+ACK or reset)."""
+    def answers(self) -> tuple[list[tuple[int, str, int, bool]], bool]:
+        """The answers waiting, from at most ``SYN_READ`` packets: (the
+        sequence number they acknowledge, source address, source port,
+        SYN+ACK or reset); and whether packets may still be waiting."""
         out: list[tuple[int, str, int, bool]] = []
         raw, buf, port = self.raw, self._buf, self.port
         unpack = _ANSWER.unpack_from
@@ -168,7 +169,7 @@ class SynSocket:
             try:
                 n = raw.recv_into(buf)
             except (BlockingIOError, InterruptedError):
-                break
+                return out, False
             ihl = (buf[0] & 0x0F) * 4
             if n < ihl + 20:
                 continue
@@ -184,7 +185,7 @@ class SynSocket:
                 continue
             src = socket.inet_ntoa(bytes(buf[12:16]))
             out.append(((ack - 1) & 0xFFFFFFFF, src, sport, up))
-        return out
+        return out, True
 
     def drain(self) -> None:
         while True:
