@@ -35,6 +35,12 @@ def test_workers_probe_resume_after_kill_9_and_fail_over(tmp_path: Path) -> None
             lambda: _metric(s, "healthgate_probes_started_total") > 0, 10, what="probes counted"
         )
         assert started
+        # and so are their durations, by outcome (the workers' histograms, added up)
+        assert wait_for(
+            lambda: _metric(s, 'healthgate_probe_duration_seconds_count{outcome="OK"}') > 0,
+            10,
+            what="probe durations counted",
+        )
         # every endpoint decided (the Stack waited for the NEGs only)
         wait_for(
             lambda: all(_all_healthy(s, r) for r in ("us-east1", "europe-west1")),

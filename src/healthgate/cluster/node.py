@@ -145,7 +145,7 @@ class ClusterHealth(HealthService):
                 scheduler_settings or SchedulerSettings(),
                 self._worker_flips,
                 self._prober_states,
-                self.scheduler.stats,
+                self.take_report,
             )
 
     # ------------------------------------------------------------------ resources

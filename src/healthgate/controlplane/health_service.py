@@ -14,7 +14,7 @@ import bisect
 import logging
 import time
 from collections.abc import Callable, Hashable, Iterable
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from healthgate.health.engine import ApplyResult, HealthEngine, ProbeTarget, RouteTable
 from healthgate.health.states import Outcome, ProbeResult, Record
@@ -23,6 +23,9 @@ from healthgate.probes.batch import BatchProber
 from healthgate.probes.prober import Prober, ProbeSettings
 from healthgate.probes.scheduler import ProbeScheduler, SchedulerSettings
 from healthgate.probes.spec import ProbeSpec
+
+if TYPE_CHECKING:
+    from healthgate.controlplane.probe_workers import Report
 
 log = logging.getLogger("healthgate.health")
 
@@ -161,6 +164,15 @@ class HealthService:
         )
         if records:
             self.emit(records)
+
+    def take_report(self, total: Report) -> None:
+        """Probe workers' totals (controlplane/probe_workers.py) as this
+        process's own: the metrics read them from here."""
+        stats = self.scheduler.stats
+        stats.started, stats.late_starts, stats.finished = total.started, total.late, total.finished
+        self.probe_stats.buckets, self.probe_stats.sums = total.buckets, total.sums
+        prober = self.scheduler.prober
+        prober.tls_handshakes, prober.tls_resumed = total.tls_handshakes, total.tls_resumed
 
     def emit(self, records: list[Record]) -> None:
         if not records or self.mute:

@@ -26,7 +26,7 @@ a large world then fails half-sent or half-read):
                        ("assign", paths or None, states)  None: every endpoint;
                                                           states: path -> (state, since)
     worker -> parent   ("flips", [(path, state, since, reason), ...])
-                       ("stats", started, late, finished, in_flight)
+                       ("stats", Report)  running totals, every second
 """
 
 from __future__ import annotations
@@ -40,18 +40,19 @@ import os
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, cast
 
 from healthgate.cluster.placement import rendezvous
-from healthgate.controlplane.health_service import HealthService
+from healthgate.controlplane.health_service import HealthService, ProbeStats
 from healthgate.health.endpoints import EndpointTable
 from healthgate.health.engine import ApplyResult, HealthEngine, endpoint_name
-from healthgate.health.states import HealthState, ProbeResult, Record, Transition
+from healthgate.health.states import HealthState, Outcome, ProbeResult, Record, Transition
 from healthgate.model.resources import Resource
 from healthgate.probes.batch import BatchProber
 from healthgate.probes.prober import Prober, ProbeSettings
-from healthgate.probes.scheduler import ProbeScheduler, SchedulerSettings, SchedulerStats
+from healthgate.probes.scheduler import ProbeScheduler, SchedulerSettings
 
 log = logging.getLogger("healthgate.probe_workers")
 
@@ -60,6 +61,32 @@ Flip = tuple[str, str, float, str]
 
 def worker_name(index: int) -> str:
     return f"w{index}"
+
+
+@dataclass(slots=True)
+class Report:
+    """A worker's running totals, sent every second; the pool adds them up
+    (with those of workers that died) for the owner's metrics."""
+
+    started: int = 0
+    late: int = 0
+    finished: int = 0
+    tls_handshakes: int = 0
+    tls_resumed: int = 0
+    buckets: dict[Outcome, list[int]] = field(default_factory=dict)  # probe durations
+    sums: dict[Outcome, float] = field(default_factory=dict)
+
+    def add(self, other: Report) -> None:
+        self.started += other.started
+        self.late += other.late
+        self.finished += other.finished
+        self.tls_handshakes += other.tls_handshakes
+        self.tls_resumed += other.tls_resumed
+        for outcome, counts in other.buckets.items():
+            mine = self.buckets.setdefault(outcome, [0] * len(counts))
+            for i, n in enumerate(counts):
+                mine[i] += n
+            self.sums[outcome] = self.sums.get(outcome, 0.0) + other.sums.get(outcome, 0.0)
 
 
 class ProbePool:
@@ -72,21 +99,21 @@ class ProbePool:
         scheduler_settings: SchedulerSettings,
         on_flips: Callable[[Sequence[Flip]], None],
         states: Callable[[Iterable[str] | None], dict[str, tuple[int, float]]],
-        stats: SchedulerStats,
+        on_report: Callable[[Report], None],
     ) -> None:
         self.count = count
         self.probe_settings = probe_settings
         self.scheduler_settings = scheduler_settings
         self.on_flips = on_flips
         self.states = states  # the owner's current states of these paths (None: all)
-        self.stats = stats  # folded from the workers' reports
+        self.on_report = on_report  # every worker's totals, added up
         self.procs: list[Any] = [None] * count
         self.conns: list[Connection | None] = [None] * count  # to each worker
         self.restarts = 0
         self._world: list[Resource] = []
         self._paths: frozenset[str] | None = None  # what to probe (None: every endpoint)
-        self._reports: dict[int, tuple[int, int, int, int]] = {}
-        self._base = (0, 0, 0)  # of workers that died
+        self._reports: dict[int, Report] = {}
+        self._base = Report()  # of workers that died
         self._closing = False
         self._ctx = multiprocessing.get_context("spawn")
 
@@ -150,9 +177,9 @@ class ProbePool:
 
     def _lost(self, index: int, conn: Connection) -> None:
         proc = self.procs[index]
-        started, late, finished, _ = self._reports.pop(index, (0, 0, 0, 0))
-        b = self._base
-        self._base = (b[0] + started, b[1] + late, b[2] + finished)
+        last = self._reports.pop(index, None)
+        if last is not None:
+            self._base.add(last)
         down = self.conns[index]
         if down is not None:
             down.close()
@@ -171,11 +198,11 @@ class ProbePool:
         if kind == "flips":
             self.on_flips(message[1])
         elif kind == "stats":
-            self._reports[index] = message[1:]
-            stats, b, reports = self.stats, self._base, self._reports.values()
-            stats.started = b[0] + sum(r[0] for r in reports)
-            stats.late_starts = b[1] + sum(r[1] for r in reports)
-            stats.finished = b[2] + sum(r[2] for r in reports)
+            self._reports[index] = message[1]
+            total = Report()
+            for report in (self._base, *self._reports.values()):
+                total.add(report)
+            self.on_report(total)
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs if p is not None]
@@ -212,7 +239,7 @@ class WorkerProbing(HealthService):
             scheduler_settings or SchedulerSettings(),
             self._flips,
             self._states,
-            self.scheduler.stats,
+            self.take_report,
         )
 
     def start(self) -> None:
@@ -293,7 +320,10 @@ async def _worker(
     done = asyncio.Event()
     loop = asyncio.get_running_loop()
 
+    probe_stats = ProbeStats()
+
     def sink(_t: float, results: list[tuple[Hashable, ProbeResult]]) -> None:
+        probe_stats.observe(results)
         records = engine.on_results(time.time(), cast("list[tuple[int, ProbeResult]]", results))
         for r in records:
             if isinstance(r, Transition) and r.kind == "Endpoint":
@@ -305,9 +335,8 @@ async def _worker(
                 done.set()
             outbox.clear()
 
-    scheduler = ProbeScheduler(
-        Prober(probe_settings), sink, scheduler_settings, batch=BatchProber(probe_settings)
-    )
+    prober = Prober(probe_settings)
+    scheduler = ProbeScheduler(prober, sink, scheduler_settings, batch=BatchProber(probe_settings))
 
     given: list[frozenset[str] | None] = []  # what to probe, once told (None: everything)
 
@@ -374,8 +403,17 @@ async def _worker(
         while True:
             await asyncio.sleep(1.0)
             s = scheduler.stats
+            report = Report(
+                s.started,
+                s.late_starts,
+                s.finished,
+                prober.tls_handshakes,
+                prober.tls_resumed,
+                probe_stats.buckets,
+                probe_stats.sums,
+            )
             try:
-                up.send(("stats", s.started, s.late_starts, s.finished, scheduler.in_flight))
+                up.send(("stats", report))
             except OSError:
                 done.set()
                 return
