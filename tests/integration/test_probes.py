@@ -572,6 +572,43 @@ def test_a_tcp_check_completes_the_handshake_unless_half_open(
         listener.close()
 
 
+def test_a_pooled_socket_that_held_its_ack_back_completes_the_next_tcp_handshake() -> None:
+    """Sockets are pooled across check types: one that just made an HTTP
+    check (its ACK held back) still completes a TCP check's handshake."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    tcp_port = listener.getsockname()[1]
+
+    async def go() -> list[Outcome]:
+        prober = Batched()
+        outcomes = []
+        try:
+            async with Server(servers.respond(200)) as srv:
+                for i in range(5):
+                    outcomes.append((await prober.probe(spec("HTTP", srv.port), key=i)).outcome)
+                    outcomes.append((await prober.probe(spec("TCP", tcp_port), key=i)).outcome)
+            assert sum(len(p) for p in prober.batch._pool.values()) == 1  # one socket, reused
+        finally:
+            await prober.close()
+        return outcomes
+
+    try:
+        assert run_async(go(), timeout=30) == [Outcome.OK] * 10
+        listener.setblocking(False)
+        accepted = 0
+        for _ in range(10):
+            try:
+                conn, _ = listener.accept()
+            except BlockingIOError:
+                break
+            conn.close()
+            accepted += 1
+        assert accepted == 5  # every TCP check reached the accept queue
+    finally:
+        listener.close()
+
+
 @both
 @pytest.mark.parametrize("kind", ["TCP", "HTTP"])
 def test_probes_leave_from_the_source_address(prober_kind: str, kind: str) -> None:
