@@ -47,6 +47,12 @@ def test_workers_probe_resume_after_kill_9_and_fail_over(tmp_path: Path) -> None
             10,
             what="every endpoint HEALTHY",
         )
+        # each endpoint's runs and last probe reach the API too (every 3 s)
+        last = wait_for(lambda: _last_results(s, "us-east1"), 10, what="last probes in the API")
+        for ep in last:
+            assert ep["lastResult"]["outcome"] == "OK", ep
+            assert "consecutive successful probes" in ep["reason"], ep
+            assert not ep["reason"].startswith("0 "), ep
         time.sleep(0.5)  # (the log written)
         after = s.api.get("/v1/projects/shop/events").json()["last"]
         os.kill(pids["w0"], signal.SIGKILL)
@@ -69,6 +75,12 @@ def test_workers_probe_resume_after_kill_9_and_fail_over(tmp_path: Path) -> None
         s.backends.set_mode("us-east1", "ok")
         wait_for(lambda: s.routed_region() == "us-east1", 10, what="failback")
         assert s.api.get(FRONT).json()["status"]["route"]["mode"] == "normal"
+
+
+def _last_results(s: Stack, region: str) -> list[dict[str, object]] | None:
+    body = s.api.get(f"/v1/projects/shop/regions/{region}/backendServices/web/health").json()
+    items: list[dict[str, object]] = body["healthStatus"]
+    return items if items and all(ep["lastResult"] for ep in items) else None
 
 
 def _all_healthy(s: Stack, region: str) -> bool:

@@ -6,7 +6,8 @@ its own (as a cluster node does, cluster/node.py), probes the endpoints it is
 given that rendezvous hashing (cluster/placement.py, the same function that
 shares endpoints among a cluster's nodes) puts in its shard, runs the
 threshold machine on them, and sends only their **flips**, a tick's worth at
-a time. What the pool is given to probe is the owner's choice: every endpoint
+a time (and, every few seconds, what it observed of each endpoint - its runs
+and last result - for the API's details: a slow side path, not per probe). What the pool is given to probe is the owner's choice: every endpoint
 (:class:`WorkerProbing`, the embedded server: the flipped endpoint's state is
 set in the serving engine with ``EndpointTable.set_state`` and everything
 above the endpoints happens there, once), or a cluster node's share
@@ -27,6 +28,8 @@ a large world then fails half-sent or half-read):
                                                           states: path -> (state, since)
     worker -> parent   ("flips", [(path, state, since, reason), ...])
                        ("stats", Report)  running totals, every second
+                       ("observed", [(path, Observed), ...])  each endpoint's runs and
+                                      last result, every few seconds (when asked for)
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from typing import Any, cast
 
 from healthgate.cluster.placement import rendezvous
 from healthgate.controlplane.health_service import HealthService, ProbeStats
-from healthgate.health.endpoints import EndpointTable
+from healthgate.health.endpoints import EndpointTable, Observed
 from healthgate.health.engine import ApplyResult, HealthEngine, endpoint_name
 from healthgate.health.states import HealthState, Outcome, ProbeResult, Record, Transition
 from healthgate.model.resources import Resource
@@ -100,6 +103,8 @@ class ProbePool:
         on_flips: Callable[[Sequence[Flip]], None],
         states: Callable[[Iterable[str] | None], dict[str, tuple[int, float]]],
         on_report: Callable[[Report], None],
+        on_observed: Callable[[list[tuple[str, Observed]]], None] | None = None,
+        observe_every: int = 3,
     ) -> None:
         self.count = count
         self.probe_settings = probe_settings
@@ -107,6 +112,10 @@ class ProbePool:
         self.on_flips = on_flips
         self.states = states  # the owner's current states of these paths (None: all)
         self.on_report = on_report  # every worker's totals, added up
+        # what the probes of each endpoint showed (its runs, its last result),
+        # every few seconds: the API's and the dashboard's per-endpoint details
+        self.on_observed = on_observed
+        self.observe_every = observe_every if on_observed is not None else 0
         self.procs: list[Any] = [None] * count
         self.conns: list[Connection | None] = [None] * count  # to each worker
         self.restarts = 0
@@ -126,7 +135,15 @@ class ProbePool:
         up_r, up_w = self._ctx.Pipe(duplex=False)  # worker -> parent
         proc = self._ctx.Process(
             target=worker_main,
-            args=(down_r, up_w, index, self.count, self.probe_settings, self.scheduler_settings),
+            args=(
+                down_r,
+                up_w,
+                index,
+                self.count,
+                self.probe_settings,
+                self.scheduler_settings,
+                self.observe_every,
+            ),
             name=f"healthgate-probe-{worker_name(index)}",
             daemon=True,
         )
@@ -197,6 +214,9 @@ class ProbePool:
         kind = message[0]
         if kind == "flips":
             self.on_flips(message[1])
+        elif kind == "observed":
+            if self.on_observed is not None:
+                self.on_observed(message[1])
         elif kind == "stats":
             self._reports[index] = message[1]
             total = Report()
@@ -240,6 +260,7 @@ class WorkerProbing(HealthService):
             self._flips,
             self._states,
             self.take_report,
+            self._observed,
         )
 
     def start(self) -> None:
@@ -258,6 +279,13 @@ class WorkerProbing(HealthService):
                         ep.since,
                     )
         return out
+
+    def _observed(self, items: list[tuple[str, Observed]]) -> None:
+        table = self.engine.table
+        for path, seen in items:
+            slot = table.slot_of_path(path)
+            if slot is not None:
+                table.set_observed(slot, seen)
 
     def _flips(self, flips: Sequence[Flip]) -> None:
         self.emit(apply_flips(self.engine.table, flips))
@@ -296,12 +324,15 @@ def worker_main(
     count: int,
     probe_settings: ProbeSettings,
     scheduler_settings: SchedulerSettings,
+    observe_every: int = 0,
 ) -> None:
     """A probe worker process: its shard of the endpoints, until the pipe closes."""
     import uvloop
 
     with contextlib.suppress(KeyboardInterrupt):
-        uvloop.run(_worker(down, up, index, count, probe_settings, scheduler_settings))
+        uvloop.run(
+            _worker(down, up, index, count, probe_settings, scheduler_settings, observe_every)
+        )
 
 
 async def _worker(
@@ -311,6 +342,7 @@ async def _worker(
     count: int,
     probe_settings: ProbeSettings,
     scheduler_settings: SchedulerSettings,
+    observe_every: int,
 ) -> None:
     me = worker_name(index)
     names = [worker_name(i) for i in range(count)]
@@ -400,8 +432,10 @@ async def _worker(
     scheduler.start()
 
     async def report() -> None:
+        seconds = 0
         while True:
             await asyncio.sleep(1.0)
+            seconds += 1
             s = scheduler.stats
             report = Report(
                 s.started,
@@ -414,6 +448,9 @@ async def _worker(
             )
             try:
                 up.send(("stats", report))
+                if observe_every and not seconds % observe_every:
+                    table = engine.table
+                    up.send(("observed", [(p, table.observed(s)) for s, p in mine.items()]))
             except OSError:
                 done.set()
                 return

@@ -83,6 +83,11 @@ def _reason_for_endpoint(state: HealthState, runs: int, threshold: int, last: st
 FlipListener = Callable[[float, ResourcePath, list[Record]], None]
 
 
+# an endpoint's success run, failure run, and last result's outcome, status,
+# latency, time and detail (EndpointTable.observed)
+Observed = tuple[int, int, int, int, float, float, str]
+
+
 class EndpointTable:
     """``on_flip(now, backend_service, records)`` is called with the
     endpoint's transition as ``records`` whenever one flips, and may append
@@ -202,6 +207,31 @@ class EndpointTable:
     def since(self, slot: int) -> float:
         """When the endpoint's state began."""
         return self._since[slot]
+
+    def observed(self, slot: int) -> Observed:
+        """What the probes of an endpoint have shown so far - its runs and
+        its last result - without its state (probe workers send these)."""
+        return (
+            self._ok[slot],
+            self._fail[slot],
+            self._last_outcome[slot],
+            self._last_status[slot],
+            float(self._last_latency[slot]),
+            self._last_time[slot],
+            self._last_detail.get(slot, ""),
+        )
+
+    def set_observed(self, slot: int, seen: Observed) -> None:
+        """Take what a probe worker's table observed of an endpoint (its
+        state comes with its flips, :meth:`set_state`)."""
+        ok, fail, outcome, status, latency, when, detail = seen
+        self._ok[slot], self._fail[slot] = ok, fail
+        self._last_outcome[slot], self._last_status[slot] = outcome, status
+        self._last_latency[slot], self._last_time[slot] = latency, when
+        if detail:
+            self._last_detail[slot] = detail
+        else:
+            self._last_detail.pop(slot, None)
 
     def _transition(
         self,
