@@ -6,8 +6,9 @@ its own (as a cluster node does, cluster/node.py), probes the endpoints it is
 given that rendezvous hashing (cluster/placement.py, the same function that
 shares endpoints among a cluster's nodes) puts in its shard, runs the
 threshold machine on them, and sends only their **flips**, a tick's worth at
-a time (and, every few seconds, what it observed of each endpoint - its runs
-and last result - for the API's details: a slow side path, not per probe). What the pool is given to probe is the owner's choice: every endpoint
+a time (and, over every 10 seconds, what it observed of each endpoint - its
+runs and last result - for the API's details: a slow side path, a tenth of
+the shard a second, not per probe). What the pool is given to probe is the owner's choice: every endpoint
 (:class:`WorkerProbing`, the embedded server: the flipped endpoint's state is
 set in the serving engine with ``EndpointTable.set_state`` and everything
 above the endpoints happens there, once), or a cluster node's share
@@ -104,7 +105,7 @@ class ProbePool:
         states: Callable[[Iterable[str] | None], dict[str, tuple[int, float]]],
         on_report: Callable[[Report], None],
         on_observed: Callable[[list[tuple[str, Observed]]], None] | None = None,
-        observe_every: int = 3,
+        observe_every: int = 10,
     ) -> None:
         self.count = count
         self.probe_settings = probe_settings
@@ -448,9 +449,19 @@ async def _worker(
             )
             try:
                 up.send(("stats", report))
-                if observe_every and not seconds % observe_every:
+                if observe_every:  # a tenth (say) of the shard a second, not all at once
+                    part = seconds % observe_every
                     table = engine.table
-                    up.send(("observed", [(p, table.observed(s)) for s, p in mine.items()]))
+                    up.send(
+                        (
+                            "observed",
+                            [
+                                (p, table.observed(s))
+                                for s, p in mine.items()
+                                if s % observe_every == part
+                            ],
+                        )
+                    )
             except OSError:
                 done.set()
                 return
