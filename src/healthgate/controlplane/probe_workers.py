@@ -27,7 +27,7 @@ a large world then fails half-sent or half-read):
     parent -> worker   ("world", resources)
                        ("assign", paths or None, states)  None: every endpoint;
                                                           states: path -> (state, since)
-    worker -> parent   ("flips", [(path, state, since, reason), ...])
+    worker -> parent   ("flips", [(path, state, since, reason, Observed), ...])
                        ("stats", Report)  running totals, every second
                        ("observed", [(path, Observed), ...])  each endpoint's runs and
                                       last result, every few seconds (when asked for)
@@ -60,7 +60,9 @@ from healthgate.probes.scheduler import ProbeScheduler, SchedulerSettings
 
 log = logging.getLogger("healthgate.probe_workers")
 
-Flip = tuple[str, str, float, str]
+# an endpoint's flip: its path, new state, when, why, and what its probes had
+# shown then (the runs the reason counts, the last result)
+Flip = tuple[str, str, float, str, Observed]
 
 
 def worker_name(index: int) -> str:
@@ -308,10 +310,11 @@ class WorkerProbing(HealthService):
 def apply_flips(table: EndpointTable, flips: Sequence[Flip]) -> list[Record]:
     """The workers' flips set in an engine's endpoint table: its records."""
     records: list[Record] = []
-    for path, state, since, reason in flips:
+    for path, state, since, reason, seen in flips:
         slot = table.slot_of_path(path)
         if slot is not None:
             records += table.set_state(since, slot, HealthState[state], reason)
+            table.set_observed(slot, seen)  # (setting a state clears the runs)
     return records
 
 
@@ -358,9 +361,12 @@ async def _worker(
     def sink(_t: float, results: list[tuple[Hashable, ProbeResult]]) -> None:
         probe_stats.observe(results)
         records = engine.on_results(time.time(), cast("list[tuple[int, ProbeResult]]", results))
+        table = engine.table
         for r in records:
             if isinstance(r, Transition) and r.kind == "Endpoint":
-                outbox.append((r.path, r.current.name, r.time, r.reason))
+                slot = table.slot_of_path(r.path)
+                if slot is not None:
+                    outbox.append((r.path, r.current.name, r.time, r.reason, table.observed(slot)))
         if outbox:
             try:
                 up.send(("flips", list(outbox)))
