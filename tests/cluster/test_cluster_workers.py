@@ -7,16 +7,15 @@ without a transition; a broken region still fails over on every node."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.cluster.stack import ClusterStack, Node
 from tests.cluster.test_cluster import EU, US, WINDOW, transitions_since
+from tests.e2e.test_probe_workers import _worker_pids
 from tests.integration.serve_proc import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -38,14 +37,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterStack]:
 
 def _decided(s: ClusterStack, node: Node) -> bool:
     return s.neg_state(US, node) == "HEALTHY" and s.neg_state(EU, node) == "HEALTHY"
-
-
-def _worker_pids(log: Path) -> dict[str, int]:
-    """The last pid each worker of a node was started with, from its log."""
-    out: dict[str, int] = {}
-    for name, pid in re.findall(r"probe worker (w\d+) started \(pid (\d+)\)", log.read_text()):
-        out[name] = int(pid)
-    return out
 
 
 def test_workers_probe_the_nodes_share_and_a_killed_worker_resumes(stack: ClusterStack) -> None:
