@@ -23,7 +23,7 @@ def _worker_pids(log: Path) -> dict[str, int]:
 
 
 def test_workers_probe_resume_after_kill_9_and_fail_over(tmp_path: Path) -> None:
-    with Stack(tmp_path, "--probe-workers", "2") as s:
+    with Stack(tmp_path, "--probe-workers", "2", "--probe-failure-log-rate", "20") as s:
         pids = wait_for(
             lambda: len(_worker_pids(s.proc.log)) == 2 and _worker_pids(s.proc.log),
             10,
@@ -47,8 +47,9 @@ def test_workers_probe_resume_after_kill_9_and_fail_over(tmp_path: Path) -> None
             10,
             what="every endpoint HEALTHY",
         )
-        # each endpoint's runs and last probe reach the API too (within 10 s)
-        last = wait_for(lambda: _last_results(s, "us-east1"), 15, what="last probes in the API")
+        # each endpoint's runs and last probe reach the API too (a small
+        # shard's every second)
+        last = wait_for(lambda: _last_results(s, "us-east1"), 5, what="last probes in the API")
         for ep in last:
             assert ep["lastResult"]["outcome"] == "OK", ep
             assert "consecutive successful probes" in ep["reason"], ep
@@ -72,6 +73,13 @@ def test_workers_probe_resume_after_kill_9_and_fail_over(tmp_path: Path) -> None
         # and the restarted worker probes: a region breaks, traffic moves
         s.backends.set_mode("us-east1", "refuse")
         wait_for(lambda: s.routed_region() == "europe-west1", 10, what="failover")
+        # the workers' failed probes are logged by the serving process
+        failed = wait_for(
+            lambda: re.findall(r"probe failed: (\S+): (.*) \(\d+ similar", s.proc.log.read_text()),
+            10,
+            what="probe failures logged",
+        )
+        assert any("us-east1" in path and "refused" in why for path, why in failed), failed
         s.backends.set_mode("us-east1", "ok")
         wait_for(lambda: s.routed_region() == "us-east1", 10, what="failback")
         assert s.api.get(FRONT).json()["status"]["route"]["mode"] == "normal"

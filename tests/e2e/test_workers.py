@@ -49,8 +49,17 @@ def test_two_workers_share_the_port_and_fail_over_with_no_client_error(tmp_path:
         assert after and set(after) == {"region=us-east1"}
 
 
-def children(pid: int) -> list[int]:
-    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+def children(pid: int, running: str = "") -> list[int]:
+    """A process's children (those whose command line holds ``running``)."""
+    out = []
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+        except FileNotFoundError:
+            continue
+        if running.encode() in cmdline:
+            out.append(int(child))
+    return out
 
 
 def alive(pid: int) -> bool:
@@ -60,16 +69,19 @@ def alive(pid: int) -> bool:
         return False
 
 
+DATAPLANE = "healthgate.dataplane.workers"
+
+
 def test_a_dead_worker_is_replaced_and_no_worker_outlives_serve(tmp_path: Path) -> None:
     with Stack(tmp_path, "--dataplane-workers", "2") as s:
         assert s.proc.proc is not None
         serve = s.proc.proc.pid
-        first = children(serve)
+        first = children(serve, DATAPLANE)
         assert len(first) == 2
         os.kill(first[0], signal.SIGKILL)
 
         def restarted() -> list[int] | None:
-            now = children(serve)
+            now = children(serve, DATAPLANE)
             return now if len(now) == 2 and first[0] not in now else None
 
         replaced = wait_for(restarted, 10, what="the worker started again")
@@ -77,5 +89,7 @@ def test_a_dead_worker_is_replaced_and_no_worker_outlives_serve(tmp_path: Path) 
         for _ in range(20):
             with httpx.Client(timeout=5) as c:
                 assert c.get(url).status_code == 200
+        every = children(serve)  # the probe workers too (one per core by default)
+        assert set(replaced) <= set(every)
         s.proc.kill(signal.SIGKILL)  # the serving process dies without a word
-        wait_for(lambda: not any(alive(p) for p in replaced), 10, what="workers gone")
+        wait_for(lambda: not any(alive(p) for p in every), 10, what="workers gone")

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from healthgate.controlplane.health_service import HealthService
+from healthgate.controlplane.health_service import FailureLogLimiter, HealthService
 from healthgate.health.engine import HealthEngine
 from healthgate.health.states import HealthState, Outcome, ProbeResult, Record
 from tests.helpers import example_world, resources
@@ -73,3 +73,52 @@ def test_results_in_batches_do_what_they_do_one_at_a_time(seed: int) -> None:
     assert any(getattr(r, "current", None) is HealthState.HEALTHY for r in got_one)
     for bs in {t.backend_service for t in targets}:
         assert batched.endpoints(bs) == one.endpoints(bs)
+
+
+def test_probe_workers_failures_are_held_to_the_owners_rate(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Each worker sends at most the owner's rate of failures and how many it
+    left out; the owner's limiter holds all workers together to that rate and
+    counts every line left out, theirs included."""
+    from healthgate.controlplane.probe_workers import ProbePool
+    from healthgate.probes.prober import ProbeSettings
+    from healthgate.probes.scheduler import SchedulerSettings
+
+    now = [100.0]
+    health = HealthService(failure_log_rate=2.0)
+    health.failure_log = FailureLogLimiter(2.0, clock=lambda: now[0])
+    pool = ProbePool(
+        2,
+        ProbeSettings(),
+        SchedulerSettings(),
+        lambda flips: None,
+        lambda paths: {},
+        health.take_report,
+        failure_log=health.failure_log,
+    )
+    lines = [
+        (f"shop/regions/r/backendServices/web/endpoints/ep-{i}", "connection refused")
+        for i in range(2)
+    ]
+    with caplog.at_level(logging.INFO, logger="healthgate.health"):
+        pool._take(0, ("failed", lines, 5))  # worker 0: two lines, five left out
+        pool._take(1, ("failed", lines, 0))  # worker 1, the same second: over the rate
+        pool._take(1, ("failed", [], 3))  # its second's count of lines left out
+    failures = [r.getMessage() for r in caplog.records if "probe failed" in r.getMessage()]
+    assert failures == [
+        "probe failed: shop/regions/r/backendServices/web/endpoints/ep-0: connection refused "
+        "(0 similar lines suppressed so far)",
+        "probe failed: shop/regions/r/backendServices/web/endpoints/ep-1: connection refused "
+        "(0 similar lines suppressed so far)",
+    ]
+    assert health.failure_log.suppressed == 5 + 2 + 3
+    now[0] += 0.5  # half a second later: one more line allowed
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="healthgate.health"):
+        pool._take(1, ("failed", lines, 0))
+    assert [r.getMessage() for r in caplog.records] == [
+        "probe failed: shop/regions/r/backendServices/web/endpoints/ep-0: connection refused "
+        "(10 similar lines suppressed so far)"
+    ]
+    assert health.failure_log.suppressed == 11

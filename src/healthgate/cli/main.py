@@ -340,12 +340,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--probe-workers",
         type=probe_workers,
-        default=0,
+        default=None,
         metavar="N",
         help="probe in N worker processes ('auto': one per core), each owning a shard of the "
-        "endpoints (only endpoint transitions reach the serving process, so per-probe details "
-        "- last probe, probe metrics - stay in the workers); 0 (default): in the serving "
-        "process, which holds about 20,000 endpoints at 1 s",
+        "endpoints and sending the serving process only their transitions; 0: in the serving "
+        "process itself (it holds about 20,000 endpoints at 1 s). Default: one per core "
+        "when there is more than one, 0 in cluster mode",
     )
     p.add_argument(
         "--probe-source",

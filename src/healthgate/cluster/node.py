@@ -146,6 +146,7 @@ class ClusterHealth(HealthService):
                 self._worker_flips,
                 self._prober_states,
                 self.take_report,
+                failure_log=self.failure_log,
             )
 
     # ------------------------------------------------------------------ resources
@@ -262,13 +263,8 @@ class ClusterHealth(HealthService):
         failure_log = self.failure_log
         if failure_log.rate:
             for key, result in results:
-                if result.outcome is not Outcome.OK and failure_log.allow():
-                    log.info(
-                        "probe failed: %s: %s (%d similar lines suppressed so far)",
-                        self.prober.endpoint_path(cast(int, key)),
-                        result.describe(),
-                        failure_log.suppressed,
-                    )
+                if result.outcome is not Outcome.OK:
+                    failure_log.failed(self.prober.endpoint_path(cast(int, key)), result.describe())
         self._flipped(
             self.prober.on_results(self.clock(), cast("list[tuple[int, ProbeResult]]", results))
         )

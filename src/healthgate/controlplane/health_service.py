@@ -79,6 +79,16 @@ class FailureLogLimiter:
         self.suppressed += 1
         return False
 
+    def failed(self, path: str, description: str) -> None:
+        """A probe of this endpoint failed: a log line, if the rate allows."""
+        if self.allow():
+            log.info(
+                "probe failed: %s: %s (%d similar lines suppressed so far)",
+                path,
+                description,
+                self.suppressed,
+            )
+
 
 class HealthService:
     def __init__(
@@ -152,13 +162,8 @@ class HealthService:
         failure_log = self.failure_log
         if failure_log.rate:
             for key, result in results:
-                if result.outcome is not _OK and failure_log.allow():
-                    log.info(
-                        "probe failed: %s: %s (%d similar lines suppressed so far)",
-                        self.engine.endpoint_path(cast(int, key)),
-                        result.describe(),
-                        failure_log.suppressed,
-                    )
+                if result.outcome is not _OK:
+                    failure_log.failed(self.engine.endpoint_path(cast(int, key)), result.describe())
         records = self.engine.on_results(
             self.clock(), cast("list[tuple[int, ProbeResult]]", results)
         )

@@ -7,8 +7,9 @@ given that rendezvous hashing (cluster/placement.py, the same function that
 shares endpoints among a cluster's nodes) puts in its shard, runs the
 threshold machine on them, and sends only their **flips**, a tick's worth at
 a time (and, over every 10 seconds, what it observed of each endpoint - its
-runs and last result - for the API's details: a slow side path, a tenth of
-the shard a second, not per probe). What the pool is given to probe is the owner's choice: every endpoint
+runs and last result - for the API's details: a slow side path, not per
+probe: every second up to 2,000 endpoints, a tenth of the shard a second
+above that), and the probe failures to log, at most the owner's rate. What the pool is given to probe is the owner's choice: every endpoint
 (:class:`WorkerProbing`, the embedded server: the flipped endpoint's state is
 set in the serving engine with ``EndpointTable.set_state`` and everything
 above the endpoints happens there, once), or a cluster node's share
@@ -31,6 +32,8 @@ a large world then fails half-sent or half-read):
                        ("stats", Report)  running totals, every second
                        ("observed", [(path, Observed), ...])  each endpoint's runs and
                                       last result, every few seconds (when asked for)
+                       ("failed", [(path, description), ...], suppressed)  probe
+                                      failures to log, at most the owner's rate
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from multiprocessing.connection import Connection
 from typing import Any, cast
 
 from healthgate.cluster.placement import rendezvous
-from healthgate.controlplane.health_service import HealthService, ProbeStats
+from healthgate.controlplane.health_service import FailureLogLimiter, HealthService, ProbeStats
 from healthgate.health.endpoints import EndpointTable, Observed
 from healthgate.health.engine import ApplyResult, HealthEngine, endpoint_name
 from healthgate.health.states import HealthState, Outcome, ProbeResult, Record, Transition
@@ -63,6 +66,21 @@ log = logging.getLogger("healthgate.probe_workers")
 # an endpoint's flip: its path, new state, when, why, and what its probes had
 # shown then (the runs the reason counts, the last result)
 Flip = tuple[str, str, float, str, Observed]
+
+
+# a shard up to this size sends what it observed of every endpoint every second
+OBSERVE_WHOLE = 2_000
+
+
+def default_workers(clustered: bool) -> int:
+    """``--probe-workers`` unset: one worker per core the process may run on
+    for the embedded server; none on a single core (a worker there only adds
+    a process and a pipe) and none for a cluster node (a cluster spreads its
+    probes over nodes; a node takes workers when told to)."""
+    if clustered:
+        return 0
+    cores = len(os.sched_getaffinity(0))
+    return cores if cores > 1 else 0
 
 
 def worker_name(index: int) -> str:
@@ -108,6 +126,7 @@ class ProbePool:
         on_report: Callable[[Report], None],
         on_observed: Callable[[list[tuple[str, Observed]]], None] | None = None,
         observe_every: int = 10,
+        failure_log: FailureLogLimiter | None = None,
     ) -> None:
         self.count = count
         self.probe_settings = probe_settings
@@ -119,6 +138,9 @@ class ProbePool:
         # every few seconds: the API's and the dashboard's per-endpoint details
         self.on_observed = on_observed
         self.observe_every = observe_every if on_observed is not None else 0
+        # the owner's limiter: each worker sends at most its rate of failures
+        # (and how many it left out), the limiter holds all of them to it
+        self.failure_log = failure_log or FailureLogLimiter(0.0)
         self.procs: list[Any] = [None] * count
         self.conns: list[Connection | None] = [None] * count  # to each worker
         self.restarts = 0
@@ -146,6 +168,7 @@ class ProbePool:
                 self.probe_settings,
                 self.scheduler_settings,
                 self.observe_every,
+                self.failure_log.rate,
             ),
             name=f"healthgate-probe-{worker_name(index)}",
             daemon=True,
@@ -220,6 +243,11 @@ class ProbePool:
         elif kind == "observed":
             if self.on_observed is not None:
                 self.on_observed(message[1])
+        elif kind == "failed":
+            failure_log = self.failure_log
+            for path, description in message[1]:
+                failure_log.failed(path, description)
+            failure_log.suppressed += message[2]
         elif kind == "stats":
             self._reports[index] = message[1]
             total = Report()
@@ -264,6 +292,7 @@ class WorkerProbing(HealthService):
             self._states,
             self.take_report,
             self._observed,
+            failure_log=self.failure_log,
         )
 
     def start(self) -> None:
@@ -329,13 +358,23 @@ def worker_main(
     probe_settings: ProbeSettings,
     scheduler_settings: SchedulerSettings,
     observe_every: int = 0,
+    failure_log_rate: float = 0.0,
 ) -> None:
     """A probe worker process: its shard of the endpoints, until the pipe closes."""
     import uvloop
 
     with contextlib.suppress(KeyboardInterrupt):
         uvloop.run(
-            _worker(down, up, index, count, probe_settings, scheduler_settings, observe_every)
+            _worker(
+                down,
+                up,
+                index,
+                count,
+                probe_settings,
+                scheduler_settings,
+                observe_every,
+                failure_log_rate,
+            )
         )
 
 
@@ -347,6 +386,7 @@ async def _worker(
     probe_settings: ProbeSettings,
     scheduler_settings: SchedulerSettings,
     observe_every: int,
+    failure_log_rate: float,
 ) -> None:
     me = worker_name(index)
     names = [worker_name(i) for i in range(count)]
@@ -357,9 +397,21 @@ async def _worker(
     loop = asyncio.get_running_loop()
 
     probe_stats = ProbeStats()
+    failure_log = FailureLogLimiter(failure_log_rate)
+    failures: list[tuple[str, str]] = []
+    left_out = [0]  # failures not sent (the limiter's count when last sent)
 
     def sink(_t: float, results: list[tuple[Hashable, ProbeResult]]) -> None:
         probe_stats.observe(results)
+        if failure_log.rate:
+            for key, result in results:
+                if result.outcome is not Outcome.OK and failure_log.allow():
+                    failures.append((engine.endpoint_path(cast(int, key)), result.describe()))
+            if failures:
+                with contextlib.suppress(OSError):  # (the owner is gone: seen below)
+                    up.send(("failed", list(failures), failure_log.suppressed - left_out[0]))
+                left_out[0] = failure_log.suppressed
+                failures.clear()
         records = engine.on_results(time.time(), cast("list[tuple[int, ProbeResult]]", results))
         table = engine.table
         for r in records:
@@ -455,17 +507,19 @@ async def _worker(
             )
             try:
                 up.send(("stats", report))
-                if observe_every:  # a tenth (say) of the shard a second, not all at once
-                    part = seconds % observe_every
+                if failure_log.suppressed > left_out[0]:
+                    up.send(("failed", [], failure_log.suppressed - left_out[0]))
+                    left_out[0] = failure_log.suppressed
+                if observe_every:
+                    # a small shard whole every second; a large one a tenth
+                    # (say) of it a second, not all at once
+                    every = observe_every if len(mine) > OBSERVE_WHOLE else 1
+                    part = seconds % every
                     table = engine.table
                     up.send(
                         (
                             "observed",
-                            [
-                                (p, table.observed(s))
-                                for s, p in mine.items()
-                                if s % observe_every == part
-                            ],
+                            [(p, table.observed(s)) for s, p in mine.items() if s % every == part],
                         )
                     )
             except OSError:

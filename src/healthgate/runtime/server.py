@@ -32,7 +32,7 @@ from healthgate.api.auth import Access
 from healthgate.cluster.node import ClusterHealth, ClusterNode, ClusterSettings
 from healthgate.controlplane.errors import ControlError, Refusal
 from healthgate.controlplane.health_service import HealthService
-from healthgate.controlplane.probe_workers import WorkerProbing
+from healthgate.controlplane.probe_workers import WorkerProbing, default_workers
 from healthgate.controlplane.recorder import TransitionRecorder
 from healthgate.controlplane.resources import ControlPlane
 from healthgate.dataplane.manager import (
@@ -90,7 +90,9 @@ class ServeSettings:
     node: str | None = None
     region: str | None = None
     lease_ttl: int = 5
-    probe_workers: int = 0  # probe in N worker processes (0: in the serving process)
+    # probe in N worker processes (0: in the serving process; None: one per
+    # core embedded, on more than one core - controlplane/probe_workers.py)
+    probe_workers: int | None = None
 
     @property
     def clustered(self) -> bool:
@@ -195,9 +197,12 @@ class Server:
         health: HealthService
         store: Store
         dataplane_settings = s.dataplane
+        workers = s.probe_workers
+        if workers is None:
+            workers = default_workers(s.clustered)
         if s.clustered:
             assert s.store is not None and s.node and s.region, "checked by the CLI"
-            cluster = ClusterSettings(s.node, s.region, s.lease_ttl, s.probe_workers)
+            cluster = ClusterSettings(s.node, s.region, s.lease_ttl, workers)
             etcd = EtcdStore(parse_endpoints(s.store))
             self.store = store = etcd
             health = ClusterHealth(
@@ -208,9 +213,9 @@ class Server:
         else:
             Path(s.db).parent.mkdir(parents=True, exist_ok=True)
             self.store = store = SqliteStore(s.db)
-            if s.probe_workers > 0:
+            if workers > 0:
                 health = WorkerProbing(
-                    s.probe_workers, s.probe, s.scheduler, failure_log_rate=s.failure_log_rate
+                    workers, s.probe, s.scheduler, failure_log_rate=s.failure_log_rate
                 )
             else:
                 health = HealthService(s.probe, s.scheduler, failure_log_rate=s.failure_log_rate)
