@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tests.cluster.stack import ClusterStack
 from tests.integration.serve_proc import wait_for
 
-from common import Proc, cpu_seconds, free_port, wait_until
+from common import Proc, cpu_seconds, free_port, rss_mb, wait_until
 from healthgate.runtime.etcd_local import EtcdCluster
 from healthgate.store.etcd import EtcdStore
 
@@ -114,13 +114,6 @@ def metric(url: str, name: str) -> float:
     for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[1])
-    return 0.0
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
     return 0.0
 
 

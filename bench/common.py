@@ -20,11 +20,31 @@ TICKS = os.sysconf("SC_CLK_TCK")
 def cpu_seconds(pid: int, children: bool = False) -> float:
     """utime + stime of ``pid`` from /proc (and of its live children, for a
     server whose workers are child processes, like nginx's)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:  # (a child that just exited)
+        return 0.0
     total = (int(fields[11]) + int(fields[12])) / TICKS
     if children:
-        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        total += sum(cpu_seconds(int(kid)) for kid in kids)
+        total += sum(cpu_seconds(kid) for kid in _children(pid))
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    return [int(kid) for kid in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def rss_mb(pid: int, children: bool = False) -> float:
+    """Resident memory (VmRSS) of ``pid`` in MB (and of its live children)."""
+    total = 0.0
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total = int(line.split()[1]) / 1024
+    except FileNotFoundError:  # (a child that just exited)
+        return 0.0
+    if children:
+        total += sum(rss_mb(kid) for kid in _children(pid))
     return total
 
 

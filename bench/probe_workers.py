@@ -28,7 +28,7 @@ import httpx
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Proc, backend_endpoints, cpu_seconds, free_port, wait_until
+from common import Proc, backend_endpoints, cpu_seconds, free_port, rss_mb, wait_until
 
 # endpoints per backend process: a listener and a kept connection each, under
 # its 20,000 files (10,000 left ~0.1 % of them unserved), one address each
@@ -107,9 +107,13 @@ def run(
         "--keepalive-probes", "--probe-failure-log-rate", "0", "--log-level", "warning",
         "--probe-workers", str(workers),
     ]  # fmt: skip
+    began = time.monotonic()
     proc = Proc(cmd, work / f"serve-{workers}.log")
     try:
         wait_until(lambda: _ready(url), 120, "serve ready")
+        ready = time.monotonic() - began
+        wait_until(lambda: _healthy(url) == count, 120, "every endpoint HEALTHY", every=0.05)
+        decided = time.monotonic() - began
         time.sleep(warmup)
         c0 = cpu_seconds(proc.p.pid, children=True)
         b0 = sum(cpu_seconds(b.p.pid) for b in backends)
@@ -122,7 +126,8 @@ def run(
         s1 = metric(url, "healthgate_probes_started_total")
         l1 = metric(url, "healthgate_probes_late_total")
         elapsed = time.monotonic() - t0
-        bs = httpx.get(url + "/v1/projects/bench/regions/r1/backendServices/bs", timeout=60).json()
+        rss = rss_mb(proc.p.pid, children=True)
+        healthy = _healthy(url)
     finally:
         proc.stop()
     started = s1 - s0
@@ -134,8 +139,17 @@ def run(
         "us_per_check": (c1 - c0) / max(started, 1) * 1e6,
         "cores": (c1 - c0) / elapsed,
         "backend_cores": (b1 - b0) / elapsed,
-        "healthy": (bs.get("status") or {}).get("healthy"),
+        "healthy": healthy,
+        "ready_s": ready,
+        "decided_s": decided,
+        "rss_mb": rss,
     }
+
+
+def _healthy(url: str) -> int:
+    """How many endpoints of the one backend service are HEALTHY."""
+    bs = httpx.get(url + "/v1/projects/bench/regions/r1/backendServices/bs", timeout=60).json()
+    return int((bs.get("status") or {}).get("healthy") or 0)
 
 
 def _ready(url: str) -> bool:
@@ -193,7 +207,9 @@ def main() -> None:
                 f"{row['checks_per_s']:,.0f} checks/s, {row['on_time'] * 100:.2f} % on time "
                 f"(goal >= 99 %), {row['us_per_check']:.1f} us/check, {row['cores']:.2f} cores "
                 f"(backends {row['backend_cores']:.2f}, nice {args.backend_nice}), "
-                f"{row['healthy']:,} HEALTHY",
+                f"{row['healthy']:,} HEALTHY; API ready after {row['ready_s']:.1f} s, every "
+                f"endpoint HEALTHY after {row['decided_s']:.1f} s; {row['rss_mb']:.0f} MB "
+                "resident (with the workers)",
                 flush=True,
             )
 

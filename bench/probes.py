@@ -19,7 +19,9 @@ checks every endpoint every second for a warm-up and then --duration seconds:
   ``--tcp-half-open``: raw SYNs where the process may open a raw socket
   (root or CAP_NET_RAW), else connect-based (the log of serve says which).
 
-CPU is utime+stime of the checker process from /proc/PID/stat; checks are
+Pinned to one core, serve probes in its own process (its default on one
+core); ``--serve-arg=--probe-workers=2`` puts two probe workers on that core.
+CPU is utime+stime of the checker process and its children from /proc; checks are
 counted by the kernel's TCP ActiveOpens (every connect) for HAProxy and by
 healthgate's own probe counter (keep-alive probes open no connections).
 "On time" is healthgate's share of probes started within 10 ms of due.
@@ -67,9 +69,9 @@ def measure(
     other counters."""
     time.sleep(warmup)
     e0 = extra() if extra else None
-    c0, n0, t0 = cpu_seconds(pid), counter(), time.monotonic()
+    c0, n0, t0 = cpu_seconds(pid, children=True), counter(), time.monotonic()
     time.sleep(duration)
-    c1, n1, t1 = cpu_seconds(pid), counter(), time.monotonic()
+    c1, n1, t1 = cpu_seconds(pid, children=True), counter(), time.monotonic()
     e1 = extra() if extra else None
     return c1 - c0, int((n1 - n0) * duration / (t1 - t0)), (e0, e1)
 
