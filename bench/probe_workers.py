@@ -97,6 +97,8 @@ def run(
     duration: float,
     backends: list[Proc],
 ) -> dict[str, Any]:
+    for old in work.glob(f"w{workers}.db*"):  # every run starts from UNKNOWN
+        old.unlink()
     manifest = work / f"world-{workers}.yaml"
     manifest.write_text(yaml.safe_dump_all(world(count, base)))
     port = free_port()
