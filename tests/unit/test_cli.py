@@ -274,13 +274,19 @@ def test_probe_workers_takes_a_count_or_auto(
 
 @pytest.mark.parametrize(
     ("cores", "clustered", "workers"),
-    [({0}, False, 0), ({0, 1}, False, 2), ({0, 1, 2, 3}, False, 4), ({0, 1}, True, 0)],
+    [
+        ({0}, False, 0),
+        ({0, 1}, False, 2),
+        ({0, 1, 2, 3}, False, 4),
+        (set(range(64)), False, 8),
+        ({0, 1}, True, 0),
+    ],
 )
 def test_probe_workers_by_default_one_per_core_embedded(
     monkeypatch: pytest.MonkeyPatch, cores: set[int], clustered: bool, workers: int
 ) -> None:
     """Unset, --probe-workers is one per core the process may run on for the
-    embedded server, none on one core, none for a cluster node."""
+    embedded server (at most 8), none on one core, none for a cluster node."""
     from healthgate.controlplane.probe_workers import default_workers
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cores)

@@ -345,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="probe in N worker processes ('auto': one per core), each owning a shard of the "
         "endpoints and sending the serving process only their transitions; 0: in the serving "
         "process itself (it holds about 20,000 endpoints at 1 s). Default: one per core "
-        "when there is more than one, 0 in cluster mode",
+        "(at most 8) when there is more than one, 0 in cluster mode",
     )
     p.add_argument(
         "--probe-source",

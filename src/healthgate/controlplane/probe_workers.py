@@ -72,15 +72,22 @@ Flip = tuple[str, str, float, str, Observed]
 OBSERVE_WHOLE = 2_000
 
 
+# the default's most workers: each holds the whole world, and three held
+# 50,000 kept-alive endpoints at 1 s in 0.7-0.8 cores (docs/benchmarks.md);
+# more are there for the asking (--probe-workers N)
+DEFAULT_MAX = 8
+
+
 def default_workers(clustered: bool) -> int:
     """``--probe-workers`` unset: one worker per core the process may run on
-    for the embedded server; none on a single core (a worker there only adds
-    a process and a pipe) and none for a cluster node (a cluster spreads its
-    probes over nodes; a node takes workers when told to)."""
+    for the embedded server, at most ``DEFAULT_MAX`` (each holds the whole
+    world: ~47 MB for a small one); none on a single core (a worker there
+    only adds a process and a pipe) and none for a cluster node (a cluster
+    spreads its probes over nodes; a node takes workers when told to)."""
     if clustered:
         return 0
     cores = len(os.sched_getaffinity(0))
-    return cores if cores > 1 else 0
+    return min(cores, DEFAULT_MAX) if cores > 1 else 0
 
 
 def worker_name(index: int) -> str:
