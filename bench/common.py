@@ -20,23 +20,14 @@ TICKS = os.sysconf("SC_CLK_TCK")
 def cpu_seconds(pid: int, children: bool = False) -> float:
     """utime + stime of ``pid`` from /proc (and of its live children, for a
     server whose workers are child processes, like nginx's)."""
-    return sum(cpu_split(pid, children))
-
-
-def cpu_split(pid: int, children: bool = False) -> tuple[float, float]:
-    """(utime, stime) of ``pid`` in seconds: its own code, and the kernel's
-    on its behalf (on loopback that includes the peer's side of every
-    packet it sends); with ``children``, its live children's too."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except FileNotFoundError:  # (a child that just exited)
-        return 0.0, 0.0
-    user, system = int(fields[11]) / TICKS, int(fields[12]) / TICKS
+        return 0.0
+    total = (int(fields[11]) + int(fields[12])) / TICKS
     if children:
-        for kid in _children(pid):
-            u, s = cpu_split(kid)
-            user, system = user + u, system + s
-    return user, system
+        total += sum(cpu_seconds(kid) for kid in _children(pid))
+    return total
 
 
 def _children(pid: int) -> list[int]:

@@ -25,10 +25,6 @@ CPU is utime+stime of the checker process and its children from /proc; checks ar
 counted by the kernel's TCP ActiveOpens (every connect) for HAProxy and by
 healthgate's own probe counter (keep-alive probes open no connections).
 "On time" is healthgate's share of probes started within 10 ms of due.
-"kernel" is the stime part of us/check: the kernel's work for the checker,
-which on loopback includes the backend's side of every packet the checker
-sends (a full handshake's ACK wakes the backend's accept; HAProxy's
-half-open TCP check never does) - what no user-space saving can go below.
 
 Printed: checks/s, CPU us per check, the ratio to HAProxy (lower is better
 for healthgate), and the goals of issue 18: HTTP kept alive <= 0.5x, fresh
@@ -53,7 +49,7 @@ import yaml
 from healthgate.probes.scheduler import raise_open_file_limit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Proc, backend_endpoints, cpu_split, pinned, wait_until
+from common import Proc, backend_endpoints, cpu_seconds, pinned, wait_until
 
 
 def active_opens() -> int:
@@ -67,17 +63,17 @@ def active_opens() -> int:
 
 def measure(
     pid: int, warmup: float, duration: float, counter: Any, extra: Any = None
-) -> tuple[float, float, int, Any]:
-    """CPU seconds (all, and the kernel's) and checks over ``duration`` after
-    ``warmup``; ``extra`` (when given) is read at both ends of the same
-    window, for deltas of other counters."""
+) -> tuple[float, int, Any]:
+    """CPU seconds and checks over ``duration`` after ``warmup``; ``extra``
+    (when given) is read at both ends of the same window, for deltas of
+    other counters."""
     time.sleep(warmup)
     e0 = extra() if extra else None
-    (u0, s0), n0, t0 = cpu_split(pid, children=True), counter(), time.monotonic()
+    c0, n0, t0 = cpu_seconds(pid, children=True), counter(), time.monotonic()
     time.sleep(duration)
-    (u1, s1), n1, t1 = cpu_split(pid, children=True), counter(), time.monotonic()
+    c1, n1, t1 = cpu_seconds(pid, children=True), counter(), time.monotonic()
     e1 = extra() if extra else None
-    return u1 + s1 - u0 - s0, s1 - s0, int((n1 - n0) * duration / (t1 - t0)), (e0, e1)
+    return c1 - c0, int((n1 - n0) * duration / (t1 - t0)), (e0, e1)
 
 
 def run_haproxy(
@@ -108,10 +104,10 @@ def run_haproxy(
     cfg.write_text("\n".join(lines) + "\n")
     proc = Proc(pinned(["haproxy", "-db", "-f", str(cfg)], 0), work / "haproxy.log")
     try:
-        cpu, kernel, checks, _ = measure(proc.p.pid, warmup, duration, active_opens)
+        cpu, checks, _ = measure(proc.p.pid, warmup, duration, active_opens)
     finally:
         proc.stop()
-    return {"checker": "haproxy", "cpu": cpu, "kernel": kernel, "checks": checks}
+    return {"checker": "haproxy", "cpu": cpu, "checks": checks}
 
 
 def run_healthgate(
@@ -201,7 +197,7 @@ def run_healthgate(
         # the on-time share over the same window as the CPU (the warm-up,
         # with its start-up transient - every endpoint UNKNOWN -> HEALTHY -
         # is left out of both)
-        cpu, kernel, checks, ((late0, started0), (late1, started1)) = measure(
+        cpu, checks, ((late0, started0), (late1, started1)) = measure(
             proc.p.pid,
             warmup,
             duration,
@@ -219,7 +215,6 @@ def run_healthgate(
     return {
         "checker": "healthgate" + (f" {variant}" if variant else ""),
         "cpu": cpu,
-        "kernel": kernel,
         "checks": checks,
         "late_share": late / started if started else None,
         "outcomes": outcomes,
@@ -295,20 +290,19 @@ def main() -> int:
                             **r,
                             "checks_per_s": r["checks"] / args.duration,
                             "cpu_us_per_check": us,
-                            "kernel_us_per_check": r["kernel"] / max(r["checks"], 1) * 1e6,
                             "ratio_to_haproxy": us / base_us,
                             "cpu_percent": 100 * r["cpu"] / args.duration,
                         }
                         rows.append(row)
                         print(json.dumps(row), file=sys.stderr, flush=True)
     print(
-        f"{'endpoints':>9} {'check':>5} {'checker':<25} {'checks/s':>9} {'CPU %':>6} {'us/check':>9} {'kernel':>7} {'x HAProxy':>9} {'on time':>8}"
+        f"{'endpoints':>9} {'check':>5} {'checker':<25} {'checks/s':>9} {'CPU %':>6} {'us/check':>9} {'x HAProxy':>9} {'on time':>8}"
     )
     for r in rows:
         on_time = f"{100 * (1 - r['late_share']):.2f}%" if r.get("late_share") is not None else "-"
         print(
             f"{r['endpoints']:>9,} {r['check']:>5} {r['checker']:<25} {r['checks_per_s']:>9.0f} {r['cpu_percent']:>6.1f} "
-            f"{r['cpu_us_per_check']:>9.1f} {r['kernel_us_per_check']:>7.1f} {r['ratio_to_haproxy']:>9.2f} {on_time:>8}"
+            f"{r['cpu_us_per_check']:>9.1f} {r['ratio_to_haproxy']:>9.2f} {on_time:>8}"
         )
     print(
         "\ngoals (x HAProxy CPU per check): HTTP kept alive <= 0.5; fresh HTTP <= 1.0; "
