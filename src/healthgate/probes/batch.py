@@ -20,10 +20,10 @@ are made of.
 What a probe does on the wire (HAProxy does the same):
 
 * **TCP** (SPEC §2.1, seed 003): ``socket``; ``connect``, which completes
-  the handshake - SYN, SYN+ACK, and the prober's ACK, sent by the kernel at
-  once (its default, which a disconnect restores) - then close with ``SO_LINGER`` 0 (a reset:
-  no TIME_WAIT on either side). The connection reaches the server's accept
-  queue, as the seed's check does.
+  the handshake - SYN, SYN+ACK, and the prober's ACK, sent by the kernel
+  at once (its default, which a disconnect restores) - then close with
+  ``SO_LINGER`` 0 (a reset: no TIME_WAIT on either side). The connection
+  reaches the server's accept queue, as the seed's check does.
   With ``ProbeSettings.tcp_half_open`` (an option, never the default) the
   check is HAProxy's: ``TCP_QUICKACK`` off, so the final ACK is held back,
   and the reset follows the SYN+ACK - the server's kernel answered the SYN,
@@ -345,7 +345,8 @@ class BatchProber:
                 # wants the kernel's default (the ACK sent at once), which
                 # a new socket has and the disconnect restores (Linux's
                 # tcp_disconnect clears the delayed-ACK state,
-                # inet_csk_delack_init): no system call, ~5 % of its CPU
+                # inet_csk_delack_init): one system call less per check
+                # (1.3 % of a full check's CPU under perf)
                 sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 0)
             err = sock.connect_ex((spec.ip, spec.port))
         except OSError as exc:
