@@ -139,7 +139,8 @@ def events_router(state: ApiState) -> APIRouter:
                     break
             while True:
                 try:
-                    item = await asyncio.wait_for(queue.get(), state.settings.stream_keepalive)
+                    async with asyncio.timeout(state.settings.stream_keepalive):
+                        item = await queue.get()
                 except TimeoutError:
                     yield b": keepalive\n\n"
                     continue

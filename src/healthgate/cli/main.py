@@ -29,6 +29,13 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
 def probe_workers(text: str) -> int:
     """``--probe-workers``: a count, or ``auto`` (one per core this process may run on)."""
     if text == "auto":
@@ -170,6 +177,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         dns=args.dns,
         dns_zones=args.dns_zone or [],
         xds=args.xds,
+        stop_grace=args.stop_grace,
     )
     try:
         uvloop.run(run_server(settings))
@@ -404,6 +412,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="an Envoy ADS server (CDS and EDS): a cluster per global backend service, "
         "one locality per region, priority = failover order",
+    )
+    p.add_argument(
+        "--stop-grace",
+        type=non_negative_float,
+        default=2.0,
+        metavar="SECONDS",
+        help="on SIGTERM / SIGINT, open front-end connections get this long to finish before "
+        "they are closed (default 2); a second signal exits at once",
     )
     p.add_argument(
         "--public-healthz",

@@ -269,7 +269,8 @@ class ControlPlane:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append((revision, fut))
         try:
-            await asyncio.wait_for(fut, self.settings.apply_timeout)
+            async with asyncio.timeout(self.settings.apply_timeout):
+                await fut
         except TimeoutError:
             raise ControlError(
                 Refusal.UNAVAILABLE,

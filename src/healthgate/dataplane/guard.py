@@ -19,11 +19,15 @@ data plane. So:
 
 One sweep a second checks every HTTP connection (a timestamp compare each),
 so nothing is added per request but a clock read.
+
+The guard also knows every admitted connection, so that a stop can give
+them a few seconds to finish and then close what is left (:meth:`drain`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -51,15 +55,20 @@ class ConnectionGuard:
         self.header_timeout = header_timeout
         self.idle_timeout = idle_timeout
         self.clock = clock
-        self.open = 0
         self.refused = 0
+        self._open: set[asyncio.BaseTransport] = set()
+        self._emptied: asyncio.Event | None = None
         self._last_log = float("-inf")
         self._watched: set[Expiring] = set()
         self._sweeper: asyncio.TimerHandle | None = None
 
+    @property
+    def open(self) -> int:
+        return len(self._open)
+
     def admit(self, transport: asyncio.BaseTransport) -> bool:
         """A client connected: True to serve it, False (and it is closed) over the cap."""
-        if self.open >= self.max_connections:
+        if len(self._open) >= self.max_connections:
             self.refused += 1
             now = self.clock()
             if now - self._last_log >= 10.0:
@@ -72,11 +81,27 @@ class ConnectionGuard:
                 )
             cast(asyncio.Transport, transport).abort()
             return False
-        self.open += 1
+        self._open.add(transport)
         return True
 
-    def release(self) -> None:
-        self.open -= 1
+    def release(self, transport: asyncio.BaseTransport) -> None:
+        self._open.discard(transport)
+        if not self._open and self._emptied is not None:
+            self._emptied.set()
+
+    async def drain(self, grace: float) -> int:
+        """Wait up to ``grace`` seconds for the open connections to end, then
+        close the rest at once; how many were closed."""
+        if self._open and grace > 0:
+            self._emptied = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(grace):
+                    await self._emptied.wait()
+        left = list(self._open)
+        for transport in left:
+            cast(asyncio.Transport, transport).abort()
+        self._open.clear()
+        return len(left)
 
     def watch(self, conn: Expiring) -> None:
         self._watched.add(conn)

@@ -406,7 +406,7 @@ class HttpProxy(asyncio.Protocol):
     ) -> None:
         self.choose = choose
         self.guard = guard  # the connection cap and the header / idle timeouts
-        self.admitted = False
+        self.admitted: asyncio.BaseTransport | None = None  # counted by the guard
         # the head of the request being read: open from its first byte to its
         # last, its size so far (bounded as it arrives) and when it began
         self._head_open = False
@@ -453,7 +453,7 @@ class HttpProxy(asyncio.Protocol):
                 self.closed = True
                 self.stats["refused_cap"] = self.stats.get("refused_cap", 0) + 1
                 return
-            self.admitted = True
+            self.admitted = transport
             self.last_active = guard.clock()
             guard.watch(self)
         self.transport = cast(asyncio.Transport, transport)
@@ -576,9 +576,9 @@ class HttpProxy(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.wake.set()
-        if self.admitted and self.guard is not None:
-            self.admitted = False
-            self.guard.release()
+        if self.admitted is not None and self.guard is not None:
+            self.guard.release(self.admitted)
+            self.admitted = None
             self.guard.unwatch(self)
         conn = self.upstream
         if conn is not None:

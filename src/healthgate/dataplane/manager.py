@@ -304,12 +304,18 @@ class DataPlane:
             server.close()
         for server in listener.servers:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(server.wait_closed(), 1.0)
+                async with asyncio.timeout(1.0):
+                    await server.wait_closed()
 
-    async def close(self) -> None:
+    async def close(self, grace: float = 0.0) -> None:
+        """Stop accepting at once; give the open client connections up to
+        ``grace`` seconds to end, then close them."""
         for listener in self.listeners.values():
             await self._close(listener)
         self.listeners.clear()
+        closed = await self.guard.drain(grace)
+        if closed:
+            log.info("closed %d front-end connections still open after %g s", closed, grace)
         self.pool.close()
         self.guard.close()
 
@@ -546,7 +552,7 @@ class DataPlaneService(DataPlaneMetrics, Protocol):
 
     def status(self) -> dict[str, dict[str, object]]: ...
 
-    async def close(self) -> None: ...
+    async def close(self, grace: float = 0.0) -> None: ...
 
 
 class DataPlaneCollector(Collector):

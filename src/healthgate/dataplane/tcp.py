@@ -152,7 +152,7 @@ class TcpProxy(Pipe):
     ) -> None:
         super().__init__()
         self.guard = guard  # the connection cap (dataplane/guard.py)
-        self.admitted = False
+        self.admitted: asyncio.BaseTransport | None = None  # counted by the guard
         self.choose = choose
         self.connect_timeout = connect_timeout
         self.stats = stats
@@ -166,7 +166,7 @@ class TcpProxy(Pipe):
             if not self.guard.admit(transport):
                 self.stats["refused_cap"] = self.stats.get("refused_cap", 0) + 1
                 return
-            self.admitted = True
+            self.admitted = transport
         super().connection_made(transport)
         assert self.transport is not None
         self.transport.pause_reading()
@@ -199,10 +199,10 @@ class TcpProxy(Pipe):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.guard is not None:
-            if not self.admitted:
+            if self.admitted is None:
                 return  # refused over the cap: nothing was set up
-            self.admitted = False
-            self.guard.release()
+            self.guard.release(self.admitted)
+            self.admitted = None
         super().connection_lost(exc)
         if self.live is not None:
             self.live.discard(self)

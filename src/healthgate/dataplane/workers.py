@@ -157,7 +157,7 @@ class WorkerPool:
         if proc is not None and proc.stdin is not None and not proc.stdin.is_closing():
             proc.stdin.write(frame)
 
-    async def close(self) -> None:
+    async def close(self, grace: float = 0.0) -> None:
         self._closing = True
         for worker in self.workers:
             proc = worker.proc
@@ -166,7 +166,8 @@ class WorkerPool:
             if proc.stdin is not None:
                 proc.stdin.close()  # the worker closes its listeners and exits
             try:
-                await asyncio.wait_for(proc.wait(), 5)
+                async with asyncio.timeout(grace + 5):
+                    await proc.wait()
             except TimeoutError:
                 proc.kill()
                 await proc.wait()

@@ -233,9 +233,11 @@ class DnsServer:
         self._conns.add(task)
         try:
             while True:  # several queries per connection, each length-prefixed
-                head = await asyncio.wait_for(reader.readexactly(2), self.tcp_timeout)
+                async with asyncio.timeout(self.tcp_timeout):
+                    head = await reader.readexactly(2)
                 (length,) = struct.unpack("!H", head)
-                wire = await asyncio.wait_for(reader.readexactly(length), self.tcp_timeout)
+                async with asyncio.timeout(self.tcp_timeout):
+                    wire = await reader.readexactly(length)
                 reply = handle(self.directory, wire, 65535)
                 if reply is None:
                     break

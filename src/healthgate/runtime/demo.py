@@ -38,6 +38,7 @@ from healthgate.integrations.haproxy import haproxy_backend
 from healthgate.integrations.xds import bootstrap
 from healthgate.model.names import ResourcePath
 from healthgate.runtime.etcd_local import EtcdCluster
+from healthgate.runtime.lifecycle import Stopper, StopStep, run_steps
 from healthgate.runtime.regions import MODES, RegionBackends
 from healthgate.runtime.server import Server, ServeSettings
 
@@ -219,7 +220,8 @@ class LoadGenerator:
                     reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
                 assert reader is not None
                 writer.write(b"GET / HTTP/1.1\r\nHost: demo\r\nUser-Agent: healthgate-demo\r\n\r\n")
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+                async with asyncio.timeout(10):
+                    head = await reader.readuntil(b"\r\n\r\n")
                 length = next(
                     (
                         int(h.split(b":")[1])
@@ -327,12 +329,6 @@ async def run_demo(s: DemoSettings) -> None:
     manifest.write_text(yaml.safe_dump_all(demo_manifest(s), sort_keys=False))
     check_programs(s.with_)
     etcd: EtcdCluster | None = None
-    if s.cluster:
-        try:
-            etcd = await asyncio.to_thread(EtcdCluster, tmp, 3)
-        except FileNotFoundError as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise DemoError(str(exc)) from None
     settings = ServeSettings(
         db=str(tmp / "demo.db"),
         listen=s.listen,
@@ -342,9 +338,6 @@ async def run_demo(s: DemoSettings) -> None:
         xds=f"127.0.0.1:{s.xds_port}" if "envoy" in s.with_ else None,
         dns=f"127.0.0.1:{s.dns_port}" if "dns" in s.with_ else None,
     )
-    if etcd is not None:
-        settings.store, settings.node, settings.region = etcd.url, "a", REGIONS[0][0]
-        settings.lease_ttl = 3
     server = Server(settings)
     load = LoadGenerator(s.front_port, s.rate)
     loads = {"healthgate's front end": load}
@@ -356,31 +349,66 @@ async def run_demo(s: DemoSettings) -> None:
     tasks: list[asyncio.Task[None]] = []
     peers: list[subprocess.Popen[bytes]] = []
     nodes: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}
-    try:
+    stopper = Stopper("demo")
+
+    def kill_peers() -> None:
+        for peer in peers:
+            peer.kill()
+
+    stopper.on_hard_exit.append(kill_peers)
+
+    async def start() -> None:
+        nonlocal etcd
+        if s.cluster:
+            try:
+                etcd = await asyncio.to_thread(EtcdCluster, tmp, 3)
+            except FileNotFoundError as exc:
+                raise DemoError(str(exc)) from None
+            settings.store, settings.node, settings.region = etcd.url, "a", REGIONS[0][0]
+            settings.lease_ttl = 3
         await backends.start()
         await server.start()
         if etcd is not None:
-            nodes = start_nodes(etcd, s, tmp)
-            peers += [proc for _, proc in nodes.values()]
-        peers += start_peers(server, s, tmp)
-        tasks += [asyncio.create_task(g.run()) for g in loads.values()]
+            nodes.update(start_nodes(etcd, s, tmp))
+            peers.extend(proc for _, proc in nodes.values())
+        peers.extend(start_peers(server, s, tmp))
+        tasks.extend(asyncio.create_task(g.run()) for g in loads.values())
         tasks.append(asyncio.create_task(report(loads, s, server if etcd else None)))
         print_intro(server.url, s, manifest, nodes)
-        await server.serve_forever()
-    finally:
-        print("\nstopping the demo ...", flush=True)
+
+    async def stop_load() -> None:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def stop_peers() -> None:
         for peer in peers:
             peer.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                peer.wait(10)
-        await server.stop()
-        await backends.stop()
+        for peer in peers:
+            try:
+                await asyncio.to_thread(peer.wait, 10)
+            except subprocess.TimeoutExpired:
+                peer.kill()
+
+    async def remove_store() -> None:
         if etcd is not None:
-            etcd.close()
+            await asyncio.to_thread(etcd.close)
         shutil.rmtree(tmp, ignore_errors=True)
+
+    async def stop() -> None:
+        print("\nstopping the demo ...", flush=True)
+        await run_steps(
+            [
+                StopStep("the load generators", stop_load, 5.0),
+                StopStep("HAProxy, Envoy and the other nodes", stop_peers, 15.0),
+                StopStep("serve", server.stop, 45.0),
+                StopStep("the region backends", backends.stop, 5.0),
+                StopStep("the demo's store and etcd (removed)", remove_store, 15.0),
+            ],
+            log,
+        )
+
+    await stopper.run(start, stop)
 
 
 # the other nodes of ``demo --cluster``: name -> (region, API port offset from --listen's)

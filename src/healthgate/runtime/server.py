@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import signal
 import socket
 import sys
 import time
@@ -52,6 +51,7 @@ from healthgate.model.resources import HealthCheck, Resource
 from healthgate.model.validation import InvalidResources
 from healthgate.probes.prober import ProbeSettings
 from healthgate.probes.scheduler import SchedulerSettings
+from healthgate.runtime.lifecycle import Stopper, StopStep, run_steps
 from healthgate.store.base import Store
 from healthgate.store.etcd import EtcdStore, parse_endpoints
 from healthgate.store.sqlite import SqliteStore
@@ -93,6 +93,8 @@ class ServeSettings:
     # probe in N worker processes (0: in the serving process; None: one per
     # core embedded, on more than one core - controlplane/probe_workers.py)
     probe_workers: int | None = None
+    # on stop: seconds open front-end connections get to finish before they are closed
+    stop_grace: float = 2.0
 
     @property
     def clustered(self) -> bool:
@@ -179,7 +181,6 @@ class Server:
         self._uvicorn: _QuietUvicorn | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._settle: asyncio.TimerHandle | None = None  # the second freeze (see start)
-        self._stopping = asyncio.Event()
         self.on_started: list[Callable[[], Any]] = []
         self.configure_app: list[Callable[[FastAPI], None]] = []  # extra routes (the demo's)
 
@@ -219,6 +220,7 @@ class Server:
                 )
             else:
                 health = HealthService(s.probe, s.scheduler, failure_log_rate=s.failure_log_rate)
+        log.info("starting: store %s, API on %s", s.store_name(), s.listen)
         self.health = health
         self.recorder = recorder = TransitionRecorder(store, retention=s.log_retention)
         recorder.last_id = store.last_log_id()
@@ -375,48 +377,76 @@ class Server:
             len(plan.unchanged),
         )
 
-    def request_stop(self) -> None:
-        self._stopping.set()
+    def stop_steps(self) -> list[StopStep]:
+        """The stop, in order (runtime/lifecycle.py runs each with its
+        deadline): nothing new comes in (event streams end, the API and the
+        listeners stop accepting), open front-end connections get
+        ``grace`` seconds and are then closed, probing and the workers
+        stop, the cluster node leaves, the log is flushed, the store closes."""
+        grace = self.settings.stop_grace
 
-    async def serve_forever(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, self.request_stop)
-        await self._stopping.wait()
+        async def close_api() -> None:
+            if self._settle is not None:
+                self._settle.cancel()
+            if self.recorder is not None:
+                self.recorder.close_subscribers()  # live event streams end first
+            if self._uvicorn is not None:
+                self._uvicorn.should_exit = True
+            for task in self._tasks:
+                if task.get_name() == "api":
+                    await asyncio.gather(task, return_exceptions=True)
+
+        async def close_integrations() -> None:
+            for integration in (self.agent, self.dns, self.xds):
+                if integration is not None:
+                    await integration.close()
+
+        async def stop_tasks() -> None:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+        async def flush_log() -> None:
+            if self.recorder is not None:
+                await self.recorder.flush()
+
+        async def close_store() -> None:
+            if self.store is not None:
+                self.store.close()
+
+        steps = []
+        if self._uvicorn is not None or self.recorder is not None:
+            steps.append(StopStep("the API and event streams", close_api, 5.0))
+        if self.dataplane is not None:
+            steps.append(
+                StopStep(
+                    f"the listeners (open connections get {grace:g} s)",
+                    lambda: self.dataplane.close(grace) if self.dataplane else _nothing(),
+                    grace + 5.0,
+                )
+            )
+        if self.agent or self.dns or self.xds:
+            steps.append(StopStep("the agent, DNS and xDS servers", close_integrations, 5.0))
+        if self.node is not None:
+            steps.append(StopStep("cluster membership and elections", self.node.close, 10.0))
+        if self.control is not None:
+            steps.append(StopStep("the store's watch", self.control.close, 5.0))
+        if self.health is not None:
+            steps.append(StopStep("the probes and probe workers", self.health.close, 10.0))
+        if self.recorder is not None:
+            steps.append(StopStep("the transition log (the last writes)", flush_log, 5.0))
+        if self._tasks:
+            steps.append(StopStep("background tasks", stop_tasks, 5.0))
+        if self.store is not None:
+            steps.append(StopStep("the store", close_store, 5.0))
+        return steps
 
     async def stop(self) -> None:
-        if self._settle is not None:
-            self._settle.cancel()
-        if self.recorder is not None:
-            self.recorder.close_subscribers()  # live event streams end first
-        if self._uvicorn is not None:
-            self._uvicorn.should_exit = True
-        if self.dataplane is not None:
-            await self.dataplane.close()
-        if self.agent is not None:
-            await self.agent.close()
-        if self.dns is not None:
-            await self.dns.close()
-        if self.xds is not None:
-            await self.xds.close()
-        if self.node is not None:
-            await self.node.close()
-        if self.control is not None:
-            await self.control.close()
-        if self.health is not None:
-            await self.health.close()
-        if self.recorder is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.recorder.flush(), 5)
-        for task in self._tasks:
-            if task.get_name() == "api":
-                with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                    await asyncio.wait_for(task, 5)
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.store is not None:
-            self.store.close()
+        await run_steps(self.stop_steps(), log)
+
+
+async def _nothing() -> None:
+    return None
 
 
 def _check_free(host: str, port: int, option: str) -> None:
@@ -466,9 +496,6 @@ def _collect_and_freeze() -> None:
 
 
 async def run_server(settings: ServeSettings) -> None:
+    """``healthgate serve``: start, serve until SIGINT / SIGTERM, stop."""
     server = Server(settings)
-    try:
-        await server.start()
-        await server.serve_forever()
-    finally:
-        await server.stop()
+    await Stopper("serve").run(server.start, server.stop)
