@@ -32,8 +32,8 @@ from pathlib import Path
 
 import uvloop
 
-from healthgate.probes.scheduler import raise_open_file_limit
 from healthgate.probes.syn import SynSocket
+from healthgate.process.limits import raise_open_file_limit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import backend_endpoints

@@ -46,7 +46,7 @@ from typing import Any
 import httpx
 import yaml
 
-from healthgate.probes.scheduler import raise_open_file_limit
+from healthgate.process.limits import raise_open_file_limit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Proc, backend_endpoints, cpu_seconds, pinned, wait_until

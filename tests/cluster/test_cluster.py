@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from healthgate.cluster.placement import by_region, probers
+from healthgate.health.placement import by_region, probers
 from tests.cluster.stack import SOURCES, ClusterStack, Node, TcpTraffic, Traffic
 from tests.integration.serve_proc import wait_for
 

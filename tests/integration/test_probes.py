@@ -635,3 +635,48 @@ def test_probes_leave_from_the_source_address(prober_kind: str, kind: str) -> No
     outcomes = run_async(go())
     assert outcomes == [Outcome.OK] * 3
     assert peers and set(peers) == {"127.0.0.9"}
+
+
+def test_a_prober_out_of_descriptors_makes_no_result_counts_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """EMFILE is the prober's own trouble, never the endpoint's: the probe
+    is SUSPECT (no evidence either way), counted as skipped in the
+    scheduler's stats (healthgate_probes_skipped_total) and logged - so a
+    prober starved of descriptors neither fails a region over nor hides."""
+    import errno
+    import logging
+
+    from healthgate.health.states import NO_DESCRIPTOR
+    from healthgate.probes.scheduler import ProbeScheduler
+
+    class Starved(BatchProber):
+        def _socket(self, family: int) -> socket.socket:
+            raise OSError(errno.EMFILE, "Too many open files")
+
+    async def go() -> tuple[list[ProbeResult], int]:
+        got: list[ProbeResult] = []
+        done = asyncio.Event()
+
+        def sink(_now: float, results: list[tuple[object, ProbeResult]]) -> None:
+            got.extend(r for _, r in results)
+            if len(got) >= 3:
+                done.set()
+
+        sched = ProbeScheduler(Prober(), sink, batch=Starved())
+        sched.start()
+        for key in range(3):
+            sched.upsert(key, spec("TCP", free_port()))
+        async with asyncio.timeout(10):
+            await done.wait()
+        await sched.close()
+        return got, sched.stats.skipped
+
+    with caplog.at_level(logging.WARNING, logger="healthgate.probes"):
+        results, skipped = run_async(go(), timeout=20)
+    assert {r.outcome for r in results} == {Outcome.SUSPECT}
+    assert {r.detail for r in results} == {NO_DESCRIPTOR}
+    assert skipped >= 3
+    lines = [r.getMessage() for r in caplog.records if "could not start" in r.getMessage()]
+    assert len(lines) == 1  # (once per 10 s, however many)
+    assert "open-file limit" in lines[0]

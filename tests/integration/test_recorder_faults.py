@@ -12,7 +12,7 @@ import pytest
 
 from healthgate.controlplane.recorder import TransitionRecorder
 from healthgate.health.states import HealthState, Transition
-from healthgate.store.base import LogQuery, Unavailable
+from healthgate.store.base import Guard, LogQuery, Unavailable
 from healthgate.store.memory import MemoryStore
 from tests.helpers import run_async
 
@@ -22,11 +22,13 @@ class FullForAWhile(MemoryStore):
         super().__init__()
         self.failures = failures
 
-    def append_log(self, records: Sequence[Mapping[str, Any]]) -> list[int]:
+    def append_log(
+        self, records: Sequence[Mapping[str, Any]], guard: Guard | None = None
+    ) -> list[int]:
         if self.failures:
             self.failures -= 1
             raise Unavailable("/data/hg.db: cannot write (database or disk is full)")
-        return super().append_log(records)
+        return super().append_log(records, guard)
 
 
 def test_a_full_disk_delays_transition_records_and_loses_none(

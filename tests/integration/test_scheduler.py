@@ -11,6 +11,7 @@ from typing import Any
 from healthgate.controlplane.health_service import HealthService
 from healthgate.health.states import HealthState, Outcome, ProbeResult, Record, Transition
 from healthgate.health.windows import failure_window, success_window
+from healthgate.probes.clock import LoopClock
 from healthgate.probes.prober import Prober
 from healthgate.probes.scheduler import ProbeScheduler, SchedulerSettings
 from healthgate.probes.spec import ProbeSpec
@@ -102,6 +103,7 @@ def test_real_time_windows_match_the_formula_and_probes_never_overlap() -> None:
         ep = Switchable()
         async with Server(ep.handler) as srv:
             service = HealthService(clock=loop.time)
+            wall = LoopClock(loop).wall  # (records carry the wall-clock time of the loop's)
             changes: list[Transition] = []
             became: dict[HealthState, asyncio.Event] = {s: asyncio.Event() for s in HealthState}
 
@@ -112,7 +114,7 @@ def test_real_time_windows_match_the_formula_and_probes_never_overlap() -> None:
                         became[r.current].set()
 
             service.subscribe(on_records)
-            service.start()
+            await service.start()
             service.apply(world(srv.port, timeout=1, interval=1, threshold=2))
             await asyncio.wait_for(became[HealthState.HEALTHY].wait(), 10)
             became[HealthState.HEALTHY].clear()
@@ -121,12 +123,12 @@ def test_real_time_windows_match_the_formula_and_probes_never_overlap() -> None:
             t_hang = loop.time()
             await asyncio.wait_for(became[HealthState.UNHEALTHY].wait(), 10)
             first_failing = next(t for t, got in ep.served if got.startswith("hang"))
-            fail_window = changes[-1].time - first_failing
+            fail_window = changes[-1].time - wall(first_failing)
 
             ep.mode, ep.delay = "ok", 0.2
             await asyncio.wait_for(became[HealthState.HEALTHY].wait(), 10)
             first_passing = next(t for t, got in ep.served if got == "ok/0.2")
-            ok_window = changes[-1].time - first_passing
+            ok_window = changes[-1].time - wall(first_passing)
             await service.close()
             gaps = [b - a for a, b in zip(ep.ends, ep.starts[1:], strict=False)]
             return {
@@ -134,9 +136,9 @@ def test_real_time_windows_match_the_formula_and_probes_never_overlap() -> None:
                 "ok": ok_window,
                 "max_open": ep.max_open,
                 "min_gap": min(gaps),
-                "suspect": service.scheduler.stats.suspect,
+                "suspect": service.totals().suspect,
                 "starts": [round(t - t_hang, 3) for t in ep.starts[-10:]],
-                "changes": [(round(c.time - t_hang, 3), c.current.name) for c in changes],
+                "changes": [(round(c.time - wall(t_hang), 3), c.current.name) for c in changes],
             }
 
     got = run_async(go())

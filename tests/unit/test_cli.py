@@ -291,3 +291,23 @@ def test_probe_workers_by_default_one_per_core_embedded(
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cores)
     assert default_workers(clustered) == workers
+
+
+@pytest.mark.parametrize(
+    ("held", "base", "fd_limit", "workers"),
+    [
+        (0, 2, 20_000, 2),  # nothing held open: the cores decide
+        (18_000, 2, 20_000, 2),  # 9,000 each, under 18,976 a worker holds
+        (50_000, 2, 20_000, 3),  # the issue's case: 25,000 each would not fit
+        (10**7, 2, 20_000, 64),  # at most GROWTH_MAX
+        (5_000, 2, 2_048, 5),  # a small limit: 1,024 each
+    ],
+)
+def test_the_probe_pool_grows_to_hold_every_kept_alive_connection(
+    held: int, base: int, fd_limit: int, workers: int
+) -> None:
+    """A kept-alive check holds a descriptor between probes; a worker holds
+    at most its open-file limit less a reserve (controlplane/probe_workers.py)."""
+    from healthgate.controlplane.probe_workers import workers_to_hold
+
+    assert workers_to_hold(held, base, fd_limit) == workers

@@ -1,16 +1,20 @@
 """A cluster node that takes an endpoint over starts from the stored opinion,
 or from UNKNOWN - never from a state its prober engine kept from an earlier
-time it probed the endpoint (ClusterHealth without etcd: only the prober
-engine, the placement and the opinions queued for writing are used)."""
+time it probed the endpoint (ClusterProbing without etcd: only the prober
+engine, the placement and the opinions said are used)."""
 
 from __future__ import annotations
 
 from typing import Any, cast
 
-from healthgate.cluster.node import ClusterHealth, ClusterSettings, opinion_key
+from healthgate.cluster.opinions import OpinionWriter, opinion_key
+from healthgate.cluster.probing import ClusterProbing, ClusterSettings
+from healthgate.controlplane.health_service import HealthService
+from healthgate.controlplane.probing import Feed
 from healthgate.health.states import HealthState, Outcome, ProbeResult
 from healthgate.model.resources import Resource
 from healthgate.model.validation import parse_resource
+from healthgate.probes.stats import FailureLogLimiter
 from tests.e2e.harness import e2e_world
 
 US, EU = "us-east1", "europe-west1"
@@ -25,20 +29,43 @@ def resources(docs: list[dict[str, Any]]) -> list[Resource]:
     return out
 
 
-def us_slots(health: ClusterHealth) -> dict[str, int]:
+class Said:
+    """In place of the opinion writer: what the node said, by key."""
+
+    def __init__(self) -> None:
+        self.queued: dict[str, dict[str, Any]] = {}
+
+    def say(self, path: str, vantage: str, state: HealthState, since: float, why: str) -> None:
+        self.queued[opinion_key(path, vantage)] = {"state": state.name, "since": since}
+
+
+def node(name: str, region: str) -> tuple[HealthService, ClusterProbing, Said]:
+    made: list[ClusterProbing] = []
+
+    def source(feed: Feed, failure_log: FailureLogLimiter) -> ClusterProbing:
+        made.append(ClusterProbing(feed, ClusterSettings(name, region)))
+        return made[0]
+
+    health = HealthService(source=source)
+    said = Said()
+    made[0].writer = cast(OpinionWriter, said)
+    return health, made[0], said
+
+
+def us_slots(health: ClusterProbing) -> dict[str, int]:
     """This node's prober slots of us-east1's endpoints, by endpoint path."""
     return {path: slot for slot, (path, _) in health.mine.items() if f"/{US}/" in path}
 
 
-def fail(health: ClusterHealth, slots: list[int], rounds: int = 3) -> None:
+def fail(health: ClusterProbing, slots: list[int], rounds: int = 3) -> None:
     for _ in range(rounds):
         health._on_results(0.0, [(s, ProbeResult(Outcome.REFUSED, 0.001)) for s in slots])
 
 
 def test_a_state_left_from_standing_in_does_not_hide_the_first_flip() -> None:
     world = e2e_world(18080, 18090, (18100, 18101))
-    health = ClusterHealth(cast(Any, None), ClusterSettings("c", EU))  # (no store needed)
-    health.apply(resources(world))
+    service, health, said = node("c", EU)  # (no store needed)
+    service.apply(resources(world))
     # us-east1 has no live node: c stands in for it, and sees its endpoints fail
     health.set_members({"c": EU})
     standing = us_slots(health)
@@ -50,8 +77,8 @@ def test_a_state_left_from_standing_in_does_not_hide_the_first_flip() -> None:
     assert us_slots(health) == {}
     # then they are checked from europe-west1 too: c probes them for that vantage,
     # with no opinion of that vantage stored - from UNKNOWN, not the old UNHEALTHY
-    health._outbox.clear()
-    health.apply(
+    said.queued.clear()
+    service.apply(
         resources(
             [
                 dict(d, vantageRegions=[EU])
@@ -66,5 +93,5 @@ def test_a_state_left_from_standing_in_does_not_hide_the_first_flip() -> None:
     assert {health.prober.table.state(s) for s in again.values()} == {HealthState.UNKNOWN}
     # so their failing again is a flip, and europe-west1's opinion is said
     fail(health, list(again.values()))
-    said = {k: v["state"] for k, v in health._outbox.items()}
-    assert said == {opinion_key(path, EU): "UNHEALTHY" for path in again}
+    states = {k: v["state"] for k, v in said.queued.items()}
+    assert states == {opinion_key(path, EU): "UNHEALTHY" for path in again}

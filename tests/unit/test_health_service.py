@@ -7,9 +7,11 @@ import random
 
 import pytest
 
-from healthgate.controlplane.health_service import FailureLogLimiter, HealthService
+from healthgate.controlplane.health_service import HealthService
+from healthgate.controlplane.probing import Feed, InProcessProbing
 from healthgate.health.engine import HealthEngine
 from healthgate.health.states import HealthState, Outcome, ProbeResult, Record
+from healthgate.probes.stats import FailureLogLimiter
 from tests.helpers import example_world, resources
 
 OUTCOMES = [Outcome.OK] * 6 + [Outcome.REFUSED, Outcome.TIMEOUT, Outcome.SUSPECT, Outcome.STATUS]
@@ -18,19 +20,26 @@ OUTCOMES = [Outcome.OK] * 6 + [Outcome.REFUSED, Outcome.TIMEOUT, Outcome.SUSPECT
 def test_a_ticks_results_are_counted_logged_and_reach_the_engine(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    health = HealthService(clock=lambda: 5.0, failure_log_rate=1.0)
+    sources: list[InProcessProbing] = []
+
+    def in_process(feed: Feed, failure_log: FailureLogLimiter) -> InProcessProbing:
+        sources.append(InProcessProbing(feed, failure_log=failure_log))
+        return sources[0]
+
+    health = HealthService(clock=lambda: 5.0, failure_log_rate=1.0, source=in_process)
+    local = sources[0].local
     ok, failed = list(health.apply(resources(example_world())).added)[:2]
     with caplog.at_level(logging.INFO, logger="healthgate.health"):
-        health._on_results(
-            0.0,
+        local._on_results(
+            5.0,
             [
                 (ok.slot, ProbeResult(Outcome.OK, 0.004, 200)),
                 (failed.slot, ProbeResult(Outcome.REFUSED, 0.001)),
                 (failed.slot, ProbeResult(Outcome.REFUSED, 0.001)),
             ],
         )
-    assert health.results == 3
-    stats = health.probe_stats
+    assert local.results == 3
+    stats = local.stats
     assert sum(stats.buckets[Outcome.OK]) == 1 and sum(stats.buckets[Outcome.REFUSED]) == 2
     assert stats.sums[Outcome.REFUSED] == pytest.approx(0.002)
     failures = [r.getMessage() for r in caplog.records if "probe failed" in r.getMessage()]
@@ -81,30 +90,28 @@ def test_probe_workers_failures_are_held_to_the_owners_rate(
     """Each worker sends at most the owner's rate of failures and how many it
     left out; the owner's limiter holds all workers together to that rate and
     counts every line left out, theirs included."""
-    from healthgate.controlplane.probe_workers import ProbePool
+    from healthgate.controlplane.probe_workers import Failures, ProbePool
     from healthgate.probes.prober import ProbeSettings
     from healthgate.probes.scheduler import SchedulerSettings
 
     now = [100.0]
-    health = HealthService(failure_log_rate=2.0)
-    health.failure_log = FailureLogLimiter(2.0, clock=lambda: now[0])
+    failure_log = FailureLogLimiter(2.0, clock=lambda: now[0])
     pool = ProbePool(
         2,
         ProbeSettings(),
         SchedulerSettings(),
         lambda flips: None,
         lambda paths: {},
-        health.take_report,
-        failure_log=health.failure_log,
+        failure_log=failure_log,
     )
     lines = [
         (f"shop/regions/r/backendServices/web/endpoints/ep-{i}", "connection refused")
         for i in range(2)
     ]
     with caplog.at_level(logging.INFO, logger="healthgate.health"):
-        pool._take(0, ("failed", lines, 5))  # worker 0: two lines, five left out
-        pool._take(1, ("failed", lines, 0))  # worker 1, the same second: over the rate
-        pool._take(1, ("failed", [], 3))  # its second's count of lines left out
+        pool._take(0, Failures(lines, 5))  # worker 0: two lines, five left out
+        pool._take(1, Failures(lines, 0))  # worker 1, the same second: over the rate
+        pool._take(1, Failures([], 3))  # its second's count of lines left out
     failures = [r.getMessage() for r in caplog.records if "probe failed" in r.getMessage()]
     assert failures == [
         "probe failed: shop/regions/r/backendServices/web/endpoints/ep-0: connection refused "
@@ -112,13 +119,13 @@ def test_probe_workers_failures_are_held_to_the_owners_rate(
         "probe failed: shop/regions/r/backendServices/web/endpoints/ep-1: connection refused "
         "(0 similar lines suppressed so far)",
     ]
-    assert health.failure_log.suppressed == 5 + 2 + 3
+    assert failure_log.suppressed == 5 + 2 + 3
     now[0] += 0.5  # half a second later: one more line allowed
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="healthgate.health"):
-        pool._take(1, ("failed", lines, 0))
+        pool._take(1, Failures(lines, 0))
     assert [r.getMessage() for r in caplog.records] == [
         "probe failed: shop/regions/r/backendServices/web/endpoints/ep-0: connection refused "
         "(10 similar lines suppressed so far)"
     ]
-    assert health.failure_log.suppressed == 11
+    assert failure_log.suppressed == 11

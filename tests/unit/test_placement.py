@@ -1,10 +1,10 @@
-"""Who probes what in a cluster (cluster/placement.py): rendezvous hashing."""
+"""Who probes what in a cluster (health/placement.py): rendezvous hashing."""
 
 from __future__ import annotations
 
 import pytest
 
-from healthgate.cluster.placement import by_region, probers, rendezvous
+from healthgate.health.placement import by_region, probers, rendezvous
 
 ENDPOINTS = [
     f"projects/p/regions/r/backendServices/b/endpoints/10.0.{i // 256}.{i % 256}:80"

@@ -55,6 +55,9 @@ class _FakeLoop:
     def time(self) -> float:
         return self.now
 
+    def wall(self, t: float) -> float:
+        return t
+
     def call_at(self, at: float, callback: object) -> _FakeLoop:
         self.timers.append(at)
         return self

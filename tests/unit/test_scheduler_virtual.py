@@ -39,6 +39,9 @@ class VirtualClock:
     def time(self) -> float:
         return self.now
 
+    def wall(self, t: float) -> float:
+        return t  # (virtual time is its own wall clock)
+
     def call_at(self, when: float, callback: Callable[[], object]) -> _Handle:
         handle = _Handle()
         heapq.heappush(self._timers, (when, next(self._seq), callback, handle))

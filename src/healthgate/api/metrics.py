@@ -20,10 +20,10 @@ from prometheus_client.core import (
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.registry import Collector
 
-from healthgate.controlplane.health_service import PROBE_BUCKETS, HealthService
+from healthgate.controlplane.health_service import HealthService
 from healthgate.controlplane.recorder import TransitionRecorder
 from healthgate.health.states import Outcome
-from healthgate.probes.scheduler import LAG_BUCKETS
+from healthgate.probes.stats import LAG_BUCKETS, PROBE_BUCKETS
 
 MAX_ENDPOINT_SERIES = 10_000
 STATES = ("UNKNOWN", "HEALTHY", "UNHEALTHY")
@@ -36,7 +36,7 @@ class EngineCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         engine = self.health.engine
-        stats = self.health.probe_stats
+        stats = self.health.totals()  # this process's probing and its workers' together
         hist = HistogramMetricFamily(
             "healthgate_probe_duration_seconds",
             "Probe duration, connect to verdict, by outcome",
@@ -108,48 +108,49 @@ class EngineCollector(Collector):
         yield transitions
         yield route_changes
 
-        sched = self.health.scheduler.stats
         yield CounterMetricFamily(
-            "healthgate_probes_started", "Probes started", value=sched.started
+            "healthgate_probes_started", "Probes started", value=stats.started
         )
         yield CounterMetricFamily(
             "healthgate_probes_late",
             "Probes started more than 10 ms after their due time",
-            value=sched.late_starts,
+            value=stats.late,
+        )
+        yield CounterMetricFamily(
+            "healthgate_probes_skipped",
+            "Probes that could not start for want of a file descriptor (no result: starvation)",
+            value=stats.skipped,
         )
         yield CounterMetricFamily(
             "healthgate_probes_suspect",
             "Probe timeouts discarded because the prober lagged",
-            value=sched.suspect,
+            value=stats.suspect,
         )
         yield GaugeMetricFamily(
-            "healthgate_probes_in_flight",
-            "Probes running now",
-            value=self.health.scheduler.in_flight,
+            "healthgate_probes_in_flight", "Probes running now", value=stats.in_flight
         )
-        prober = self.health.scheduler.prober
         tls = CounterMetricFamily(
             "healthgate_probe_tls_handshakes",
-            "TLS handshakes of HTTPS checks in this process, by whether a session was resumed",
+            "TLS handshakes of HTTPS checks, by whether a session was resumed",
             labels=["resumed"],
         )
-        tls.add_metric(["true"], prober.tls_resumed)
-        tls.add_metric(["false"], prober.tls_handshakes - prober.tls_resumed)
+        tls.add_metric(["true"], stats.tls_resumed)
+        tls.add_metric(["false"], stats.tls_handshakes - stats.tls_resumed)
         yield tls
         yield CounterMetricFamily(
             "healthgate_prober_deferred_ticks",
             "Scheduler ticks that left due probes or results for the next tick (prober overloaded)",
-            value=sched.deferred_ticks,
+            value=stats.deferred_ticks,
         )
         lag = HistogramMetricFamily(
             "healthgate_prober_lag_seconds",
             "How late each prober tick ran (event-loop lag)",
         )
         acc, cumulative = 0, []
-        for bound, n in zip((*LAG_BUCKETS, float("inf")), sched.lag_buckets, strict=True):
+        for bound, n in zip((*LAG_BUCKETS, float("inf")), stats.lag_buckets, strict=True):
             acc += n
             cumulative.append(("+Inf" if bound == float("inf") else repr(bound), acc))
-        lag.add_metric([], cumulative, sched.lag_sum)
+        lag.add_metric([], cumulative, stats.lag_sum)
         yield lag
 
 

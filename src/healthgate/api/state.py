@@ -21,8 +21,7 @@ from healthgate.controlplane.resources import (
     parse_documents,
     split_output_fields,
 )
-from healthgate.health.types import endpoint_name
-from healthgate.model.names import GLOBAL, NAME_RULE, ResourcePath, is_valid_name
+from healthgate.model.names import GLOBAL, NAME_RULE, ResourcePath, endpoint_path, is_valid_name
 from healthgate.model.resources import (
     BackendService,
     ForwardingRule,
@@ -70,7 +69,7 @@ class ApiState:
         self, backend_service: ResourcePath, ip: str, port: int | None
     ) -> tuple[str, dict[str, dict[str, object]]] | None:
         """Cluster mode: an endpoint's quorum reason and its vantages' opinions."""
-        return self.health.vantages(f"{backend_service}/endpoints/{endpoint_name(ip, port)}")
+        return self.health.vantages(endpoint_path(backend_service, ip, port))
 
     def principal(self, authorization: str | None) -> Principal:
         return self.access.authenticate(authorization)

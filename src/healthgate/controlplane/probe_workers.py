@@ -1,39 +1,38 @@
 """Probing on every core: worker processes that each own a shard of endpoints.
 
 ``serve --probe-workers N`` runs the probes in N processes (a
-:class:`ProbePool`). Each worker holds the whole world in a *prober* engine of
-its own (as a cluster node does, cluster/node.py), probes the endpoints it is
-given that rendezvous hashing (cluster/placement.py, the same function that
-shares endpoints among a cluster's nodes) puts in its shard, runs the
-threshold machine on them, and sends only their **flips**, a tick's worth at
-a time (and, over every 10 seconds, what it observed of each endpoint - its
-runs and last result - for the API's details: a slow side path, not per
-probe: every second up to 2,000 endpoints, a tenth of the shard a second
-above that), and the probe failures to log, at most the owner's rate. What the pool is given to probe is the owner's choice: every endpoint
-(:class:`WorkerProbing`, the embedded server: the flipped endpoint's state is
-set in the serving engine with ``EndpointTable.set_state`` and everything
-above the endpoints happens there, once), or a cluster node's share
-(cluster/node.py: a flip becomes the node's opinion, as its own prober's
-flips do).
+:class:`ProbePool`, supervised by process/supervisor.py). Each worker holds
+the whole world in a *prober* engine of its own (as a cluster node does),
+probes the endpoints it is given that rendezvous hashing (health/placement.py,
+the same function that shares endpoints among a cluster's nodes) puts in its
+shard, runs the threshold machine on them, and sends only their **flips**, a
+tick's worth at a time (and, over every 10 seconds, what it observed of each
+endpoint - its runs and last result - for the API's details: a slow side
+path, not per probe: every second up to 2,000 endpoints, a tenth of the
+shard a second above that), the probe failures to log (at most the owner's
+rate), and its running totals every second. What the pool is given to probe
+is the owner's choice: every endpoint (:class:`WorkerProbing`, the embedded
+server: a flip is a decided state for the serving engine's feed,
+controlplane/probing.py), or a cluster node's share (cluster/probing.py: a
+flip becomes the node's opinion, as its own prober's flips do).
 
 A worker that dies (``kill -9``) is started again with the world and the
 current states of what it probed, so it resumes where the dead one was
-(HEALTHY stays HEALTHY until the thresholds say otherwise): no transition, no
-UNKNOWN.
+(HEALTHY stays HEALTHY until the thresholds say otherwise): no transition,
+no UNKNOWN.
 
-Two one-way pipes per worker (pickled messages), each read by a thread with
-blocking reads (an event loop's reader makes a descriptor non-blocking, and
-a large world then fails half-sent or half-read):
+**The pool's size follows what a worker can hold.** A kept-alive HTTP(S)
+check holds a connection - a file descriptor - between probes; a worker
+can hold at most its open-file limit less a reserve. When the world has
+more such endpoints than the workers can hold together, the pool grows
+(never shrinks), so that no endpoint starves for a descriptor; a probe that
+still finds none is no result (SUSPECT), counted as skipped and logged by
+the scheduler.
 
-    parent -> worker   ("world", resources)
-                       ("assign", paths or None, states)  None: every endpoint;
-                                                          states: path -> (state, since)
-    worker -> parent   ("flips", [(path, state, since, reason, Observed), ...])
-                       ("stats", Report)  running totals, every second
-                       ("observed", [(path, Observed), ...])  each endpoint's runs and
-                                      last result, every few seconds (when asked for)
-                       ("failed", [(path, description), ...], suppressed)  probe
-                                      failures to log, at most the owner's rate
+The messages (process/frames.py), one class each::
+
+    owner -> worker   Setup (first), World, Assign, Shards
+    worker -> owner   Flips, Observations, Failures, Totals
 """
 
 from __future__ import annotations
@@ -42,40 +41,45 @@ import asyncio
 import contextlib
 import gc
 import logging
-import multiprocessing
+import math
 import os
-import threading
+import signal
 import time
-from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
-from typing import Any, cast
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
-from healthgate.cluster.placement import rendezvous
-from healthgate.controlplane.health_service import FailureLogLimiter, HealthService, ProbeStats
-from healthgate.health.endpoints import EndpointTable, Observed
-from healthgate.health.engine import ApplyResult, HealthEngine, endpoint_name
-from healthgate.health.states import HealthState, Outcome, ProbeResult, Record, Transition
+from healthgate.controlplane.probing import Decided, Feed, LocalProber, spec_of
+from healthgate.health.endpoints import Observed
+from healthgate.health.engine import ApplyResult, HealthEngine, ProbeTarget
+from healthgate.health.placement import rendezvous
+from healthgate.health.states import HealthState, Outcome, ProbeResult, Transition
+from healthgate.model.names import endpoint_path
 from healthgate.model.resources import Resource
-from healthgate.probes.batch import BatchProber
-from healthgate.probes.prober import Prober, ProbeSettings
-from healthgate.probes.scheduler import ProbeScheduler, SchedulerSettings
+from healthgate.probes.prober import ProbeSettings
+from healthgate.probes.scheduler import SchedulerSettings
+from healthgate.probes.stats import FailureLogLimiter, ProbeTotals
+from healthgate.process.frames import expect, read_frame, stdio_streams, write
+from healthgate.process.limits import open_file_limit, raise_open_file_limit
+from healthgate.process.supervisor import Supervisor
 
 log = logging.getLogger("healthgate.probe_workers")
 
-# an endpoint's flip: its path, new state, when, why, and what its probes had
-# shown then (the runs the reason counts, the last result)
-Flip = tuple[str, str, float, str, Observed]
-
-
 # a shard up to this size sends what it observed of every endpoint every second
 OBSERVE_WHOLE = 2_000
-
 
 # the default's most workers: each holds the whole world, and three held
 # 50,000 kept-alive endpoints at 1 s in 0.7-0.8 cores (docs/benchmarks.md);
 # more are there for the asking (--probe-workers N)
 DEFAULT_MAX = 8
+# the most workers the pool grows to, to hold kept-alive connections
+GROWTH_MAX = 64
+# descriptors a worker keeps for everything but kept-alive checks
+# (fresh probes in flight, its pipes, the raw-SYN socket)
+WORKER_RESERVE = 1024
+
+MODULE = "healthgate.controlplane.probe_workers"
+
+StatesOf = Callable[[Iterable[str] | None], dict[str, tuple[int, float]]]
 
 
 def default_workers(clustered: bool) -> int:
@@ -83,64 +87,120 @@ def default_workers(clustered: bool) -> int:
     for the embedded server, at most ``DEFAULT_MAX`` (each holds the whole
     world: ~47 MB for a small one); none on a single core (a worker there
     only adds a process and a pipe) and none for a cluster node (a cluster
-    spreads its probes over nodes; a node takes workers when told to)."""
+    spreads its probes over nodes; a node takes workers when told to). The
+    pool grows beyond this when the workers cannot hold every kept-alive
+    connection (:func:`workers_to_hold`)."""
     if clustered:
         return 0
     cores = len(os.sched_getaffinity(0))
     return min(cores, DEFAULT_MAX) if cores > 1 else 0
 
 
+def holds_connection(target: ProbeTarget, settings: ProbeSettings) -> bool:
+    """Does this endpoint's check keep a descriptor open between probes?"""
+    kind = target.check.type
+    return kind == "GRPC" or (settings.keepalive and kind in ("HTTP", "HTTPS"))
+
+
+def worker_capacity(fd_limit: int | None = None) -> int:
+    """Kept-alive connections one worker can hold under the open-file limit."""
+    return max(1, (fd_limit or open_file_limit()) - WORKER_RESERVE)
+
+
+def workers_to_hold(held: int, base: int, fd_limit: int | None = None) -> int:
+    """Workers needed so that ``held`` kept-alive connections fit (at least ``base``)."""
+    return max(base, min(GROWTH_MAX, math.ceil(held / worker_capacity(fd_limit))))
+
+
 def worker_name(index: int) -> str:
     return f"w{index}"
 
 
-@dataclass(slots=True)
-class Report:
-    """A worker's running totals, sent every second; the pool adds them up
-    (with those of workers that died) for the owner's metrics."""
+# ---------------------------------------------------------------------- messages
 
-    started: int = 0
-    late: int = 0
-    finished: int = 0
-    tls_handshakes: int = 0
-    tls_resumed: int = 0
-    buckets: dict[Outcome, list[int]] = field(default_factory=dict)  # probe durations
-    sums: dict[Outcome, float] = field(default_factory=dict)
 
-    def add(self, other: Report) -> None:
-        self.started += other.started
-        self.late += other.late
-        self.finished += other.finished
-        self.tls_handshakes += other.tls_handshakes
-        self.tls_resumed += other.tls_resumed
-        for outcome, counts in other.buckets.items():
-            mine = self.buckets.setdefault(outcome, [0] * len(counts))
-            for i, n in enumerate(counts):
-                mine[i] += n
-            self.sums[outcome] = self.sums.get(outcome, 0.0) + other.sums.get(outcome, 0.0)
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """The first message to a worker: who it is and how to probe."""
+
+    index: int
+    count: int
+    probe: ProbeSettings
+    scheduler: SchedulerSettings
+    observe_every: int  # seconds over which a large shard's observations are sent (0: never)
+    failure_log_rate: float
+
+
+@dataclass(frozen=True, slots=True)
+class World:
+    resources: list[Resource]
+
+
+@dataclass(frozen=True, slots=True)
+class Assign:
+    """Probe these endpoint paths (None: every endpoint); ``states``: where
+    to resume a path new to a worker (path -> (state, since))."""
+
+    paths: frozenset[str] | None
+    states: dict[str, tuple[int, float]]
+
+
+@dataclass(frozen=True, slots=True)
+class Shards:
+    """The pool now has ``count`` workers: shards move (rendezvous)."""
+
+    count: int
+    states: dict[str, tuple[int, float]]
+
+
+@dataclass(frozen=True, slots=True)
+class Flips:
+    decided: list[Decided]
+
+
+@dataclass(frozen=True, slots=True)
+class Observations:
+    items: list[tuple[str, Observed]]
+
+
+@dataclass(frozen=True, slots=True)
+class Failures:
+    """Probe failures to log (at most the owner's rate), and how many more
+    this worker left out since it last said."""
+
+    lines: list[tuple[str, str]]
+    left_out: int
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    totals: ProbeTotals
+
+
+FromWorker = Flips | Observations | Failures | Totals
+
+
+# ---------------------------------------------------------------------- the owner's side
 
 
 class ProbePool:
-    """N probe worker processes and the pipes to them (the owner's side)."""
+    """N probe worker processes (the owner's side)."""
 
     def __init__(
         self,
         count: int,
         probe_settings: ProbeSettings,
         scheduler_settings: SchedulerSettings,
-        on_flips: Callable[[Sequence[Flip]], None],
-        states: Callable[[Iterable[str] | None], dict[str, tuple[int, float]]],
-        on_report: Callable[[Report], None],
+        on_flips: Callable[[Sequence[Decided]], object],
+        states: StatesOf,
         on_observed: Callable[[list[tuple[str, Observed]]], None] | None = None,
         observe_every: int = 10,
         failure_log: FailureLogLimiter | None = None,
     ) -> None:
-        self.count = count
         self.probe_settings = probe_settings
         self.scheduler_settings = scheduler_settings
         self.on_flips = on_flips
         self.states = states  # the owner's current states of these paths (None: all)
-        self.on_report = on_report  # every worker's totals, added up
         # what the probes of each endpoint showed (its runs, its last result),
         # every few seconds: the API's and the dashboard's per-endpoint details
         self.on_observed = on_observed
@@ -148,28 +208,32 @@ class ProbePool:
         # the owner's limiter: each worker sends at most its rate of failures
         # (and how many it left out), the limiter holds all of them to it
         self.failure_log = failure_log or FailureLogLimiter(0.0)
-        self.procs: list[Any] = [None] * count
-        self.conns: list[Connection | None] = [None] * count  # to each worker
-        self.restarts = 0
         self._world: list[Resource] = []
         self._paths: frozenset[str] | None = None  # what to probe (None: every endpoint)
-        self._reports: dict[int, Report] = {}
-        self._base = Report()  # of workers that died
-        self._closing = False
-        self._ctx = multiprocessing.get_context("spawn")
+        self._totals: dict[int, ProbeTotals] = {}
+        self._base = ProbeTotals()  # of workers that died
+        self.supervisor = Supervisor(
+            "probe worker",
+            MODULE,
+            count,
+            self._take,
+            self._greeting,
+            on_exit=self._lost,
+            prefix="w",
+        )
+        self._growing: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        for i in range(self.count):
-            self._spawn(i)
+    @property
+    def count(self) -> int:
+        return len(self.supervisor.workers)
 
-    def _spawn(self, index: int) -> None:
-        down_r, down_w = self._ctx.Pipe(duplex=False)  # parent -> worker
-        up_r, up_w = self._ctx.Pipe(duplex=False)  # worker -> parent
-        proc = self._ctx.Process(
-            target=worker_main,
-            args=(
-                down_r,
-                up_w,
+    @property
+    def restarts(self) -> int:
+        return sum(w.restarts for w in self.supervisor.workers)
+
+    def _greeting(self, index: int) -> list[object]:
+        return [
+            Setup(
                 index,
                 self.count,
                 self.probe_settings,
@@ -177,43 +241,17 @@ class ProbePool:
                 self.observe_every,
                 self.failure_log.rate,
             ),
-            name=f"healthgate-probe-{worker_name(index)}",
-            daemon=True,
-        )
-        proc.start()
-        down_r.close()
-        up_w.close()
-        self.procs[index], self.conns[index] = proc, down_w
-        loop = asyncio.get_running_loop()
-        threading.Thread(
-            target=self._read, args=(loop, index, up_r), name=f"probe-{index}", daemon=True
-        ).start()
-        down_w.send(("world", self._world))
-        down_w.send(("assign", self._paths, self.states(self._paths)))
-        log.info("probe worker %s started (pid %d)", worker_name(index), proc.pid)
+            World(self._world),
+            Assign(self._paths, self.states(self._paths)),
+        ]
 
-    def _read(self, loop: asyncio.AbstractEventLoop, index: int, conn: Connection) -> None:
-        """A thread per worker: its messages, handed to the event loop."""
-        try:
-            while True:
-                message = conn.recv()
-                loop.call_soon_threadsafe(self._take, index, message)
-        except (EOFError, OSError):
-            with contextlib.suppress(RuntimeError):  # the loop is closed: serve stopped
-                loop.call_soon_threadsafe(self._lost, index, conn)
-        finally:
-            conn.close()
-
-    def _send(self, message: tuple[Any, ...]) -> None:
-        for conn in self.conns:
-            if conn is not None:
-                with contextlib.suppress(OSError):  # (a dead worker: restarted with it all)
-                    conn.send(message)
+    async def start(self) -> None:
+        await self.supervisor.start()
 
     def world(self, resources: Sequence[Resource]) -> None:
         """The resources changed: every worker gets them (and finds its changes)."""
         self._world = list(resources)
-        self._send(("world", self._world))
+        self.supervisor.broadcast(World(self._world))
 
     def assign(self, paths: Iterable[str] | None) -> None:
         """Probe these endpoint paths (None: every endpoint of the world). A
@@ -223,252 +261,208 @@ class ProbePool:
             return
         new = None if chosen is None or self._paths is None else chosen - self._paths
         self._paths = chosen
-        self._send(("assign", chosen, self.states(new)))
+        self.supervisor.broadcast(Assign(chosen, self.states(new)))
 
-    def _lost(self, index: int, conn: Connection) -> None:
-        proc = self.procs[index]
-        last = self._reports.pop(index, None)
+    def hold(self, held: int, base: int) -> None:
+        """``held`` endpoints keep a connection open between probes: grow the
+        pool if its workers cannot hold them all (see the module doc)."""
+        wanted = workers_to_hold(held, base)
+        if wanted <= self.count or self.supervisor.closing:
+            return
+        if self._growing is not None and not self._growing.done():
+            return
+        log.warning(
+            "%d endpoints keep a connection open between probes: more than %d probe workers "
+            "hold under the open-file limit (%d each); starting %d",
+            held,
+            self.count,
+            worker_capacity(),
+            wanted,
+        )
+        self._growing = asyncio.get_running_loop().create_task(self._grow(wanted))
+
+    async def _grow(self, count: int) -> None:
+        await self.supervisor.grow(count)
+        # every worker re-places its shard over the new count; what moves
+        # resumes from the owner's states
+        self.supervisor.broadcast(Shards(self.count, self.states(self._paths)))
+
+    def _lost(self, index: int) -> None:
+        last = self._totals.pop(index, None)
         if last is not None:
             self._base.add(last)
-        down = self.conns[index]
-        if down is not None:
-            down.close()
-        self.conns[index] = None
-        if proc is not None:
-            proc.join(1)
-        if self._closing:
-            return
-        code = proc.exitcode if proc is not None else None
-        log.warning("probe worker %s exited (%s): starting it again", worker_name(index), code)
-        self.restarts += 1
-        self._spawn(index)
 
-    def _take(self, index: int, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == "flips":
-            self.on_flips(message[1])
-        elif kind == "observed":
+    def _take(self, index: int, message: object) -> None:
+        m = expect(message, Flips, Observations, Failures, Totals)
+        if isinstance(m, Flips):
+            self.on_flips(m.decided)
+        elif isinstance(m, Observations):
             if self.on_observed is not None:
-                self.on_observed(message[1])
-        elif kind == "failed":
+                self.on_observed(m.items)
+        elif isinstance(m, Failures):
             failure_log = self.failure_log
-            for path, description in message[1]:
+            for path, description in m.lines:
                 failure_log.failed(path, description)
-            failure_log.suppressed += message[2]
-        elif kind == "stats":
-            self._reports[index] = message[1]
-            total = Report()
-            for report in (self._base, *self._reports.values()):
-                total.add(report)
-            self.on_report(total)
+            failure_log.suppressed += m.left_out
+        elif isinstance(m, Totals):
+            self._totals[index] = m.totals
+
+    def totals(self) -> ProbeTotals:
+        total = ProbeTotals()
+        for report in (self._base, *self._totals.values()):
+            total.add(report)
+        return total
 
     def pids(self) -> list[int]:
-        return [p.pid for p in self.procs if p is not None]
+        return self.supervisor.pids()
 
     async def close(self) -> None:
-        self._closing = True
-        for i, conn in enumerate(self.conns):
-            if conn is not None:
-                with contextlib.suppress(Exception):
-                    conn.close()  # the worker sees the end of its pipe and exits
-                self.conns[i] = None
-        for proc in self.procs:
-            if proc is not None:
-                await asyncio.to_thread(proc.join, 2)
-                if proc.is_alive():
-                    proc.kill()
-                    await asyncio.to_thread(proc.join, 2)
+        if self._growing is not None:
+            self._growing.cancel()
+        await self.supervisor.close(grace=2.0)
 
 
-class WorkerProbing(HealthService):
-    """The embedded server's side: the engine, fed by the workers' flips."""
+class WorkerProbing:
+    """The embedded server's probe source: every endpoint probed by the
+    workers, their flips decided states for the serving engine's feed."""
 
     def __init__(
         self,
+        feed: Feed,
         workers: int,
         probe_settings: ProbeSettings | None = None,
         scheduler_settings: SchedulerSettings | None = None,
-        failure_log_rate: float = 0.0,
+        failure_log: FailureLogLimiter | None = None,
     ) -> None:
-        super().__init__(probe_settings, scheduler_settings, failure_log_rate=failure_log_rate)
+        self.feed = feed
+        self.base = workers
+        self.probe_settings = probe_settings or ProbeSettings()
         self.pool = ProbePool(
             workers,
-            probe_settings or ProbeSettings(),
+            self.probe_settings,
             scheduler_settings or SchedulerSettings(),
-            self._flips,
+            feed.states,
             self._states,
-            self.take_report,
-            self._observed,
-            failure_log=self.failure_log,
+            feed.observed,
+            failure_log=failure_log,
         )
-
-    def start(self) -> None:
-        self.pool.start()
 
     def _states(self, paths: Iterable[str] | None) -> dict[str, tuple[int, float]]:
         """The current states of every endpoint that has one (the pool
         probes every endpoint: a new path starts from UNKNOWN anyway)."""
         out: dict[str, tuple[int, float]] = {}
-        engine = self.engine
+        engine = self.feed.engine
         for bs in engine.backend_services():
             for ep in engine.endpoints(bs):
                 if ep.state is not HealthState.UNKNOWN:
-                    out[f"{bs}/endpoints/{endpoint_name(ep.ip, ep.port)}"] = (
-                        int(ep.state),
-                        ep.since,
-                    )
+                    out[endpoint_path(bs, ep.ip, ep.port)] = (int(ep.state), ep.since)
         return out
 
-    def _observed(self, items: list[tuple[str, Observed]]) -> None:
-        table = self.engine.table
-        for path, seen in items:
-            slot = table.slot_of_path(path)
-            if slot is not None:
-                table.set_observed(slot, seen)
+    def apply(self, world: Sequence[Resource], result: ApplyResult) -> None:
+        self.pool.world(world)
+        settings = self.probe_settings
+        held = sum(holds_connection(t, settings) for t in self.feed.engine.targets())
+        self.pool.hold(held, self.base)
 
-    def _flips(self, flips: Sequence[Flip]) -> None:
-        self.emit(apply_flips(self.engine.table, flips))
+    async def start(self) -> None:
+        await self.pool.start()
 
     async def close(self) -> None:
         await self.pool.close()
 
-    def apply(self, resources: Iterable[Resource]) -> ApplyResult:
-        world = list(resources)
-        result = self.engine.apply(world, self.clock())
-        self.pool.world(world)
-        self.emit(result.records)
-        return result
+    def totals(self) -> ProbeTotals:
+        return self.pool.totals()
 
     def pids(self) -> list[int]:
         return self.pool.pids()
 
-
-def apply_flips(table: EndpointTable, flips: Sequence[Flip]) -> list[Record]:
-    """The workers' flips set in an engine's endpoint table: its records."""
-    records: list[Record] = []
-    for path, state, since, reason, seen in flips:
-        slot = table.slot_of_path(path)
-        if slot is not None:
-            records += table.set_state(since, slot, HealthState[state], reason)
-            table.set_observed(slot, seen)  # (setting a state clears the runs)
-    return records
+    def vantages(self, endpoint_path: str) -> tuple[str, dict[str, dict[str, object]]] | None:
+        return None
 
 
 # ---------------------------------------------------------------------- the worker
 
 
-def worker_main(
-    down: Connection,
-    up: Connection,
-    index: int,
-    count: int,
-    probe_settings: ProbeSettings,
-    scheduler_settings: SchedulerSettings,
-    observe_every: int = 0,
-    failure_log_rate: float = 0.0,
-) -> None:
-    """A probe worker process: its shard of the endpoints, until the pipe closes."""
-    import uvloop
+class _Worker:
+    """A probe worker's state: its shard of the world, probed in-process."""
 
-    with contextlib.suppress(KeyboardInterrupt):
-        uvloop.run(
-            _worker(
-                down,
-                up,
-                index,
-                count,
-                probe_settings,
-                scheduler_settings,
-                observe_every,
-                failure_log_rate,
-            )
+    def __init__(self, setup: Setup, writer: asyncio.StreamWriter) -> None:
+        self.setup = setup
+        self.writer = writer
+        self.names = [worker_name(i) for i in range(setup.count)]
+        self.me = worker_name(setup.index)
+        self.engine = HealthEngine()
+        self.mine: dict[int, str] = {}  # slot -> endpoint path
+        self.given: list[frozenset[str] | None] = []  # what to probe, once told
+        self.failures: list[tuple[str, str]] = []
+        self.left_out = 0  # failures not sent (the limiter's count when last sent)
+        self.local = LocalProber(
+            self._results,
+            self.engine.endpoint_path,
+            setup.probe,
+            setup.scheduler,
+            FailureLogLimiter(0.0),  # (failures are sent to the owner, who logs them)
         )
+        self.failure_log = FailureLogLimiter(setup.failure_log_rate)
 
-
-async def _worker(
-    down: Connection,
-    up: Connection,
-    index: int,
-    count: int,
-    probe_settings: ProbeSettings,
-    scheduler_settings: SchedulerSettings,
-    observe_every: int,
-    failure_log_rate: float,
-) -> None:
-    me = worker_name(index)
-    names = [worker_name(i) for i in range(count)]
-    engine = HealthEngine()
-    mine: dict[int, str] = {}  # slot -> endpoint path
-    outbox: list[Flip] = []
-    done = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    probe_stats = ProbeStats()
-    failure_log = FailureLogLimiter(failure_log_rate)
-    failures: list[tuple[str, str]] = []
-    left_out = [0]  # failures not sent (the limiter's count when last sent)
-
-    def sink(_t: float, results: list[tuple[Hashable, ProbeResult]]) -> None:
-        probe_stats.observe(results)
+    def _results(self, now: float, results: Sequence[tuple[int, ProbeResult]]) -> None:
+        failure_log = self.failure_log
         if failure_log.rate:
             for key, result in results:
                 if result.outcome is not Outcome.OK and failure_log.allow():
-                    failures.append((engine.endpoint_path(cast(int, key)), result.describe()))
-            if failures:
-                with contextlib.suppress(OSError):  # (the owner is gone: seen below)
-                    up.send(("failed", list(failures), failure_log.suppressed - left_out[0]))
-                left_out[0] = failure_log.suppressed
-                failures.clear()
-        records = engine.on_results(time.time(), cast("list[tuple[int, ProbeResult]]", results))
-        table = engine.table
+                    self.failures.append((self.engine.endpoint_path(key), result.describe()))
+            if self.failures:
+                self._send(Failures(list(self.failures), failure_log.suppressed - self.left_out))
+                self.left_out = failure_log.suppressed
+                self.failures.clear()
+        records = self.engine.on_results(now, results)
+        table = self.engine.table
+        flips = []
         for r in records:
             if isinstance(r, Transition) and r.kind == "Endpoint":
                 slot = table.slot_of_path(r.path)
                 if slot is not None:
-                    outbox.append((r.path, r.current.name, r.time, r.reason, table.observed(slot)))
-        if outbox:
-            try:
-                up.send(("flips", list(outbox)))
-            except OSError:
-                done.set()
-            outbox.clear()
+                    flips.append(Decided(r.path, r.current, r.time, r.reason, table.observed(slot)))
+        if flips:
+            self._send(Flips(flips))
 
-    prober = Prober(probe_settings)
-    scheduler = ProbeScheduler(prober, sink, scheduler_settings, batch=BatchProber(probe_settings))
+    def _send(self, message: FromWorker) -> None:
+        write(self.writer, message)
 
-    given: list[frozenset[str] | None] = []  # what to probe, once told (None: everything)
-
-    def place(states: dict[str, tuple[int, float]], changed: set[int]) -> None:
+    def place(self, states: dict[str, tuple[int, float]], changed: set[int]) -> None:
         """Probe the given endpoints of this worker's shard; stop the rest."""
-        if not given:
-            return  # (the first "assign" follows the world at once)
-        paths = given[0]
+        if not self.given:
+            return  # (the first Assign follows the world at once)
+        paths = self.given[0]
+        scheduler = self.local.scheduler
+        table = self.engine.table
         seen = set()
-        for t in engine.targets():
-            path = f"{t.backend_service}/endpoints/{endpoint_name(t.ip, t.port)}"
-            if (paths is not None and path not in paths) or rendezvous(path, names) != me:
+        for t in self.engine.targets():
+            path = endpoint_path(t.backend_service, t.ip, t.port)
+            if (paths is not None and path not in paths) or rendezvous(path, self.names) != self.me:
                 continue
             seen.add(t.slot)
-            if t.slot not in mine:
+            if t.slot not in self.mine:
                 resumed = states.get(path)
                 if resumed is not None:  # a worker started again, a share moved: go on from there
-                    engine.table.set_state(resumed[1], t.slot, HealthState(resumed[0]), "resumed")
+                    table.set_state(resumed[1], t.slot, HealthState(resumed[0]), "resumed")
                 else:  # not a state left from an earlier time this worker probed it
-                    engine.table.set_state(time.time(), t.slot, HealthState.UNKNOWN, "assigned")
-                mine[t.slot] = path
-                scheduler.upsert(t.slot, HealthService.spec_of(t))
+                    table.set_state(time.time(), t.slot, HealthState.UNKNOWN, "assigned")
+                self.mine[t.slot] = path
+                scheduler.upsert(t.slot, spec_of(t))
             elif t.slot in changed:
-                scheduler.upsert(t.slot, HealthService.spec_of(t))
-        for slot in [s for s in mine if s not in seen]:
-            del mine[slot]
+                scheduler.upsert(t.slot, spec_of(t))
+        for slot in [s for s in self.mine if s not in seen]:
+            del self.mine[slot]
             scheduler.remove(slot)
 
-    def world(resources: list[Resource]) -> None:
-        result = engine.apply(resources, time.time())
+    def world(self, resources: list[Resource]) -> None:
+        result = self.engine.apply(resources, time.time())
+        scheduler = self.local.scheduler
         for slot in result.removed:
             scheduler.remove(slot)
-            mine.pop(slot, None)
-        place({}, {t.slot for t in result.changed})
+            self.mine.pop(slot, None)
+        self.place({}, {t.slot for t in result.changed})
         # the world's objects live as long as it does: out of the collector's
         # sight, a full collection of a large one would stall probes by tens of
         # ms (unfrozen first, so that the last world's cycles are collected)
@@ -476,65 +470,73 @@ async def _worker(
         gc.collect()
         gc.freeze()
 
-    def assign(paths: frozenset[str] | None, states: dict[str, tuple[int, float]]) -> None:
-        given[:] = [paths]
-        place(states, set())
+    def assign(self, paths: frozenset[str] | None, states: dict[str, tuple[int, float]]) -> None:
+        self.given[:] = [paths]
+        self.place(states, set())
 
-    def read() -> None:
-        """A thread: the owner's messages, handed to the loop."""
-        try:
-            while True:
-                message = down.recv()
-                if message[0] == "world":
-                    loop.call_soon_threadsafe(world, message[1])
-                elif message[0] == "assign":
-                    loop.call_soon_threadsafe(assign, message[1], message[2])
-        except (EOFError, OSError):
-            # the owner is gone (or stopping): so is this worker
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(done.set)
+    def shards(self, count: int, states: dict[str, tuple[int, float]]) -> None:
+        self.names = [worker_name(i) for i in range(count)]
+        self.place(states, set())
 
-    threading.Thread(target=read, name="from-serve", daemon=True).start()
-    scheduler.start()
-
-    async def report() -> None:
+    async def report(self) -> None:
+        """Totals every second; observations of (part of) the shard too."""
         seconds = 0
+        every_seconds = self.setup.observe_every
         while True:
             await asyncio.sleep(1.0)
             seconds += 1
-            s = scheduler.stats
-            report = Report(
-                s.started,
-                s.late_starts,
-                s.finished,
-                prober.tls_handshakes,
-                prober.tls_resumed,
-                probe_stats.buckets,
-                probe_stats.sums,
-            )
-            try:
-                up.send(("stats", report))
-                if failure_log.suppressed > left_out[0]:
-                    up.send(("failed", [], failure_log.suppressed - left_out[0]))
-                    left_out[0] = failure_log.suppressed
-                if observe_every:
-                    # a small shard whole every second; a large one a tenth
-                    # (say) of it a second, not all at once
-                    every = observe_every if len(mine) > OBSERVE_WHOLE else 1
-                    part = seconds % every
-                    table = engine.table
-                    up.send(
-                        (
-                            "observed",
-                            [(p, table.observed(s)) for s, p in mine.items() if s % every == part],
-                        )
+            self._send(Totals(self.local.totals()))
+            suppressed = self.failure_log.suppressed
+            if suppressed > self.left_out:
+                self._send(Failures([], suppressed - self.left_out))
+                self.left_out = suppressed
+            if every_seconds:
+                # a small shard whole every second; a large one a tenth
+                # (say) of it a second, not all at once
+                every = every_seconds if len(self.mine) > OBSERVE_WHOLE else 1
+                part = seconds % every
+                table = self.engine.table
+                self._send(
+                    Observations(
+                        [(p, table.observed(s)) for s, p in self.mine.items() if s % every == part]
                     )
-            except OSError:
-                done.set()
-                return
+                )
 
-    reporter = asyncio.create_task(report())
-    await done.wait()
-    reporter.cancel()
-    await scheduler.close()
-    os._exit(0)
+
+async def run_worker() -> None:
+    """A probe worker process: its shard of the endpoints, until its stdin ends."""
+    reader, writer = await stdio_streams()
+    setup = expect(await read_frame(reader), Setup)
+    if setup is None:
+        return
+    worker = _Worker(setup, writer)
+    worker.local.start()
+    reporter = asyncio.create_task(worker.report())
+    try:
+        while (message := await read_frame(reader)) is not None:
+            m = expect(message, World, Assign, Shards)
+            if isinstance(m, World):
+                worker.world(m.resources)
+            elif isinstance(m, Assign):
+                worker.assign(m.paths, m.states)
+            elif isinstance(m, Shards):
+                worker.shards(m.count, m.states)
+    finally:
+        reporter.cancel()
+        await asyncio.gather(reporter, return_exceptions=True)
+        await worker.local.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+
+
+def worker_main(index: int, level: str) -> None:
+    """A probe worker process (process/run.py starts it)."""
+    import uvloop
+
+    logging.basicConfig(
+        level=level.upper(),
+        format=f"%(asctime)s probe-worker[{index}] %(levelname)s %(name)s: %(message)s",
+    )
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the serving process decides when we stop
+    raise_open_file_limit()
+    uvloop.run(run_worker())

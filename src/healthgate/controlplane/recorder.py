@@ -24,7 +24,7 @@ from typing import Any
 
 from healthgate.controlplane.saved_states import encode_record_states
 from healthgate.health.states import Record, timestamp
-from healthgate.store.base import NotLeader, Store, StoreError
+from healthgate.store.base import Guard, NotLeader, Store, StoreError
 
 log = logging.getLogger("healthgate.recorder")
 transition_log = logging.getLogger("healthgate.transitions")
@@ -59,15 +59,20 @@ class TransitionRecorder:
         self.counts: dict[tuple[str, str], int] = {}
         self.last_id = 0
         self._since_trim = 0
-        # cluster mode: only the elected leader persists (persist), and every
-        # node's subscribers are fed from the stored log instead of from the
-        # writes (broadcast_writes off; cluster/node.py calls publish)
+        # cluster mode: only the elected leader persists (persist), each of
+        # its writes guarded by its election (guard: cluster/election.py),
+        # and every node's subscribers are fed from the stored log instead
+        # of from the writes (broadcast_writes off; cluster/node.py calls publish)
         self.persist = True
+        self.guard: Guard | None = None
         self.broadcast_writes = True
         # records a non-leader computed and has not seen in the stored log
         # yet: written by this node if it is elected before they appear
-        # (every node computes the same records, with the same times)
+        # (every node computes the same records, with the same times) - and
+        # the records seen in the log lately, so that one this node computes
+        # only after seeing it there is not taken for unwritten
         self._unconfirmed: dict[tuple[str, str, float], dict[str, Any]] = {}
+        self._confirmed: dict[tuple[str, str, float], None] = {}
 
     # -- inputs (called on the event loop, never block)
 
@@ -82,9 +87,10 @@ class TransitionRecorder:
         if not self.persist:
             if not self.broadcast_writes:  # a cluster node
                 for d in dicts:
-                    self._unconfirmed[_identity(d)] = d
-                while len(self._unconfirmed) > 10_000:
-                    del self._unconfirmed[next(iter(self._unconfirmed))]
+                    identity = _identity(d)
+                    if identity not in self._confirmed:
+                        self._unconfirmed[identity] = d
+                _bound(self._unconfirmed)
             return
         self._pending.extend(dicts)
         self._pending_states.update(encode_record_states(records))
@@ -93,14 +99,17 @@ class TransitionRecorder:
     def stop_persisting(self) -> None:
         """This node is no longer the leader: what is pending is not its to write."""
         self.persist = False
+        self.guard = None
         self._pending.clear()
         self._pending_states.clear()
         self._pending_deletes.clear()
 
-    def take_over(self, horizon: float) -> int:
-        """This node was elected: write what it computed since ``horizon``
-        (a time) that no leader wrote. Returns how many."""
+    def take_over(self, guard: Guard, horizon: float) -> int:
+        """This node was elected (``guard`` goes with each of its writes):
+        write what it computed since ``horizon`` (a time) that no leader
+        wrote. Returns how many."""
         self.persist = True
+        self.guard = guard
         missed = [d for d in self._unconfirmed.values() if float(d["time"]) >= horizon]
         self._unconfirmed.clear()
         missed.sort(key=lambda d: float(d["time"]))
@@ -176,9 +185,10 @@ class TransitionRecorder:
     def _write(
         self, batch: list[dict[str, Any]], states: dict[str, Any], deletes: list[str]
     ) -> list[int]:
-        ids: list[int] = list(self.store.append_log(batch)) if batch else []
+        guard = self.guard
+        ids: list[int] = list(self.store.append_log(batch, guard)) if batch else []
         if states or deletes:
-            self.store.save_states(states, deletes)
+            self.store.save_states(states, deletes, guard)
         if ids:
             self.last_id = ids[-1]
         self._since_trim += len(batch)
@@ -213,7 +223,10 @@ class TransitionRecorder:
     def publish(self, event: Event) -> None:
         """A stored transition, read back from the log (cluster mode), to every subscriber."""
         self.last_id = max(self.last_id, event[0])
-        self._unconfirmed.pop(_identity(event[1]), None)
+        identity = _identity(event[1])
+        self._unconfirmed.pop(identity, None)
+        self._confirmed[identity] = None
+        _bound(self._confirmed)
         self._broadcast(event)
 
     def _broadcast(self, event: Event) -> None:
@@ -226,6 +239,12 @@ class TransitionRecorder:
                 while not queue.empty():
                     queue.get_nowait()
                 queue.put_nowait(None)
+
+
+def _bound(d: dict[Any, Any], most: int = 10_000) -> None:
+    """Keep the newest ``most`` entries of an insertion-ordered dict."""
+    while len(d) > most:
+        del d[next(iter(d))]
 
 
 def _identity(record: dict[str, Any]) -> tuple[str, str, float]:

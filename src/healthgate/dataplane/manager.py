@@ -43,8 +43,9 @@ from healthgate.dataplane.http import HttpProxy, HttpSettings, UpstreamPool
 from healthgate.dataplane.tcp import Address, TcpProxy
 from healthgate.dataplane.udp import UdpListener
 from healthgate.health.engine import EndpointKey, RouteTable
+from healthgate.model.lookups import published_rule
 from healthgate.model.names import ResourcePath
-from healthgate.model.resources import BackendService, ForwardingRule, Resource, ServiceAttachment
+from healthgate.model.resources import BackendService, ForwardingRule, Resource
 
 log = logging.getLogger("healthgate.dataplane")
 
@@ -419,14 +420,11 @@ class DataPlane:
 
     def rule_of_attachment(self, attachment: str) -> Target | None:
         """(producer forwarding-rule path, its address) of a service attachment."""
-        sa = self._resources.get(ResourcePath.parse(attachment))
-        if not isinstance(sa, ServiceAttachment):
+        found = published_rule(self._resources, attachment)
+        if found is None:
             return None
-        fr_path = sa.ref("target_service")
-        fr = self._resources.get(fr_path) if fr_path else None
-        if not isinstance(fr, ForwardingRule):
-            return None
-        return Target(str(fr_path), (fr.ip_address, fr.port_list()[0]))
+        path, fr = found
+        return Target(str(path), (fr.ip_address, fr.port_list()[0]))
 
     def producer_upstreams(self, frontend: str, n: int = 3) -> list[Address]:
         """Up to ``n`` endpoints of a producer rule's backend service, HEALTHY

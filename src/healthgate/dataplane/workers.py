@@ -1,29 +1,32 @@
 """Listeners in worker processes: every core serves traffic.
 
 With ``serve --dataplane-workers N`` the serving process opens no listener
-itself. It starts N worker processes (``python -m healthgate.dataplane.workers``);
+itself. It starts N worker processes (process/run.py runs this module's ``worker_main``);
 each opens *every* listener with ``SO_REUSEPORT``, so the kernel spreads new
 connections (and UDP flows) over them, and each runs the same
 :class:`~healthgate.dataplane.manager.DataPlane` as the serving process would,
 over a snapshot of health instead of the engine.
 
-The serving process is the only source of truth. It sends each worker, over
-the worker's stdin (length-prefixed pickles; both ends are this program):
+The serving process is the only source of truth. It sends each worker
+typed messages over the worker's stdin (process/frames.py; the workers are
+supervised by process/supervisor.py, as the probe workers are):
 
-* ``settings`` once, then ``resources`` whenever they change (the listeners
+* ``Setup`` once, then ``Resources`` whenever they change (the listeners
   follow, as in-process);
-* ``health``: the route table and, for every backend service behind a producer
-  rule, its HEALTHY and all endpoints - after every batch of transitions,
-  sent at once (a burst within one event-loop turn: once more at its end),
-  and only when something the listeners read has changed.
+* ``Health``: the route table and, for every backend service behind a
+  producer rule, its HEALTHY and all endpoints - after every batch of
+  transitions, sent at once (a burst within one event-loop turn: once more
+  at its end), and only when something the listeners read has changed.
 
-Each worker reports its listeners' counters and its propagation histogram on
-its stdout once a second; the serving process adds them up for ``/metrics``
-and the forwarding rules' ``status.listener``. A worker whose stdin closes
-(the serving process is gone) closes its listeners and exits, so no worker
-outlives it; a worker that dies is started again after a second, and gets the
-current resources and health first. Propagation to a worker costs one pipe
-write and a wake-up (well under a millisecond here).
+Each worker reports its listeners' counters and its propagation histogram
+(``Stats``) on its stdout once a second; the serving process adds them up
+for ``/metrics`` and the forwarding rules' ``status.listener``. A worker
+whose stdin closes (the serving process stops, or is gone) closes its
+listeners - open connections get the grace the serving process was given -
+and exits, so no worker outlives it; a worker that dies is started again
+(with a backoff), and gets the current resources and health first.
+Propagation to a worker costs one pipe write and a wake-up (well under a
+millisecond here).
 """
 
 from __future__ import annotations
@@ -31,11 +34,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import pickle
-import struct
-import sys
+import signal
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, Metric
@@ -44,80 +45,105 @@ from healthgate.dataplane.manager import PROPAGATION_BUCKETS, DataPlane, DataPla
 from healthgate.health.engine import EndpointKey, HealthEngine, RouteTable
 from healthgate.model.names import ResourcePath
 from healthgate.model.resources import ForwardingRule, Resource
+from healthgate.process.frames import expect, read_frame, stdio_streams, write
+from healthgate.process.limits import raise_open_file_limit
+from healthgate.process.supervisor import Supervisor
 
 log = logging.getLogger("healthgate.dataplane")
 
-_LEN = struct.Struct("!I")
-RESTART_DELAY = 1.0
 STATS_INTERVAL = 1.0
+MODULE = "healthgate.dataplane.workers"
+
+BackendEndpoints = dict[ResourcePath, tuple[tuple[EndpointKey, ...], ...]]
 
 
-def _frame(message: tuple[Any, ...]) -> bytes:
-    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return _LEN.pack(len(body)) + body
+# ---------------------------------------------------------------- messages
 
 
-async def _read_frame(reader: asyncio.StreamReader) -> tuple[Any, ...] | None:
-    try:
-        size = _LEN.unpack(await reader.readexactly(_LEN.size))[0]
-        message: tuple[Any, ...] = pickle.loads(await reader.readexactly(size))
-    except asyncio.IncompleteReadError:
-        return None
-    return message
+@dataclass(frozen=True, slots=True)
+class Setup:
+    settings: DataPlaneSettings
+    grace: float  # on stop, open connections get this long
 
 
-def health_snapshot(
-    engine: HealthEngine, resources: Mapping[ResourcePath, Resource]
-) -> tuple[int, dict[str, Any], float, dict[ResourcePath, tuple[tuple[EndpointKey, ...], ...]]]:
+@dataclass(frozen=True, slots=True)
+class Resources:
+    resources: dict[ResourcePath, Resource]
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """What a worker's listeners read of health (see :func:`health_snapshot`)."""
+
+    version: int
+    routes: dict[str, Any]
+    published: float
+    endpoints: BackendEndpoints
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    status: dict[str, dict[str, object]]
+    propagation: list[int]
+    propagation_sum: float
+
+
+def health_snapshot(engine: HealthEngine, resources: Mapping[ResourcePath, Resource]) -> Health:
     """What a worker's listeners read of health, in a form that pickles."""
     table = engine.route_table()
-    endpoints: dict[ResourcePath, tuple[tuple[EndpointKey, ...], ...]] = {}
+    endpoints: BackendEndpoints = {}
     for res in resources.values():
         if isinstance(res, ForwardingRule) and not res.is_global:
             bs = res.ref("backend_service")
             if bs is not None and bs not in endpoints:
                 endpoints[bs] = (engine.healthy_endpoints(bs), engine.all_endpoints(bs))
-    return table.version, dict(table.routes), table.published, endpoints
+    return Health(table.version, dict(table.routes), table.published, endpoints)
 
 
 # ---------------------------------------------------------------- serving side
 
 
-class _Worker:
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.proc: asyncio.subprocess.Process | None = None
+class _Counts:
+    def __init__(self) -> None:
         self.stats: dict[str, dict[str, object]] = {}
         self.propagation = [0] * (len(PROPAGATION_BUCKETS) + 1)
         self.propagation_sum = 0.0
         self.connections = 0
-        self.tasks: list[asyncio.Task[None]] = []
 
 
 class WorkerPool:
     """The serving process's side: starts the workers and feeds them. Offers
     what the server uses of an in-process :class:`DataPlane`."""
 
-    def __init__(self, engine: HealthEngine, settings: DataPlaneSettings) -> None:
+    def __init__(
+        self, engine: HealthEngine, settings: DataPlaneSettings, grace: float = 2.0
+    ) -> None:
         self.engine = engine
         self.settings = settings
-        self.workers = [_Worker(i) for i in range(settings.workers)]
+        self.grace = grace
+        self.counts = [_Counts() for _ in range(settings.workers)]
         self._resources: Mapping[ResourcePath, Resource] = {}
-        self._last_health: Any = None
+        self._last_health: Health | None = None
         self._publish_pending = False
         self._publish_dirty = False
-        self._closing = False
+        self.supervisor = Supervisor(
+            "data-plane worker", MODULE, settings.workers, self._take, self._greeting
+        )
+
+    def _greeting(self, index: int) -> list[object]:
+        return [
+            Setup(self.settings, self.grace),
+            Resources(dict(self._resources)),
+            health_snapshot(self.engine, self._resources),
+        ]
 
     # -- what the server calls
     async def start(self) -> None:
-        for worker in self.workers:
-            await self._spawn(worker)
+        await self.supervisor.start()
 
     async def sync(self, resources: Mapping[ResourcePath, Resource]) -> None:
         self._resources = resources
-        frame = _frame(("resources", dict(resources)))
-        for worker in self.workers:
-            self._send(worker, frame)
+        self.supervisor.broadcast(Resources(dict(resources)))
         self._last_health = None
         self.publish_health()
 
@@ -148,42 +174,33 @@ class WorkerPool:
         if snapshot == self._last_health:
             return
         self._last_health = snapshot
-        frame = _frame(("health", *snapshot))
-        for worker in self.workers:
-            self._send(worker, frame)
-
-    def _send(self, worker: _Worker, frame: bytes) -> None:
-        proc = worker.proc
-        if proc is not None and proc.stdin is not None and not proc.stdin.is_closing():
-            proc.stdin.write(frame)
+        self.supervisor.broadcast(snapshot)
 
     async def close(self, grace: float = 0.0) -> None:
-        self._closing = True
-        for worker in self.workers:
-            proc = worker.proc
-            if proc is None:
-                continue
-            if proc.stdin is not None:
-                proc.stdin.close()  # the worker closes its listeners and exits
-            try:
-                async with asyncio.timeout(grace + 5):
-                    await proc.wait()
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-        for worker in self.workers:
-            for task in worker.tasks:
-                task.cancel()
-            await asyncio.gather(*worker.tasks, return_exceptions=True)
+        await self.supervisor.close(grace + 5.0)
+
+    def _take(self, index: int, message: object) -> None:
+        m = expect(message, Stats)
+        if m is None:
+            return
+        c = self.counts[index]
+        c.stats, c.propagation, c.propagation_sum = m.status, m.propagation, m.propagation_sum
+        c.connections = sum(
+            int(s.get("connections", 0))  # type: ignore[call-overload]
+            for s in c.stats.values()
+        )
+
+    def pids(self) -> list[int]:
+        return self.supervisor.pids()
 
     # -- what /metrics and the API read
     @property
     def propagation(self) -> list[int]:
-        return [sum(col) for col in zip(*(w.propagation for w in self.workers), strict=True)]
+        return [sum(col) for col in zip(*(c.propagation for c in self.counts), strict=True)]
 
     @property
     def propagation_sum(self) -> float:
-        return sum(w.propagation_sum for w in self.workers)
+        return sum(c.propagation_sum for c in self.counts)
 
     def listener_stats(self) -> dict[str, dict[str, int]]:
         """The counters of :meth:`status`, summed over the workers."""
@@ -196,8 +213,8 @@ class WorkerPool:
 
     def status(self) -> dict[str, dict[str, object]]:
         out: dict[str, dict[str, object]] = {}
-        for worker in self.workers:
-            for path, status in worker.stats.items():
+        for c in self.counts:
+            for path, status in c.stats.items():
                 merged = out.setdefault(path, {})
                 for key, value in status.items():
                     if isinstance(value, int) and not isinstance(value, bool):
@@ -214,44 +231,9 @@ class WorkerPool:
             "Connections accepted per data-plane worker",
             labels=["worker"],
         )
-        for w in self.workers:
-            family.add_metric([str(w.index)], w.connections)
+        for i, c in enumerate(self.counts):
+            family.add_metric([str(i)], c.connections)
         yield family
-
-    # -- processes
-    async def _spawn(self, worker: _Worker) -> None:
-        worker.proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "healthgate.dataplane.workers",
-            str(worker.index),
-            logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower(),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        self._send(worker, _frame(("settings", self.settings)))
-        self._send(worker, _frame(("resources", dict(self._resources))))
-        self._send(worker, _frame(("health", *health_snapshot(self.engine, self._resources))))
-        worker.tasks = [t for t in worker.tasks if not t.done()]
-        worker.tasks.append(asyncio.create_task(self._watch(worker, worker.proc)))
-        log.info("data-plane worker %d started (pid %d)", worker.index, worker.proc.pid)
-
-    async def _watch(self, worker: _Worker, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stdout is not None
-        while (message := await _read_frame(proc.stdout)) is not None:
-            if message[0] == "stats":
-                _, worker.stats, worker.propagation, worker.propagation_sum = message
-                worker.connections = sum(
-                    int(s.get("connections", 0))  # type: ignore[call-overload]
-                    for s in worker.stats.values()
-                )
-        code = await proc.wait()
-        if self._closing:
-            return
-        log.error("data-plane worker %d exited (%s); starting it again", worker.index, code)
-        await asyncio.sleep(RESTART_DELAY)
-        if not self._closing:
-            await self._spawn(worker)
 
 
 # ---------------------------------------------------------------- worker side
@@ -262,7 +244,7 @@ class HealthSnapshot:
 
     def __init__(self) -> None:
         self.table = RouteTable(0, {})
-        self.endpoints: dict[ResourcePath, tuple[tuple[EndpointKey, ...], ...]] = {}
+        self.endpoints: BackendEndpoints = {}
         self.generation = 0  # one per snapshot received
 
     def route_table(self) -> RouteTable:
@@ -278,62 +260,53 @@ class HealthSnapshot:
 
 
 async def run_worker(index: int) -> None:
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    w_transport, w_protocol = await loop.connect_write_pipe(
-        asyncio.streams.FlowControlMixin, os.fdopen(sys.stdout.fileno(), "wb", buffering=0)
-    )
-    writer = asyncio.StreamWriter(w_transport, w_protocol, None, loop)
+    reader, writer = await stdio_streams()
     view = HealthSnapshot()
-    first = await _read_frame(reader)
-    if first is None or first[0] != "settings":
+    setup = expect(await read_frame(reader), Setup)
+    if setup is None:
         return
-    settings: DataPlaneSettings = first[1]
-    dp = DataPlane(view, settings)
+    dp = DataPlane(view, setup.settings)
+
+    def stats() -> Stats:
+        return Stats(dp.status(), dp.propagation, dp.propagation_sum)
 
     async def report() -> None:
         while True:
             await asyncio.sleep(STATS_INTERVAL)
-            writer.write(_frame(("stats", dp.status(), dp.propagation, dp.propagation_sum)))
+            write(writer, stats())
 
-    reporter = loop.create_task(report())
+    reporter = asyncio.get_running_loop().create_task(report())
     try:
-        while (message := await _read_frame(reader)) is not None:
-            if message[0] == "resources":
-                await dp.sync(message[1])
-            elif message[0] == "health":
-                _, version, routes, published, endpoints = message
+        while (message := await read_frame(reader)) is not None:
+            m = expect(message, Resources, Health)
+            if isinstance(m, Resources):
+                await dp.sync(m.resources)
+            elif isinstance(m, Health):
                 before = view.table.routes
-                view.table = RouteTable(version, routes, published)
-                view.endpoints = endpoints
+                view.table = RouteTable(m.version, m.routes, m.published)
+                view.endpoints = m.endpoints
                 view.generation += 1
-                changed = [f for f, r in routes.items() if before.get(f) != r]
+                changed = [f for f, r in m.routes.items() if before.get(f) != r]
                 if changed:
                     dp.routes_changed(changed)
     finally:
         reporter.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reporter
-        writer.write(_frame(("stats", dp.status(), dp.propagation, dp.propagation_sum)))
+        await asyncio.gather(reporter, return_exceptions=True)
+        await dp.close(setup.grace)
+        write(writer, stats())
         with contextlib.suppress(ConnectionError):
             await writer.drain()
-        await dp.close()
         log.info("data-plane worker %d stopped", index)
 
 
-def main() -> None:
-    import signal
-
+def worker_main(index: int, level: str) -> None:
+    """A data-plane worker process (process/run.py starts it)."""
     import uvloop
 
     logging.basicConfig(
-        level=sys.argv[2].upper() if len(sys.argv) > 2 else "INFO",
-        format=f"%(asctime)s worker[{sys.argv[1]}] %(levelname)s %(name)s: %(message)s",
+        level=level.upper(),
+        format=f"%(asctime)s worker[{index}] %(levelname)s %(name)s: %(message)s",
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the serving process decides when we stop
-    uvloop.run(run_worker(int(sys.argv[1])))
-
-
-if __name__ == "__main__":
-    main()
+    raise_open_file_limit()
+    uvloop.run(run_worker(index))

@@ -28,10 +28,14 @@ from healthgate.health.types import (
     EndpointKey,
     EndpointStatus,
     ProbeTarget,
-    endpoint_name,
-    parse_endpoint_name,
 )
-from healthgate.model.names import ResourcePath
+from healthgate.model.names import (
+    ResourcePath,
+    endpoint_name,
+    endpoint_path,
+    parse_endpoint_name,
+    split_endpoint_path,
+)
 from healthgate.model.resources import (
     BackendService,
     HealthCheck,
@@ -245,7 +249,7 @@ class EndpointTable:
         p = agg.path
         name = endpoint_name(*key)
         return Transition(
-            now, p.project, p.region, "Endpoint", name, f"{p}/endpoints/{name}", old, new, reason
+            now, p.project, p.region, "Endpoint", name, endpoint_path(p, *key), old, new, reason
         )
 
     # ------------------------------------------------------------------ resources
@@ -324,7 +328,7 @@ class EndpointTable:
             slot = agg.slots.pop(key)
             self._free_slot(agg, slot)
             result.removed.append(slot)
-            result.removed_paths.append(f"{path}/endpoints/{endpoint_name(*key)}")
+            result.removed_paths.append(endpoint_path(path, *key))
         enabled = check.enabled
         toggled = old_check is not None and old_check.enabled != enabled
         if toggled:
@@ -381,7 +385,7 @@ class EndpointTable:
         for key, slot in agg.slots.items():
             self._free_slot(agg, slot)
             result.removed.append(slot)
-            result.removed_paths.append(f"{path}/endpoints/{endpoint_name(*key)}")
+            result.removed_paths.append(endpoint_path(path, *key))
         self._aggs[agg_id] = None
         self._free_aggs.append(agg_id)
 
@@ -457,7 +461,7 @@ class EndpointTable:
     def slot_of_path(self, path: str) -> int | None:
         """The slot of an endpoint path (``<backend service>/endpoints/<ip:port>``);
         None when there is no such endpoint or the path does not parse."""
-        bs_text, _, name = path.rpartition("/endpoints/")
+        bs_text, name = split_endpoint_path(path)
         try:
             ip, port = parse_endpoint_name(name)
             return self.slot_of(ResourcePath.parse(bs_text), ip, port)
@@ -469,7 +473,7 @@ class EndpointTable:
         agg = self._aggs[self._agg[slot]]
         if key is None or agg is None:
             return f"(free slot {slot})"
-        return f"{agg.path}/endpoints/{endpoint_name(*key)}"
+        return endpoint_path(agg.path, *key)
 
     def last_probe_ok(self, backend_service: ResourcePath) -> list[tuple[EndpointKey, bool]]:
         """(endpoint, did its last probe succeed) for every endpoint probed at

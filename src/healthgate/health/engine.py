@@ -35,10 +35,8 @@ from healthgate.health.types import (
     ProbeTarget,
     Route,
     RouteTable,
-    endpoint_name,
-    parse_endpoint_name,
 )
-from healthgate.model.names import ResourcePath
+from healthgate.model.names import ResourcePath, endpoint_name, parse_endpoint_name
 from healthgate.model.resources import Resource
 
 __all__ = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import IntEnum
@@ -32,7 +33,9 @@ class Outcome(IntEnum):
     TLS = 5
     MALFORMED = 6
     ERROR = 7  # any other socket error
-    SUSPECT = 8  # taken while the prober itself lagged: counts as no result at all
+    # taken while the prober itself lagged, or not taken at all (the prober
+    # had no file descriptor left): counts as no result at all
+    SUSPECT = 8
     NOT_CHECKED = 9  # health check disabled
 
 
@@ -64,11 +67,26 @@ class ProbeResult(NamedTuple):
             case Outcome.MALFORMED:
                 return "malformed response" + (f": {self.detail}" if self.detail else "")
             case Outcome.SUSPECT:
-                return "result discarded: the prober was overloaded"
+                return f"no result: {self.detail or 'the prober was overloaded'}"
             case Outcome.NOT_CHECKED:
                 return "not checked (health check disabled)"
             case _:
                 return "error" + (f": {self.detail}" if self.detail else "")
+
+
+# the detail of a probe the prober could not make for want of a descriptor (EMFILE)
+NO_DESCRIPTOR = "the prober had no file descriptor left (its open-file limit)"
+_OWN_LIMITS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+def local_failure(exc: OSError, latency: float) -> ProbeResult | None:
+    """A probe that failed for want of the prober's own resources (file
+    descriptors, buffers): no result at all, never a failure of the
+    endpoint - a prober out of descriptors must not fail a region over.
+    None when the error is not one of those."""
+    if exc.errno in _OWN_LIMITS:
+        return ProbeResult(Outcome.SUSPECT, latency, 0, NO_DESCRIPTOR)
+    return None
 
 
 def timestamp(t: float) -> str:

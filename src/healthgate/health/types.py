@@ -78,20 +78,3 @@ class ApplyResult:
     removed: list[int] = field(default_factory=list)  # slots no longer probed
     removed_paths: list[str] = field(default_factory=list)  # their endpoint paths
     changed: list[ProbeTarget] = field(default_factory=list)  # same slot, new check
-
-
-def endpoint_name(ip: str, port: int | None) -> str:
-    """``ip:port``, ``[v6]:port`` or the bare address; see :func:`parse_endpoint_name`."""
-    if port is None:
-        return ip
-    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
-
-
-def parse_endpoint_name(name: str) -> EndpointKey:
-    if name.startswith("["):
-        ip, _, port = name[1:].partition("]:")
-        return ip, int(port)
-    if name.count(":") == 1:
-        ip, _, port = name.partition(":")
-        return ip, int(port)
-    return name, None

@@ -44,7 +44,7 @@ import dns.rdatatype
 import dns.rrset
 
 from healthgate.health.engine import HealthEngine
-from healthgate.integrations.haproxy import producer_address
+from healthgate.model.lookups import published_address
 from healthgate.model.names import ResourcePath
 from healthgate.model.resources import ForwardingRule, Resource
 
@@ -79,7 +79,7 @@ class DnsDirectory:
         addresses = {}
         for path in resources:
             if path.collection == "serviceAttachments":
-                address = producer_address(resources, str(path))
+                address = published_address(resources, str(path))
                 if address is not None:
                     addresses[str(path)] = address[0]
         self.names, self._addresses = names, addresses

@@ -15,25 +15,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from healthgate.health.engine import HealthEngine
+from healthgate.model.lookups import published_address
 from healthgate.model.names import ResourcePath
-from healthgate.model.resources import BackendService, ForwardingRule, Resource, ServiceAttachment
+from healthgate.model.resources import BackendService, ForwardingRule, Resource
 
 
 class ExportError(ValueError):
     """The rule cannot be exported (the message says why)."""
-
-
-def producer_address(
-    resources: Mapping[ResourcePath, Resource], attachment: str
-) -> tuple[str, int] | None:
-    sa = resources.get(ResourcePath.parse(attachment))
-    if not isinstance(sa, ServiceAttachment):
-        return None
-    target = sa.ref("target_service")
-    fr = resources.get(target) if target is not None else None
-    if not isinstance(fr, ForwardingRule):
-        return None
-    return fr.ip_address, fr.port_list()[0]
 
 
 def haproxy_backend(
@@ -60,7 +48,7 @@ def haproxy_backend(
     ]
     servers = 0
     for candidate, attachment in engine.graph.failover_order(str(frontend)):
-        address = producer_address(resources, attachment)
+        address = published_address(resources, attachment)
         if address is None:
             lines.append(f"    # {candidate.name}: attachment {attachment} has no forwarding rule")
             continue

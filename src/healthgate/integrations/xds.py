@@ -53,8 +53,8 @@ from google.protobuf import any_pb2, duration_pb2, wrappers_pb2
 
 from healthgate.health.engine import HealthEngine
 from healthgate.health.states import HealthState
-from healthgate.integrations.haproxy import producer_address
 from healthgate.integrations.verdicts import agent_answer
+from healthgate.model.lookups import published_address
 from healthgate.model.names import ResourcePath
 from healthgate.model.resources import BackendService, ForwardingRule, Resource
 
@@ -123,7 +123,7 @@ def _assignment(
     cla.policy.overprovisioning_factor.CopyFrom(wrappers_pb2.UInt32Value(value=100))
     priority = 0
     for candidate, attachment in engine.graph.failover_order(frontend):
-        address = producer_address(resources, attachment)
+        address = published_address(resources, attachment)
         if address is None:
             continue
         answer = agent_answer(engine, candidate.path)

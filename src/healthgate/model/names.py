@@ -43,6 +43,38 @@ KIND_TO_COLLECTION: Final[dict[str, str]] = {
 COLLECTION_TO_KIND: Final[dict[str, str]] = {c: k for k, c in KIND_TO_COLLECTION.items()}
 
 
+def endpoint_name(ip: str, port: int | None) -> str:
+    """``ip:port``, ``[v6]:port`` or the bare address; see :func:`parse_endpoint_name`."""
+    if port is None:
+        return ip
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+def parse_endpoint_name(name: str) -> tuple[str, int | None]:
+    if name.startswith("["):
+        ip, _, port = name[1:].partition("]:")
+        return ip, int(port)
+    if name.count(":") == 1:
+        ip, _, port = name.partition(":")
+        return ip, int(port)
+    return name, None
+
+
+ENDPOINTS: Final = "/endpoints/"
+
+
+def endpoint_path(backend_service: ResourcePath | str, ip: str, port: int | None) -> str:
+    """An endpoint's path: ``<backend service path>/endpoints/<ip:port>`` - the
+    name of an endpoint everywhere (the log, saved states, opinions, workers)."""
+    return f"{backend_service}{ENDPOINTS}{endpoint_name(ip, port)}"
+
+
+def split_endpoint_path(path: str) -> tuple[str, str]:
+    """(backend service path, endpoint name) of an endpoint path ('' if it is not one)."""
+    bs, sep, name = path.rpartition(ENDPOINTS)
+    return (bs, name) if sep else ("", "")
+
+
 def brief(value: object, limit: int = 80) -> str:
     """The repr of a rejected value, cut short: error messages never echo a
     whole input (a manifest field may be megabytes, or an alias bomb)."""

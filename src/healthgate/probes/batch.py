@@ -70,7 +70,7 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Final, cast
 
-from healthgate.health.states import Outcome, ProbeResult
+from healthgate.health.states import Outcome, ProbeResult, local_failure
 from healthgate.probes.http import HttpHead, build_request, parse_head
 from healthgate.probes.prober import ProbeSettings, verdict
 from healthgate.probes.spec import ProbeSpec
@@ -336,8 +336,10 @@ class BatchProber:
         pool = self._pool[family]
         try:
             sock = pool.pop() if pool else self._socket(family)
-        except OSError as exc:  # out of file descriptors, say
-            return ProbeResult(Outcome.ERROR, now - p.start, 0, exc.strerror or str(exc))
+        except OSError as exc:  # out of file descriptors, say: no result, not a failure
+            return local_failure(exc, now - p.start) or ProbeResult(
+                Outcome.ERROR, now - p.start, 0, exc.strerror or str(exc)
+            )
         try:
             if _QUICKACK and (spec.type == "HTTP" or self.settings.tcp_half_open):
                 # held back: HTTP's ACK travels with the request, and a

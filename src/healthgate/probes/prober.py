@@ -34,7 +34,7 @@ import ssl
 from dataclasses import dataclass
 from typing import Any, Final
 
-from healthgate.health.states import Outcome, ProbeResult
+from healthgate.health.states import Outcome, ProbeResult, local_failure
 from healthgate.probes.http import HttpHead, HttpProbeProtocol, TlsHttpProbeProtocol, build_request
 from healthgate.probes.spec import ProbeSpec
 
@@ -181,7 +181,10 @@ class Prober:
         except ssl.SSLError as exc:
             return ProbeResult(Outcome.TLS, loop.time() - start, 0, exc.reason or str(exc))
         except OSError as exc:
-            return ProbeResult(Outcome.ERROR, loop.time() - start, 0, exc.strerror or str(exc))
+            latency = loop.time() - start
+            return local_failure(exc, latency) or ProbeResult(
+                Outcome.ERROR, latency, 0, exc.strerror or str(exc)
+            )
 
     async def _http(
         self, loop: asyncio.AbstractEventLoop, spec: ProbeSpec, key: Any, start: float

@@ -69,41 +69,35 @@ import heapq
 import logging
 import math
 import random
-import resource
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from healthgate.health.states import Outcome, ProbeResult
 from healthgate.probes.batch import BatchProber
+from healthgate.probes.clock import Clock, LoopClock, TimerHandle
 from healthgate.probes.prober import Prober
 from healthgate.probes.spec import ProbeSpec
-from healthgate.probes.timetable import first_due, next_due
+from healthgate.probes.stats import LAG_BUCKETS
+from healthgate.probes.timetable import Timetable
+from healthgate.process.limits import open_file_limit
 
 log = logging.getLogger("healthgate.probes")
 
 # per-probe outcomes as globals (see the note on Outcome)
 _TIMEOUT = Outcome.TIMEOUT
+_SUSPECT = Outcome.SUSPECT
 
 ResultSink = Callable[[float, list[tuple[Hashable, ProbeResult]]], None]
-"""Where results go: the loop time they were taken at and (key, result) for
-each probe that ended then - a whole tick's worth in one call, so that the
-receiver (the engine) pays its per-call overhead once per tick, not per probe."""
+"""Where results go: the wall-clock time they were taken at (the clock's
+``wall`` of the loop time: probes/clock.py) and (key, result) for each probe
+that ended then - a whole tick's worth in one call, so that the receiver
+(the engine) pays its per-call overhead once per tick, not per probe."""
 
+SKIPPED_LOG_EVERY = 10.0  # seconds between log lines about probes that could not start
 
-class TimerHandle(Protocol):
-    def cancel(self) -> None: ...
-
-
-class Clock(Protocol):
-    """What the scheduler needs of time: the event loop's clock and timers
-    (``asyncio`` gives both), or a virtual clock in tests."""
-
-    def time(self) -> float: ...
-
-    def call_at(self, when: float, callback: Callable[[], object]) -> TimerHandle: ...
+__all__ = ["Clock", "ProbeScheduler", "ResultSink", "SchedulerSettings", "SchedulerStats"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,14 +111,12 @@ class SchedulerSettings:
     fd_reserve: int = 256  # file descriptors kept for the API, store and data plane
 
 
-LAG_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
-
-
 @dataclass(slots=True)
 class SchedulerStats:
     started: int = 0
     finished: int = 0
     late_starts: int = 0
+    skipped: int = 0  # could not start (no file descriptor): no result, counted and logged
     suspect: int = 0
     dropped: int = 0  # results of a spec that changed or was removed meanwhile
     max_lag: float = 0.0
@@ -145,19 +137,6 @@ class _Entry:
         self.due = 0.0
         self.started = 0.0
         self.lag_at_start = 0.0
-
-
-def raise_open_file_limit() -> int:
-    """Raise the soft RLIMIT_NOFILE to the hard limit; return the soft limit now in force."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or hard > soft:
-        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError):
-            log.warning("could not raise the open-file limit above %d", soft)
-    return soft
 
 
 class ProbeScheduler:
@@ -192,14 +171,16 @@ class ProbeScheduler:
         self._in_flight = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: Clock | None = None
+        self._timetable = Timetable(lambda: self._require_loop().time(), self._rng.random)
+        self._skipped_logged_at = float("-inf")
         self._tick_handle: TimerHandle | None = None
         self._tick_at = float("inf")  # when the armed tick is due
         self._ticking = False  # inside _tick
         self._last_lag_at = float("-inf")
         self._closed = False
-        soft = raise_open_file_limit()
+        # (the limit is raised once, at the process's start: process/limits.py)
         self.max_in_flight = max(
-            1, min(self.settings.max_in_flight, soft - self.settings.fd_reserve)
+            1, min(self.settings.max_in_flight, open_file_limit() - self.settings.fd_reserve)
         )
 
     # ------------------------------------------------------------------ control
@@ -208,11 +189,10 @@ class ProbeScheduler:
         """Begin probing (inside the event loop, whose clock and timers it
         uses unless ``clock`` is given: tests drive a virtual one). Keys
         added before now start here, spread over their first interval."""
-        self._loop = loop = clock or asyncio.get_running_loop()
-        now = loop.time()
+        self._loop = clock or LoopClock()
         for key, entry in self._entries.items():
             if not entry.in_flight:
-                self._arm(key, entry, first_due(now, entry.spec.interval, self._rng.random()))
+                self._arm(key, entry, self._timetable.first(entry.spec.interval))
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -230,7 +210,7 @@ class ProbeScheduler:
             entry = self._entries[key] = _Entry(spec)
             self._retune(1 / spec.interval)
             if loop is not None:
-                self._arm(key, entry, first_due(loop.time(), spec.interval, self._rng.random()))
+                self._arm(key, entry, self._timetable.first(spec.interval))
             return
         if entry.spec == spec:
             return
@@ -239,7 +219,7 @@ class ProbeScheduler:
         entry.generation += 1
         self._forget(key, entry)
         if loop is not None and not entry.in_flight:  # a coroutine probe re-arms on completion
-            self._arm(key, entry, first_due(loop.time(), spec.interval, self._rng.random()))
+            self._arm(key, entry, self._timetable.first(spec.interval))
 
     def remove(self, key: Hashable) -> None:
         entry = self._entries.pop(key, None)
@@ -446,7 +426,7 @@ class ProbeScheduler:
             entry.in_flight = False
             self._in_flight -= 1
             self.stats.dropped += 1
-            self._arm(key, entry, first_due(end, entry.spec.interval, self._rng.random()))
+            self._arm(key, entry, self._timetable.first(entry.spec.interval))
             self._start_waiting(loop)
             return
         self._ended([(key, result)], end)
@@ -467,7 +447,10 @@ class ProbeScheduler:
             if entry is None or (from_batch and not entry.in_batch):
                 continue
             entry.in_flight = entry.in_batch = False
-            if result.outcome is _TIMEOUT and (
+            if result.outcome is _SUSPECT:  # the prober could not make it (no descriptor)
+                self._skipped(end, result)
+                out.append((key, result))
+            elif result.outcome is _TIMEOUT and (
                 entry.lag_at_start > lag_threshold or self._last_lag_at >= entry.started
             ):
                 stats.suspect += 1
@@ -485,11 +468,29 @@ class ProbeScheduler:
         self._in_flight -= len(out)
         stats.finished += len(out)
         if out:
-            self.sink(end, out)
+            loop = self._loop
+            self.sink(loop.wall(end) if loop is not None else end, out)
+
+    def _skipped(self, now: float, result: ProbeResult) -> None:
+        """A probe that could not start: starvation, counted and logged
+        (at most every SKIPPED_LOG_EVERY seconds)."""
+        stats = self.stats
+        stats.skipped += 1
+        if now - self._skipped_logged_at >= SKIPPED_LOG_EVERY:
+            self._skipped_logged_at = now
+            log.warning(
+                "probes could not start (%d so far): %s; %d probes in flight, open-file limit %d "
+                "- raise LimitNOFILE / ulimit -n, or probe in more worker processes "
+                "(--probe-workers)",
+                stats.skipped,
+                result.detail or result.describe(),
+                self._in_flight,
+                open_file_limit(),
+            )
 
     def _next_due(self, entry: _Entry, end: float) -> float:
         """``interval`` after the end, keeping the key's phase (probes/timetable.py)."""
-        return next_due(entry.spec.interval, entry.due, entry.started, end, self._rng.random())
+        return self._timetable.next(entry.spec.interval, entry.due, entry.started, end)
 
     def _start_waiting(self, loop: Clock) -> None:
         while self._waiting and self._in_flight < self.max_in_flight:

@@ -2,9 +2,11 @@
 
 One timing model for everything that probes, real or simulated: the
 scheduler (probes/scheduler.py) and the what-if simulator
-(simulation/runner.py) both ask these functions, fed ``now`` and a
-``spread`` fraction in [0, 1) (random in ``serve``, even in the simulator),
-so the detection windows they produce are the same by construction.
+(simulation/runner.py) each hold a :class:`Timetable` - these two functions
+over their own clock and source of ``spread`` fractions in [0, 1) (the event
+loop's clock and random spreads in ``serve``; virtual time and even spreads
+in the simulator) - so the detection windows they produce are the same by
+construction.
 
 * The **interval** runs from the end of one probe to the start of the next:
   probes of one endpoint never overlap.
@@ -17,6 +19,8 @@ so the detection windows they produce are the same by construction.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 
 def first_due(now: float, interval: float, spread: float) -> float:
@@ -37,3 +41,22 @@ def next_due(interval: float, due: float, started: float, ended: float, spread: 
     if offset < -interval / 2:
         return ended + spread * interval
     return ended + interval + offset
+
+
+class Timetable:
+    """The timing rules over an injected clock (``now``) and source of
+    spread fractions (``spread``, each call one fraction in [0, 1))."""
+
+    __slots__ = ("now", "spread")
+
+    def __init__(self, now: Callable[[], float], spread: Callable[[], float]) -> None:
+        self.now = now
+        self.spread = spread
+
+    def first(self, interval: float) -> float:
+        """When a probe newly asked for is due: within its first interval from now."""
+        return first_due(self.now(), interval, self.spread())
+
+    def next(self, interval: float, due: float, started: float, ended: float) -> float:
+        """When the next probe is due, after one that ended at ``ended``."""
+        return next_due(interval, due, started, ended, self.spread())

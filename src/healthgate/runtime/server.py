@@ -28,10 +28,12 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from healthgate.api.app import ApiSettings, ApiState, create_app
 from healthgate.api.auth import Access
-from healthgate.cluster.node import ClusterHealth, ClusterNode, ClusterSettings
+from healthgate.cluster.node import ClusterNode
+from healthgate.cluster.probing import ClusterProbing, ClusterSettings
 from healthgate.controlplane.errors import ControlError, Refusal
-from healthgate.controlplane.health_service import HealthService
+from healthgate.controlplane.health_service import HealthService, SourceFactory
 from healthgate.controlplane.probe_workers import WorkerProbing, default_workers
+from healthgate.controlplane.probing import Feed, InProcessProbing, ProbeSource
 from healthgate.controlplane.recorder import TransitionRecorder
 from healthgate.controlplane.resources import ControlPlane
 from healthgate.dataplane.manager import (
@@ -51,9 +53,12 @@ from healthgate.model.resources import HealthCheck, Resource
 from healthgate.model.validation import InvalidResources
 from healthgate.probes.prober import ProbeSettings
 from healthgate.probes.scheduler import SchedulerSettings
+from healthgate.probes.stats import FailureLogLimiter
+from healthgate.process.limits import raise_open_file_limit
 from healthgate.runtime.lifecycle import Stopper, StopStep, run_steps
 from healthgate.store.base import Store
-from healthgate.store.etcd import EtcdStore, parse_endpoints
+from healthgate.store.etcd import EtcdStore
+from healthgate.store.etcd_client import parse_endpoints
 from healthgate.store.sqlite import SqliteStore
 
 if TYPE_CHECKING:
@@ -192,34 +197,38 @@ class Server:
     async def start(self) -> None:
         s = self.settings
         sys.setswitchinterval(s.switch_interval)
+        raise_open_file_limit()  # (once, for this process; its workers inherit it)
         _check_free(self.host, self.port, "--listen")  # before the database is touched
         if s.probe.source is not None:
             _check_local(s.probe.source)
-        health: HealthService
         store: Store
         dataplane_settings = s.dataplane
         workers = s.probe_workers
         if workers is None:
             workers = default_workers(s.clustered)
+        source: SourceFactory
+        cluster: ClusterSettings | None = None
         if s.clustered:
             assert s.store is not None and s.node and s.region, "checked by the CLI"
             cluster = ClusterSettings(s.node, s.region, s.lease_ttl, workers)
-            etcd = EtcdStore(parse_endpoints(s.store))
-            self.store = store = etcd
-            health = ClusterHealth(
-                etcd, cluster, s.probe, s.scheduler, failure_log_rate=s.failure_log_rate
-            )
+            self.store = store = EtcdStore(parse_endpoints(s.store))
+
+            def source(feed: Feed, failure_log: FailureLogLimiter) -> ProbeSource:
+                assert cluster is not None
+                return ClusterProbing(feed, cluster, s.probe, s.scheduler, failure_log)
+
             # the nodes of one region share its front ends' addresses
             dataplane_settings = replace(s.dataplane, region=s.region, reuse_port=True)
         else:
             Path(s.db).parent.mkdir(parents=True, exist_ok=True)
             self.store = store = SqliteStore(s.db)
-            if workers > 0:
-                health = WorkerProbing(
-                    workers, s.probe, s.scheduler, failure_log_rate=s.failure_log_rate
-                )
-            else:
-                health = HealthService(s.probe, s.scheduler, failure_log_rate=s.failure_log_rate)
+
+            def source(feed: Feed, failure_log: FailureLogLimiter) -> ProbeSource:
+                if workers > 0:
+                    return WorkerProbing(feed, workers, s.probe, s.scheduler, failure_log)
+                return InProcessProbing(feed, s.probe, s.scheduler, failure_log)
+
+        health = HealthService(failure_log_rate=s.failure_log_rate, source=source)
         log.info("starting: store %s, API on %s", s.store_name(), s.listen)
         self.health = health
         self.recorder = recorder = TransitionRecorder(store, retention=s.log_retention)
@@ -231,14 +240,16 @@ class Server:
 
         count = await control.load()
         log.info("loaded %d resources from %s", count, s.store_name())
-        if isinstance(health, ClusterHealth):
-            assert isinstance(store, EtcdStore)
-            self.node = ClusterNode(store, health.cluster, health, recorder)
+        if isinstance(health.source, ClusterProbing):
+            assert isinstance(store, EtcdStore) and cluster is not None
+            self.node = ClusterNode(store, cluster, health.source, recorder)
             await self.node.start()  # members and opinions known before probing starts
         dataplane: DataPlaneService
         if s.dataplane.workers and s.dataplane.enabled:
             # listeners in worker processes (SO_REUSEPORT), fed from here
-            pool = WorkerPool(health.engine, replace(dataplane_settings, reuse_port=True))
+            pool = WorkerPool(
+                health.engine, replace(dataplane_settings, reuse_port=True), s.stop_grace
+            )
             await pool.start()
             self.dataplane = dataplane = pool
             health.subscribe(lambda records: pool.publish_health())
@@ -274,7 +285,7 @@ class Server:
             await self.dns.start()
         if s.xds:
             await self._start_xds(s.xds, health, control)
-        health.start()
+        await health.start()
         self.api_state = ApiState(control, health, recorder, store, self.access, s.api)
         self.api_state.public_healthz = s.public_healthz
         if self.agent is not None:

@@ -18,7 +18,7 @@ from healthgate.health.engine import HealthEngine, ProbeTarget
 from healthgate.health.states import Outcome, ProbeResult, Record
 from healthgate.model.names import ResourcePath
 from healthgate.model.resources import InstanceGroup, NetworkEndpointGroup, Resource
-from healthgate.probes.timetable import first_due, next_due
+from healthgate.probes.timetable import Timetable
 from healthgate.simulation.scenario import Scenario, ScenarioEvent, Selector
 
 _EVENT, _END, _START = 0, 1, 2  # at equal times: faults first, then probe ends, then starts
@@ -118,8 +118,11 @@ def simulate(resources: Sequence[Resource], scenario: Scenario) -> SimulationRes
         queue.append((ev.at, _EVENT, seq, i, ev))
         seq += 1
     n = len(targets)
-    for i, t in enumerate(targets):
-        due = first_due(0.0, t.check.check_interval_sec, i / n)  # spread evenly
+    clock = [0.0]
+    evenly = iter([i / n for i in range(n)])  # the first probes spread evenly
+    timetable = Timetable(lambda: clock[0], lambda: next(evenly, 0.0))
+    for t in targets:
+        due = timetable.first(t.check.check_interval_sec)
         queue.append((due, _START, seq, t.slot, t))
         seq += 1
     heapq.heapify(queue)
@@ -130,6 +133,7 @@ def simulate(resources: Sequence[Resource], scenario: Scenario) -> SimulationRes
         now, kind, _, slot, payload = heapq.heappop(queue)
         if now > end:
             break
+        clock[0] = now
         if kind == _EVENT:
             assert isinstance(payload, ScenarioEvent)
             for t in select(targets, resources, payload.select):
@@ -149,7 +153,7 @@ def simulate(resources: Sequence[Resource], scenario: Scenario) -> SimulationRes
             result.probes += 1
             result.records.extend(engine.on_result(now, slot, res))
             started = now - res.latency  # (virtual probes start exactly when due)
-            nxt = next_due(target.check.check_interval_sec, started, started, now, 0.0)
+            nxt = timetable.next(target.check.check_interval_sec, started, started, now)
             heapq.heappush(queue, (nxt, _START, seq, slot, target))
             seq += 1
     return result

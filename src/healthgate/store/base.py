@@ -125,6 +125,19 @@ class NotLeader(StoreError):
 
 
 @dataclass(frozen=True, slots=True)
+class Guard:
+    """A leader's permission to write (cluster mode): its election key and
+    that key's create revision (cluster/election.py). A guarded write is
+    made only while the key still exists with that revision - compared
+    inside the write's own transaction - else :class:`NotLeader` and nothing
+    is written. A value the writer passes with each write, never state of
+    the store. Single-process stores have one writer and ignore it."""
+
+    key: str
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
 class LogQuery:
     project: str | None = None
     path_prefix: str | None = None  # a resource path (or a prefix of one)
@@ -165,14 +178,18 @@ class ResourceStore(Protocol):
 
 
 class StateStore(Protocol):
-    def save_states(self, puts: Mapping[str, Any], deletes: Iterable[str] = ()) -> None:
+    def save_states(
+        self, puts: Mapping[str, Any], deletes: Iterable[str] = (), guard: Guard | None = None
+    ) -> None:
         """Upsert ``puts``; delete every key starting with one of ``deletes`` (prefixes)."""
 
     def load_states(self) -> dict[str, Any]: ...
 
 
 class TransitionLog(Protocol):
-    def append_log(self, records: Sequence[Mapping[str, Any]]) -> list[int]: ...
+    def append_log(
+        self, records: Sequence[Mapping[str, Any]], guard: Guard | None = None
+    ) -> list[int]: ...
     def query_log(self, query: LogQuery) -> list[LogEntry]: ...
     def last_log_id(self) -> int: ...
     def trim_log(self, keep: int) -> int: ...

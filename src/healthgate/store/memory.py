@@ -19,6 +19,7 @@ from healthgate.store.base import (
     Change,
     Compacted,
     Document,
+    Guard,
     LogEntry,
     LogQuery,
     Snapshot,
@@ -107,7 +108,9 @@ class MemoryStore:
 
     # ------------------------------------------------------------------ states
 
-    def save_states(self, puts: Mapping[str, Any], deletes: Iterable[str] = ()) -> None:
+    def save_states(
+        self, puts: Mapping[str, Any], deletes: Iterable[str] = (), guard: Guard | None = None
+    ) -> None:
         with self._lock:
             self._states.update(puts)
             for prefix in deletes:
@@ -120,7 +123,9 @@ class MemoryStore:
 
     # ------------------------------------------------------------------ the log
 
-    def append_log(self, records: Sequence[Mapping[str, Any]]) -> list[int]:
+    def append_log(
+        self, records: Sequence[Mapping[str, Any]], guard: Guard | None = None
+    ) -> list[int]:
         ids = []
         with self._lock:
             for r in records:

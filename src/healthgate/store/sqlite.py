@@ -34,6 +34,7 @@ from healthgate.store.base import (
     Change,
     Compacted,
     Document,
+    Guard,
     LogEntry,
     LogQuery,
     Snapshot,
@@ -232,7 +233,9 @@ class SqliteStore:
 
     # ------------------------------------------------------------------ states
 
-    def save_states(self, puts: Mapping[str, Any], deletes: Iterable[str] = ()) -> None:
+    def save_states(
+        self, puts: Mapping[str, Any], deletes: Iterable[str] = (), guard: Guard | None = None
+    ) -> None:
         """Upsert ``puts``; delete every key that starts with one of ``deletes``."""
         with self._lock:
             db = self._db
@@ -262,7 +265,9 @@ class SqliteStore:
 
     # ------------------------------------------------------------------ the log
 
-    def append_log(self, records: Sequence[Mapping[str, Any]]) -> list[int]:
+    def append_log(
+        self, records: Sequence[Mapping[str, Any]], guard: Guard | None = None
+    ) -> list[int]:
         ids = []
         with self._lock:
             db = self._db

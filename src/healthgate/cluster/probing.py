@@ -1,0 +1,402 @@
+"""A cluster node's probe source: probe a share, say opinions, decide from them.
+
+How a node's endpoints get their states (SPEC §4; docs/cluster.md has the
+picture), as a probe source (controlplane/probing.py):
+
+* the node probes only the endpoints that rendezvous hashing gives it
+  (health/placement.py) - in this process or in probe workers - into a
+  *prober* engine of its own, whose threshold machine flips them;
+* a flip of the prober engine is this node's **opinion** for the vantages
+  it probes the endpoint for (cluster/opinions.py), written to etcd;
+* every node watches every opinion and decides each endpoint by the vantage
+  quorum (health/vantage.py) - the decision goes into the serving engine
+  through the feed, like any other source's - so every node computes the
+  same sources, composites and routes, and its data plane follows them. An
+  opinion that cannot be written (no quorum) changes nothing anywhere:
+  fail static.
+
+When a node takes an endpoint over (its prober died, the membership
+changed, or this node's own session was lost and it joined again), its
+prober engine resumes from the stored opinion for that vantage - what the
+live probers said - never from UNKNOWN and never from what this node
+itself believed while it was not a member.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from healthgate.cluster.opinions import Opinion, OpinionWriter, parse_opinion
+from healthgate.controlplane.probe_workers import ProbePool
+from healthgate.controlplane.probing import Decided, Feed, LocalProber, set_states, spec_of
+from healthgate.health.engine import ApplyResult, HealthEngine
+from healthgate.health.placement import by_region, probers
+from healthgate.health.states import HealthState, ProbeResult, Record, RouteChange, Transition
+from healthgate.health.vantage import vantages_of, verdict
+from healthgate.model.names import endpoint_path
+from healthgate.model.resources import Resource
+from healthgate.probes.prober import ProbeSettings
+from healthgate.probes.scheduler import SchedulerSettings
+from healthgate.probes.stats import FailureLogLimiter, ProbeTotals
+from healthgate.store.etcd_client import Event, KeyValue
+
+log = logging.getLogger("healthgate.cluster")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSettings:
+    node: str
+    region: str
+    lease_ttl: int = 5
+    probe_workers: int = 0  # probe this node's share in N worker processes
+    resync_every: float = 300.0  # anti-entropy: rewrite opinions that differ from the store
+
+
+@dataclass(slots=True)
+class _Endpoint:
+    slot: int  # in the serving engine
+    region: str
+    vantages: tuple[str, ...]
+
+
+class ClusterProbing:
+    """The probe source of a cluster node (see the module doc)."""
+
+    def __init__(
+        self,
+        feed: Feed,
+        cluster: ClusterSettings,
+        probe_settings: ProbeSettings | None = None,
+        scheduler_settings: SchedulerSettings | None = None,
+        failure_log: FailureLogLimiter | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.feed = feed
+        self.cluster = cluster
+        self.clock = clock
+        self.prober = HealthEngine()  # this node's own probes and their threshold states
+        self.writer: OpinionWriter | None = None  # (the node sets it: it needs the session)
+        self.members: dict[str, str] = {}  # live node -> region
+        self.regions: dict[str, list[str]] = {}
+        self.opinions: dict[str, dict[str, Opinion]] = {}  # endpoint path -> vantage -> opinion
+        self.endpoints: dict[str, _Endpoint] = {}
+        self.mine: dict[int, tuple[str, frozenset[str]]] = {}  # prober slot -> (path, vantages)
+        self._mine_by_path: dict[str, tuple[int, frozenset[str]]] = {}  # path -> (slot, vantages)
+        self._orphans: frozenset[str] = frozenset()
+        # while this node is not a member (its session lost): it says nothing
+        # and corrects nothing; on joining again it resumes from the opinions
+        self.member = True
+        self.route_lags: deque[float] = deque(maxlen=1000)
+        self.shares: dict[str, int] = {}  # node -> endpoints it probes (by placement)
+        failure_log = failure_log or FailureLogLimiter(0.0)
+        # worker processes probe this node's share, or (None) this process's scheduler does
+        self.pool: ProbePool | None = None
+        self.local: LocalProber | None = None
+        if cluster.probe_workers > 0:
+            self.pool = ProbePool(
+                cluster.probe_workers,
+                probe_settings or ProbeSettings(),
+                scheduler_settings or SchedulerSettings(),
+                self._worker_flips,
+                self._prober_states,
+                failure_log=failure_log,
+            )
+        else:
+            self.local = LocalProber(
+                self._on_results,
+                self.prober.endpoint_path,
+                probe_settings,
+                scheduler_settings,
+                failure_log,
+            )
+
+    # ------------------------------------------------------------------ the source
+
+    async def start(self) -> None:
+        if self.pool is not None:
+            await self.pool.start()
+        elif self.local is not None:
+            self.local.start()
+
+    async def close(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()
+        if self.local is not None:
+            await self.local.close()
+
+    def totals(self) -> ProbeTotals:
+        if self.pool is not None:
+            return self.pool.totals()
+        assert self.local is not None
+        return self.local.totals()
+
+    def pids(self) -> list[int]:
+        return self.pool.pids() if self.pool is not None else []
+
+    def apply(self, world: Sequence[Resource], result: ApplyResult) -> None:
+        probing = self.prober.apply(world, self.clock())
+        if self.pool is not None:
+            self.pool.world(world)
+        for slot in probing.removed:
+            if self.local is not None:
+                self.local.scheduler.remove(slot)
+            gone = self.mine.pop(slot, None)
+            if gone is not None:
+                self._mine_by_path.pop(gone[0], None)
+        self._place({t.slot for t in probing.changed})
+        self._decide_all()
+
+    # ------------------------------------------------------------------ membership
+
+    def set_members(self, members: dict[str, str]) -> None:
+        if members == self.members:
+            return
+        self.members = members
+        self.regions = by_region(members)
+        log.info(
+            "members: %s",
+            ", ".join(f"{n} ({r})" for n, r in sorted(members.items())) or "none",
+        )
+        self._place(set())
+        self._decide_all()
+
+    def left(self) -> None:
+        """This node's session is lost: it is no member until it joins again."""
+        self.member = False
+
+    def joined(self, opinions: Iterable[KeyValue]) -> None:
+        """A member again (a new session): resume from the stored opinions."""
+        self.member = True
+        self.load_opinions(opinions)
+
+    def _place(self, changed: set[int]) -> None:
+        """Probe what rendezvous hashing gives this node; stop probing the rest."""
+        me = self.cluster.node
+        endpoints: dict[str, _Endpoint] = {}
+        seen: set[int] = set()
+        orphans: set[str] = set()
+        shares: dict[str, int] = dict.fromkeys(self.members, 0)
+        engine = self.feed.engine
+        scheduler = self.local.scheduler if self.local is not None else None
+        for t in self.prober.targets():
+            path = endpoint_path(t.backend_service, t.ip, t.port)
+            region = t.backend_service.region
+            vantages = vantages_of(region, t.check.vantage_regions)
+            main = engine.slot_of(t.backend_service, t.ip, t.port)
+            if main is not None:
+                endpoints[path] = _Endpoint(main, region, vantages)
+            if self.members and region not in self.regions:
+                orphans.add(region)
+            owners = probers(path, region, vantages, self.regions) if self.members else {}
+            for owner in set(owners.values()):
+                shares[owner] = shares.get(owner, 0) + 1
+            mine = frozenset(v for v, n in owners.items() if n == me)
+            if not mine:
+                continue
+            seen.add(t.slot)
+            before = self.mine.get(t.slot)
+            if before is None or before[1] != mine:
+                self._take_over(t.slot, path, mine)
+            self.mine[t.slot] = (path, mine)
+            self._mine_by_path[path] = (t.slot, mine)
+            if scheduler is not None and (before is None or t.slot in changed):
+                scheduler.upsert(t.slot, spec_of(t))
+        for slot in [s for s in self.mine if s not in seen]:
+            path, _ = self.mine.pop(slot)
+            self._mine_by_path.pop(path, None)
+            if scheduler is not None:
+                scheduler.remove(slot)
+        if self.pool is not None:  # (the workers find spec changes in the world themselves)
+            self.pool.assign(self._mine_by_path)
+        self.endpoints = endpoints
+        self.shares = shares
+        self._report_orphans(orphans)
+
+    def _report_orphans(self, orphans: set[str]) -> None:
+        if orphans == self._orphans:
+            return
+        for region in sorted(orphans - self._orphans):
+            log.warning(
+                "region %s has no live node: its endpoints are probed by the other regions",
+                region,
+            )
+        for region in sorted(self._orphans - orphans):
+            log.info("region %s has a live node again: it probes its own endpoints", region)
+        self._orphans = frozenset(orphans)
+
+    def _take_over(self, slot: int, path: str, vantages: frozenset[str]) -> None:
+        """Start from the stored opinion of a vantage this node now probes
+        for - or, with none stored, from UNKNOWN: a state left in the prober
+        engine from an earlier time this node probed the endpoint (as a
+        stand-in for another region, say) would hide the first flip, and
+        with it the opinion (an endpoint left UNHEALTHY there and failing
+        again would never be said to be UNHEALTHY from this vantage)."""
+        stored = self.opinions.get(path, {})
+        for vantage in sorted(vantages):
+            op = stored.get(vantage)
+            if op is not None and op.state is not HealthState.UNKNOWN:
+                self.prober.table.set_state(op.since, slot, op.state, "resumed")
+                return
+        self.prober.table.set_state(self.clock(), slot, HealthState.UNKNOWN, "taken over")
+
+    # ------------------------------------------------------------------ probing
+
+    def _on_results(self, now: float, results: Sequence[tuple[int, ProbeResult]]) -> None:
+        self._flipped(self.prober.on_results(now, results))
+
+    def _worker_flips(self, flips: Sequence[Decided]) -> None:
+        """Probe workers' flips of this node's share: into the prober engine,
+        and opinions, as this process's own probes' flips are."""
+        self._flipped(set_states(self.prober, flips))
+
+    def _prober_states(self, paths: Iterable[str] | None) -> dict[str, tuple[int, float]]:
+        """The prober engine's states of ``paths`` (None: all of this node's
+        share), for a worker that starts probing them."""
+        out: dict[str, tuple[int, float]] = {}
+        table = self.prober.table
+        for path in self._mine_by_path if paths is None else paths:
+            slot = self._mine_by_path.get(path, (None,))[0]
+            if slot is None:
+                continue
+            state = table.state(slot)
+            if state is not HealthState.UNKNOWN:
+                out[path] = (int(state), table.since(slot))
+        return out
+
+    def _flipped(self, records: list[Record]) -> None:
+        for r in records:
+            if isinstance(r, Transition) and r.kind == "Endpoint":
+                for vantage in self._mine_by_path.get(r.path, (0, ()))[1]:
+                    self._say(r.path, vantage, r.current, r.time, r.reason)
+
+    def _say(self, path: str, vantage: str, state: HealthState, since: float, why: str) -> None:
+        if self.writer is not None and self.member:
+            self.writer.say(path, vantage, state, since, why)
+
+    def resync(self) -> int:
+        """Anti-entropy: say again this node's opinions that differ from the store's."""
+        queued = 0
+        if not self.member:
+            return 0
+        for slot, (path, vantages) in self.mine.items():
+            state = self.prober.table.state(slot)
+            if state is HealthState.UNKNOWN:
+                continue
+            stored = self.opinions.get(path, {})
+            for vantage in vantages:
+                op = stored.get(vantage)
+                if op is None or op.state is not state:
+                    self._say(path, vantage, state, self.clock(), "resync")
+                    queued += 1
+        return queued
+
+    # ------------------------------------------------------------------ deciding
+
+    def load_opinions(self, kvs: Iterable[KeyValue]) -> None:
+        self.opinions = {}
+        for kv in kvs:
+            path, vantage, op = parse_opinion(kv)
+            if op is not None:
+                self.opinions.setdefault(path, {})[vantage] = op
+        for slot, (path, vantages) in self.mine.items():
+            self._take_over(slot, path, vantages)
+        self._decide_all()
+
+    def opinion_changed(self, ev: Event) -> None:
+        path, vantage, op = parse_opinion(ev.kv)
+        if not path:
+            return
+        if ev.deleted:
+            self.opinions.get(path, {}).pop(vantage, None)
+        else:
+            if op is None:
+                return
+            self.opinions.setdefault(path, {})[vantage] = op
+            self._correct(path, vantage, op)
+        self._decide([path])
+
+    def _correct(self, path: str, vantage: str, op: Opinion) -> None:
+        """The prober of an endpoint is the authority on its opinion: a stored
+        opinion that differs from what this node's prober holds now - a late
+        write from the previous prober, or this node's own write that was
+        overtaken while etcd could not take it - is corrected at once (else it
+        would stand until the next transition or the resync). Not while this
+        node is no member: what it believes then is not to be written."""
+        slot, vantages = self._mine_by_path.get(path, (0, frozenset()))
+        if vantage not in vantages or not self.member:
+            return
+        state = self.prober.table.state(slot)
+        if state is not HealthState.UNKNOWN and state is not op.state:
+            log.info(
+                "correcting the stored opinion of %s (%s): %s, not %s",
+                path,
+                vantage,
+                state.name,
+                op.state.name,
+            )
+            self._say(path, vantage, state, self.clock(), "corrected by its prober")
+
+    def _live(self, ep: _Endpoint) -> set[str]:
+        live = {v for v in ep.vantages if v in self.regions}
+        if self.members and ep.region not in self.regions:
+            live.add(ep.region)  # the other regions stand in for it
+        return live
+
+    def _decision(self, path: str) -> Decided | None:
+        ep = self.endpoints.get(path)
+        if ep is None:
+            return None
+        ops = self.opinions.get(path, {})
+        live = self._live(ep)
+        previous = self.feed.engine.table.state(ep.slot)
+        state, reason = verdict({v: o.state for v, o in ops.items()}, ep.vantages, live, previous)
+        if state is previous:
+            return None
+        voters = [o for v, o in ops.items() if v in live and o.state is state]
+        if len(ep.vantages) == 1 and voters:
+            reason = f"{voters[0].reason} (probed by {voters[0].node})"
+        # the opinions' own time, so every node records the same transition
+        when = max((o.since for o in voters), default=self.clock())
+        return Decided(path, state, when, reason)
+
+    def _decide(self, paths: Iterable[str]) -> None:
+        decided = [d for d in map(self._decision, paths) if d is not None]
+        if not decided:
+            return
+        records = self.feed.states(decided)
+        if any(isinstance(r, RouteChange) for r in records):
+            # from the prober's flip to this node's new route: etcd's write,
+            # the watch and the engine (bench/cluster.py reads these)
+            self.route_lags.append(self.clock() - max(d.since for d in decided))
+
+    def _decide_all(self) -> None:
+        self._decide(list(self.endpoints))
+
+    def vantages(self, endpoint_path: str) -> tuple[str, dict[str, dict[str, object]]] | None:
+        ep = self.endpoints.get(endpoint_path)
+        if ep is None:
+            return None
+        ops = self.opinions.get(endpoint_path, {})
+        live = self._live(ep)
+        previous = self.feed.engine.table.state(ep.slot)
+        _, why = verdict({v: o.state for v, o in ops.items()}, ep.vantages, live, previous)
+        owners = probers(endpoint_path, ep.region, ep.vantages, self.regions)
+        out: dict[str, dict[str, object]] = {}
+        for vantage in ep.vantages:
+            op = ops.get(vantage)
+            out[vantage] = {
+                "live": vantage in live,
+                "prober": owners.get(vantage),  # who probes it for this vantage now
+                "state": op.state.name if op else "UNKNOWN",
+                "node": op.node if op else None,
+                "reason": op.reason if op else None,
+            }
+        return why, out
+
+    def probing(self) -> dict[str, list[str]]:
+        """endpoint path -> the vantages this node probes it for."""
+        return {path: sorted(v) for path, (_, v) in self._mine_by_path.items()}

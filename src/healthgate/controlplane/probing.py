@@ -1,0 +1,210 @@
+"""Where endpoint health comes from, and the one path by which it becomes
+the serving engine's state.
+
+Three *probe sources* (docs/architecture.md has the picture), one interface
+(:class:`ProbeSource`):
+
+* :class:`InProcessProbing` - this process's scheduler probes every
+  endpoint; a tick's results go into the engine's threshold machine.
+* :class:`~healthgate.controlplane.probe_workers.WorkerProbing` - probe
+  worker processes probe shards of the endpoints, run the threshold machine
+  there, and send the endpoints' *flips*; a flip sets the endpoint's state.
+* :class:`~healthgate.cluster.probing.ClusterProbing` - a cluster node
+  probes its share into a prober engine of its own; its flips become
+  opinions in etcd; every node decides each endpoint from the watched
+  opinions by the vantage quorum and sets its state.
+
+Each hands the serving engine either results (:meth:`Feed.results`) or
+decided states (:meth:`Feed.states`), and :class:`Feed` emits the records:
+nothing else writes an endpoint's state, so "where does a probe result
+become a state?" has one answer - here, through the engine's endpoint table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import NamedTuple, Protocol, cast
+
+from healthgate.health.endpoints import Observed
+from healthgate.health.engine import ApplyResult, HealthEngine, ProbeTarget
+from healthgate.health.states import HealthState, Outcome, ProbeResult, Record
+from healthgate.model.resources import Resource
+from healthgate.probes.batch import BatchProber
+from healthgate.probes.prober import Prober, ProbeSettings
+from healthgate.probes.scheduler import ProbeScheduler, SchedulerSettings
+from healthgate.probes.spec import ProbeSpec
+from healthgate.probes.stats import FailureLogLimiter, ProbeStats, ProbeTotals
+
+_OK = Outcome.OK  # (a per-probe global: see the note on Outcome)
+
+Emit = Callable[[list[Record]], None]
+
+
+class Decided(NamedTuple):
+    """An endpoint's state decided elsewhere (a worker's threshold machine,
+    a cluster's quorum): its path, state, since when, why, and - when known
+    - what its probes had shown then (the runs the reason counts, the last
+    result; setting a state clears them)."""
+
+    path: str
+    state: HealthState
+    since: float
+    reason: str
+    observed: Observed | None = None
+
+
+class Feed:
+    """The one way into the serving engine's endpoint states (see the module doc)."""
+
+    def __init__(self, engine: HealthEngine, emit: Emit) -> None:
+        self.engine = engine
+        self.emit = emit
+
+    def results(self, now: float, results: Sequence[tuple[int, ProbeResult]]) -> None:
+        """A tick's probe results (taken at ``now``, wall-clock time) into the
+        threshold machine; keys are the engine's slots."""
+        records = self.engine.on_results(now, results)
+        if records:
+            self.emit(records)
+
+    def states(self, decided: Iterable[Decided]) -> list[Record]:
+        """States decided elsewhere, set as they are (unknown paths are
+        skipped); the records they caused, emitted."""
+        records = set_states(self.engine, decided)
+        self.emit(records)
+        return records
+
+    def observed(self, items: Iterable[tuple[str, Observed]]) -> None:
+        """What the probes of endpoints probed elsewhere have shown (the API's details)."""
+        table = self.engine.table
+        for path, seen in items:
+            slot = table.slot_of_path(path)
+            if slot is not None:
+                table.set_observed(slot, seen)
+
+
+def set_states(engine: HealthEngine, decided: Iterable[Decided]) -> list[Record]:
+    """Decided states into an engine's endpoint table: the records they cause.
+    (Used for the serving engine by :class:`Feed`, and for a cluster node's
+    prober engine by the probe workers that probe its share.)"""
+    table = engine.table
+    records: list[Record] = []
+    for d in decided:
+        slot = table.slot_of_path(d.path)
+        if slot is not None:
+            records += table.set_state(d.since, slot, d.state, d.reason)
+            if d.observed is not None:
+                table.set_observed(slot, d.observed)  # (setting a state clears the runs)
+    return records
+
+
+class ProbeSource(Protocol):
+    """How probing runs (see the module doc)."""
+
+    def apply(self, world: Sequence[Resource], result: ApplyResult) -> None:
+        """The resources changed (``world`` is all of them; ``result`` is what
+        the serving engine made of them): probe what is to be probed."""
+
+    async def start(self) -> None:
+        """Begin probing (inside the event loop)."""
+
+    async def close(self) -> None: ...
+
+    def totals(self) -> ProbeTotals:
+        """Every probing counter, this process's and its workers' together."""
+
+    def pids(self) -> list[int]:
+        """Worker processes probing for this one (none in-process)."""
+
+    def vantages(self, endpoint_path: str) -> tuple[str, dict[str, dict[str, object]]] | None:
+        """Cluster mode: why the vantages' quorum gives an endpoint its state,
+        and each vantage region's opinion (None: one process decides alone)."""
+
+
+def spec_of(target: ProbeTarget) -> ProbeSpec:
+    return ProbeSpec.from_check(target.check, target.ip, target.port)
+
+
+class LocalProber:
+    """A scheduler probing in this process, its results to ``sink`` (the
+    serving engine's feed, or a cluster node's prober engine), its
+    failures logged at ``failure_log``'s rate and its durations counted."""
+
+    def __init__(
+        self,
+        sink: Callable[[float, Sequence[tuple[int, ProbeResult]]], None],
+        describe: Callable[[int], str],
+        probe_settings: ProbeSettings | None = None,
+        scheduler_settings: SchedulerSettings | None = None,
+        failure_log: FailureLogLimiter | None = None,
+    ) -> None:
+        self.sink = sink
+        self.describe = describe  # a slot's endpoint path, for the failure log
+        self.prober = Prober(probe_settings)
+        self.scheduler = ProbeScheduler(
+            self.prober, self._on_results, scheduler_settings, batch=BatchProber(probe_settings)
+        )
+        self.failure_log = failure_log or FailureLogLimiter(0.0)
+        self.stats = ProbeStats()
+        self.results = 0
+
+    def _on_results(self, now: float, results: list[tuple[Hashable, ProbeResult]]) -> None:
+        """A tick's results: counted, failures logged (rate-limited), then to the sink."""
+        self.results += len(results)
+        self.stats.observe(results)
+        failure_log = self.failure_log
+        if failure_log.rate:
+            for key, result in results:
+                if result.outcome is not _OK:
+                    failure_log.failed(self.describe(cast(int, key)), result.describe())
+        self.sink(now, cast("list[tuple[int, ProbeResult]]", results))
+
+    def totals(self) -> ProbeTotals:
+        return ProbeTotals.of(self.scheduler, self.prober, self.stats)
+
+    def start(self) -> None:
+        self.scheduler.start()
+
+    async def close(self) -> None:
+        await self.scheduler.close()
+
+
+class InProcessProbing:
+    """Every endpoint probed by this process's scheduler, into the feed."""
+
+    def __init__(
+        self,
+        feed: Feed,
+        probe_settings: ProbeSettings | None = None,
+        scheduler_settings: SchedulerSettings | None = None,
+        failure_log: FailureLogLimiter | None = None,
+    ) -> None:
+        self.local = LocalProber(
+            feed.results,
+            feed.engine.endpoint_path,
+            probe_settings,
+            scheduler_settings,
+            failure_log,
+        )
+
+    def apply(self, world: Sequence[Resource], result: ApplyResult) -> None:
+        scheduler = self.local.scheduler
+        for slot in result.removed:
+            scheduler.remove(slot)
+        for target in (*result.added, *result.changed):
+            scheduler.upsert(target.slot, spec_of(target))
+
+    async def start(self) -> None:
+        self.local.start()
+
+    async def close(self) -> None:
+        await self.local.close()
+
+    def totals(self) -> ProbeTotals:
+        return self.local.totals()
+
+    def pids(self) -> list[int]:
+        return []
+
+    def vantages(self, endpoint_path: str) -> tuple[str, dict[str, dict[str, object]]] | None:
+        return None

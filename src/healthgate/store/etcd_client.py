@@ -1,0 +1,492 @@
+"""An etcd v3 client: connections, deadlines, retries, watches and leases.
+
+What the client library (aetcd's generated gRPC stubs; its client is not
+used) leaves out is written once, here, for the store (store/etcd.py) and
+the cluster's recipes (cluster/) alike:
+
+* **several members**: requests go to one member at a time; a member that
+  refuses, times out or stops answering is left for the next one
+  (:class:`Members`). Reads are retried on the next member; a write is
+  retried only when it was surely not sent (``UNAVAILABLE``), never after a
+  timeout (it may have committed): that one is reported as
+  :class:`~healthgate.store.base.Unavailable` and the caller decides.
+* **deadlines**: every request has one (``request_timeout``): without quorum
+  etcd holds a request until its own timeout (7 s), and fail static wants a
+  fast answer.
+* **watches that resume**: :meth:`EtcdClient.watch_prefix` re-opens a broken
+  watch from the last revision seen + 1 (on the next member), raises
+  :class:`~healthgate.store.base.Compacted` when that history is gone, asks
+  for the "require leader" flag (a member cut off from its quorum ends the
+  watch instead of going silent), and runs a watchdog: every
+  ``progress_every`` seconds it asks for a progress report, and a watch that
+  answered nothing for ``watch_deadline`` seconds is dropped and re-opened
+  elsewhere (a member frozen with SIGSTOP keeps its TCP connection open and
+  silent forever). :func:`follow` is the list-then-watch loop every follower
+  of a prefix runs.
+* **leases**: grant, refresh once (each member for a short while, so that
+  one frozen member does not use up the lease), revoke.
+* **a namespace**: every key is under ``namespace`` (``/healthgate`` by
+  default); callers name keys without it.
+
+Synchronous calls (from threads, as the SQLite store's are) use a blocking
+gRPC channel per member; watches are asyncio streams on the caller's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from itertools import groupby
+from typing import Any
+
+import grpc
+import grpc.aio
+from aetcd.rpc import rpc_pb2 as pb
+from aetcd.rpc import rpc_pb2_grpc as stubs
+
+from healthgate.store.base import Compacted, StoreError, TooLarge, Unavailable
+
+log = logging.getLogger("healthgate.store.etcd")
+
+MAX_OPS = 100  # etcd refuses a transaction of more than 128 operations (--max-txn-ops)
+_RETRYABLE = {grpc.StatusCode.UNAVAILABLE}
+_EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # the end of a stream
+_CLOSING: set[asyncio.Task[None]] = set()
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The first key after every key that starts with ``prefix`` (etcd's range_end)."""
+    end = bytearray(prefix)
+    for i in range(len(end) - 1, -1, -1):
+        if end[i] < 0xFF:
+            end[i] += 1
+            return bytes(end[: i + 1])
+    return b"\0"
+
+
+def parse_endpoints(text: str) -> list[str]:
+    """``etcd://h1:p1,h2:p2`` (or ``h1:p1,h2:p2``) -> ["h1:p1", "h2:p2"]."""
+    body = text.removeprefix("etcd://")
+    out = []
+    for raw in body.split(","):
+        part = raw.strip().rstrip("/")
+        if not part:
+            continue
+        host, sep, port = part.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"--store: {part!r} is not HOST:PORT")
+        out.append(part)
+    if not out:
+        raise ValueError("--store: etcd:// needs at least one HOST:PORT")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdSettings:
+    request_timeout: float = 2.0
+    watch_deadline: float = 3.0  # a watch silent this long (no answer to a progress ask) is dropped
+    progress_every: float = 1.0
+    history: int = 10_000  # revisions of history kept (the store compacts)
+    compact_every: int = 1_000
+
+
+class Members:
+    """The member addresses and which one is in use; thread-safe."""
+
+    def __init__(self, endpoints: Sequence[str]) -> None:
+        self.endpoints = list(endpoints)
+        self._current = 0
+        self._lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}
+
+    def current(self) -> str:
+        with self._lock:
+            return self.endpoints[self._current]
+
+    def skip(self, endpoint: str) -> None:
+        """``endpoint`` failed: the next request goes to the next member."""
+        with self._lock:
+            if self.endpoints[self._current] == endpoint:
+                self._current = (self._current + 1) % len(self.endpoints)
+
+    def channel(self, endpoint: str) -> grpc.Channel:
+        with self._lock:
+            ch = self._channels.get(endpoint)
+            if ch is None:
+                ch = grpc.insecure_channel(endpoint)
+                self._channels[endpoint] = ch
+            return ch
+
+    def close(self) -> None:
+        with self._lock:
+            for ch in self._channels.values():
+                ch.close()
+            self._channels.clear()
+
+
+@dataclass(frozen=True, slots=True)
+class KeyValue:
+    key: str  # without the namespace
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    lease: int
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    revision: int
+    kv: KeyValue
+    deleted: bool
+
+
+class EtcdClient:
+    """The members of one etcd cluster, under one namespace (see the module doc)."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        namespace: str = "/healthgate",
+        settings: EtcdSettings | None = None,
+    ) -> None:
+        self.settings = settings or EtcdSettings()
+        self.members = Members(endpoints)
+        self.ns = namespace.rstrip("/")
+        self._aio: dict[str, grpc.aio.Channel] = {}
+
+    # ------------------------------------------------------------------ keys
+
+    def key(self, key: str) -> bytes:
+        """A key with the namespace, as etcd knows it."""
+        return f"{self.ns}/{key}".encode()
+
+    def strip(self, raw: bytes) -> str:
+        """A key as etcd gave it, without the namespace (not UTF-8: ValueError)."""
+        return raw.decode()[len(self.ns) + 1 :]
+
+    def keyvalue(self, kv: Any) -> KeyValue:
+        return KeyValue(
+            self.strip(kv.key),
+            bytes(kv.value),
+            int(kv.create_revision),
+            int(kv.mod_revision),
+            int(kv.lease),
+        )
+
+    # ------------------------------------------------------------------ unary calls
+
+    def call(self, method: str, request: Any, *, write: bool = False) -> Any:
+        """One unary KV/Lease/Maintenance call on the current member, moving
+        on to the next member when it cannot be reached."""
+        attempts = len(self.members.endpoints) + 1
+        last: grpc.RpcError | None = None
+        for _ in range(attempts):
+            endpoint = self.members.current()
+            channel = self.members.channel(endpoint)
+            service, name = method.split(".")
+            stub = getattr(stubs, f"{service}Stub")(channel)
+            try:
+                return getattr(stub, name)(request, timeout=self.settings.request_timeout)
+            except grpc.RpcError as exc:
+                code = exc.code()
+                last = exc
+                if code == grpc.StatusCode.INVALID_ARGUMENT:
+                    raise _refusal(exc) from None  # etcd refused the request itself
+                self.members.skip(endpoint)
+                if code in _RETRYABLE or (not write and code == grpc.StatusCode.DEADLINE_EXCEEDED):
+                    continue
+                break
+        assert last is not None
+        detail = last.details() or last.code().name
+        raise Unavailable(f"etcd {self.members.current()}: {detail}") from None
+
+    def range(self, key: bytes, end: bytes | None = None, **kw: Any) -> Any:
+        return self.call("KV.Range", pb.RangeRequest(key=key, range_end=end or b"", **kw))
+
+    def txn(self, compare: list[Any], success: list[Any], failure: Sequence[Any] = ()) -> Any:
+        req = pb.TxnRequest(compare=compare, success=success, failure=list(failure))
+        return self.call("KV.Txn", req, write=True)
+
+    def list_prefix(self, prefix: str) -> tuple[int, list[KeyValue]]:
+        """Every key under ``prefix`` (keys that are not UTF-8 are skipped and
+        logged), and the revision they were read at."""
+        start = self.key(prefix)
+        resp = self.range(start, prefix_end(start))
+        out = []
+        for kv in resp.kvs:
+            try:
+                out.append(self.keyvalue(kv))
+            except ValueError:
+                log.warning("skipping an etcd key that is not UTF-8 under %s", prefix)
+        return int(resp.header.revision), out
+
+    def put(
+        self, items: Iterable[tuple[str, bytes]], lease: int = 0, guard: Sequence[Any] = ()
+    ) -> int:
+        """Put keys, in transactions of at most MAX_OPS (each guarded by the
+        ``guard`` compares: False from etcd raises :class:`GuardFailed`);
+        the last revision."""
+        rev = 0
+        pairs = list(items)
+        for i in range(0, len(pairs), MAX_OPS):
+            ops = [
+                pb.RequestOp(request_put=pb.PutRequest(key=self.key(k), value=v, lease=lease))
+                for k, v in pairs[i : i + MAX_OPS]
+            ]
+            resp = self.txn(list(guard), ops)
+            if not resp.succeeded:
+                raise GuardFailed("a guarded write found its guard gone")
+            rev = int(resp.header.revision)
+        return rev
+
+    def delete(self, key: str) -> None:
+        self.call("KV.DeleteRange", pb.DeleteRangeRequest(key=self.key(key)), write=True)
+
+    def create(self, key: str, value: bytes, lease: int) -> tuple[bool, int]:
+        """Create ``key`` under ``lease`` if absent: (created, its create
+        revision - an existing key's, if it was there)."""
+        k = self.key(key)
+        resp = self.txn(
+            [
+                pb.Compare(
+                    key=k, result=pb.Compare.EQUAL, target=pb.Compare.CREATE, create_revision=0
+                )
+            ],
+            [pb.RequestOp(request_put=pb.PutRequest(key=k, value=value, lease=lease))],
+            [pb.RequestOp(request_range=pb.RangeRequest(key=k))],
+        )
+        if resp.succeeded:
+            return True, int(resp.header.revision)
+        existing = resp.responses[0].response_range.kvs
+        return False, int(existing[0].create_revision) if existing else 0
+
+    def compact(self, revision: int) -> None:
+        self.call("KV.Compact", pb.CompactionRequest(revision=revision), write=True)
+
+    # ------------------------------------------------------------------ compares
+
+    def created_at(self, key: str, revision: int) -> Any:
+        """A compare: ``key`` exists with this create revision."""
+        return pb.Compare(
+            key=self.key(key),
+            result=pb.Compare.EQUAL,
+            target=pb.Compare.CREATE,
+            create_revision=revision,
+        )
+
+    def under_lease(self, key: str, lease: int) -> Any:
+        """A compare: ``key`` is attached to ``lease`` (gone with it)."""
+        return pb.Compare(
+            key=self.key(key), result=pb.Compare.EQUAL, target=pb.Compare.LEASE, lease=lease
+        )
+
+    # ------------------------------------------------------------------ leases
+
+    def grant(self, ttl: int) -> int:
+        resp = self.call("Lease.LeaseGrant", pb.LeaseGrantRequest(TTL=ttl), write=True)
+        return int(resp.ID)
+
+    def revoke(self, lease: int) -> None:
+        with contextlib.suppress(StoreError):
+            self.call("Lease.LeaseRevoke", pb.LeaseRevokeRequest(ID=lease), write=True)
+
+    def keep_alive_once(self, lease: int, timeout: float | None = None) -> int:
+        """Refresh ``lease`` once, trying each member in turn (each for
+        ``timeout`` seconds); its remaining TTL (0 or less: it expired)."""
+        why = "no member answered"
+        for _ in self.members.endpoints:
+            endpoint = self.members.current()
+            stub = stubs.LeaseStub(self.members.channel(endpoint))
+            try:
+                for resp in stub.LeaseKeepAlive(
+                    iter([pb.LeaseKeepAliveRequest(ID=lease)]),
+                    timeout=timeout or self.settings.request_timeout,
+                ):
+                    return int(resp.TTL)
+            except grpc.RpcError as exc:
+                why = f"etcd {endpoint}: {exc.details() or exc.code().name}"
+            self.members.skip(endpoint)
+        raise Unavailable(why)
+
+    # ------------------------------------------------------------------ watches
+
+    def create_request(self, prefix: bytes, start: int) -> Any:
+        return pb.WatchRequest(
+            create_request=pb.WatchCreateRequest(
+                key=prefix, range_end=prefix_end(prefix), start_revision=start
+            )
+        )
+
+    def _aio_channel(self, endpoint: str) -> grpc.aio.Channel:
+        ch = self._aio.get(endpoint)
+        if ch is None:
+            ch = grpc.aio.insecure_channel(endpoint)
+            self._aio[endpoint] = ch
+        return ch
+
+    async def watch_prefix(self, prefix: str, start: int) -> AsyncIterator[list[Event]]:
+        """Every event under ``<ns>/<prefix>`` from revision ``start`` on,
+        one list per revision, resuming on other members as needed (see the
+        module doc). Raises :class:`Compacted` when ``start`` is gone."""
+        full = self.key(prefix)
+        next_rev = start
+        failures = 0
+        while True:
+            endpoint = self.members.current()
+            try:
+                async for batch in self._watch_once(endpoint, full, next_rev):
+                    failures = 0
+                    next_rev = batch[-1].revision + 1
+                    yield batch
+            except Compacted:
+                raise
+            except (grpc.RpcError, TimeoutError, _WatchEnded) as exc:
+                failures += 1
+                self.members.skip(endpoint)
+                level = logging.INFO if failures == 1 else logging.DEBUG
+                log.log(
+                    level,
+                    "etcd watch on %s broke (%s); resuming at %d",
+                    endpoint,
+                    _why(exc),
+                    next_rev,
+                )
+                await asyncio.sleep(min(0.05 * 2**failures, 1.0))
+
+    async def _watch_once(
+        self, endpoint: str, prefix: bytes, start: int
+    ) -> AsyncIterator[list[Event]]:
+        stub = stubs.WatchStub(self._aio_channel(endpoint))
+        call = stub.Watch(metadata=(("hasleader", "true"),))
+        await call.write(self.create_request(prefix, start))
+        loop = asyncio.get_running_loop()
+        last_answer = loop.time()
+
+        async def watchdog() -> None:
+            while True:
+                await asyncio.sleep(self.settings.progress_every)
+                if loop.time() - last_answer > self.settings.watch_deadline:
+                    call.cancel()
+                    return
+                with contextlib.suppress(Exception):
+                    await call.write(pb.WatchRequest(progress_request=pb.WatchProgressRequest()))
+
+        dog = asyncio.create_task(watchdog())
+        try:
+            while True:
+                resp = await call.read()
+                if resp is _EOF:
+                    raise _WatchEnded("the member ended the watch")
+                last_answer = loop.time()
+                if resp.compact_revision:
+                    raise Compacted(start - 1, int(resp.compact_revision))
+                if resp.canceled:
+                    raise _WatchEnded(resp.cancel_reason or "canceled")
+                events = []
+                for ev in resp.events:
+                    try:
+                        events.append(self.event(ev))
+                    except ValueError:
+                        log.warning("skipping an etcd event whose key is not UTF-8")
+                for _, group in groupby(events, key=lambda e: e.revision):
+                    yield list(group)
+        except asyncio.CancelledError:
+            if dog.done() and not asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                raise _WatchEnded("silent for too long (a frozen member?)") from None
+            raise
+        finally:
+            dog.cancel()
+            call.cancel()
+
+    def event(self, ev: Any) -> Event:
+        return Event(int(ev.kv.mod_revision), self.keyvalue(ev.kv), ev.type == 1)  # 1: DELETE
+
+    def close(self) -> None:
+        self.members.close()
+        for ch in self._aio.values():
+            with contextlib.suppress(Exception):
+                _close_later(ch)
+        self._aio.clear()
+
+
+class GuardFailed(StoreError):
+    """A guarded write found its compare false: nothing was written."""
+
+
+async def follow(
+    client: EtcdClient,
+    prefix: str,
+    revision: int,
+    reset: Callable[[list[KeyValue]], None],
+    apply: Callable[[Event], None],
+    retry: float = 1.0,
+) -> None:
+    """Follow a prefix for ever: each event into ``apply``; when the watch
+    cannot resume (compacted) or anything fails, the prefix is listed again
+    into ``reset``. A bad key or value is the caller's to skip (``apply``
+    and ``reset`` must not raise for one); should they raise anyway, it is
+    logged and the follower lists again - it never dies, and never retries
+    the same event for ever."""
+    while True:
+        try:
+            async for batch in client.watch_prefix(prefix, revision + 1):
+                for ev in batch:
+                    try:
+                        apply(ev)
+                    except Exception:
+                        log.exception("skipping an event of %s at revision %d", prefix, ev.revision)
+                revision = batch[-1].revision
+        except Compacted:
+            log.info("watch of %s compacted past %d: listing again", prefix, revision)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("following %s failed at revision %d; listing again", prefix, revision)
+            await asyncio.sleep(retry)
+        try:
+            revision, kvs = await asyncio.to_thread(client.list_prefix, prefix)
+            reset(kvs)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("cannot list %s (%s); retrying", prefix, exc)
+            await asyncio.sleep(retry)
+
+
+def _refusal(exc: grpc.RpcError) -> StoreError:
+    detail = str(exc.details() or "")
+    if "too many operations" in detail:
+        return TooLarge(
+            f"one write of more keys than etcd takes in a transaction ({detail}): "
+            "raise --max-txn-ops on the etcd members (docs/cluster.md) or apply in parts"
+        )
+    if "too large" in detail:
+        return TooLarge(
+            f"one write larger than etcd takes ({detail}): raise --max-request-bytes on the "
+            "etcd members (docs/cluster.md) or apply in parts"
+        )
+    return StoreError(f"etcd refused the request: {detail}")
+
+
+class _WatchEnded(Exception):
+    pass
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, grpc.RpcError):
+        return str(exc.details() or exc.code().name)
+    return str(exc) or type(exc).__name__
+
+
+def _close_later(ch: grpc.aio.Channel) -> None:
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return  # no loop: the channel goes with the process
+    task = loop.create_task(ch.close(None))
+    _CLOSING.add(task)
+    task.add_done_callback(_CLOSING.discard)
