@@ -50,7 +50,7 @@ from tests.cluster.stack import ClusterStack
 from tests.integration.serve_proc import wait_for
 
 from common import Proc, cpu_seconds, free_port, rss_mb, wait_until
-from healthgate.runtime.etcd_local import EtcdCluster
+from healthgate.fixtures.etcd_local import EtcdCluster
 from healthgate.store.etcd import EtcdStore
 
 NEG_SIZE = 2000  # endpoints per NEG (one NEG is one etcd key: ~100 KB)

@@ -39,7 +39,8 @@ from typing import Any
 from healthgate.health.engine import HealthEngine
 from healthgate.health.states import Outcome, ProbeResult
 from healthgate.model.resources import Resource
-from healthgate.model.validation import Document, parse_resource, validate_documents
+from healthgate.model.rules import validate_documents
+from healthgate.model.validation import Document, parse_resource
 
 GOAL_RESULTS_PER_SEC = 200_000
 GOAL_BYTES_PER_ENDPOINT = 500

@@ -14,12 +14,12 @@ import yaml
 from healthgate.health.engine import HealthEngine
 from healthgate.health.states import Outcome, ProbeResult, Record
 from healthgate.model.resources import Resource
+from healthgate.model.rules import validate_documents
 from healthgate.model.validation import (
     Document,
     InvalidResources,
     Issue,
     parse_resource,
-    validate_documents,
 )
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -59,7 +59,9 @@ def test_workers_probe_the_nodes_share_and_a_killed_worker_resumes(stack: Cluste
         )
     time.sleep(3)  # three probe intervals: would its endpoints flap?
     events = stack.events(node, after)
-    assert events == [], events
+    assert events == [], "\n".join(
+        f"{e['kind']} {e['path']} {e['from']} -> {e['to']}: {e['reason']}" for e in events
+    )
     assert all(stack.route_target(n) == US for n in stack.live())
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from healthgate.runtime.etcd_local import EtcdCluster
+from healthgate.fixtures.etcd_local import EtcdCluster
 from healthgate.store.base import (
     EXISTS,
     Change,

@@ -9,7 +9,7 @@ from typing import Any
 
 import uvloop
 
-from healthgate.runtime.regions import RegionBackends
+from healthgate.fixtures.regions import RegionBackends
 from tests.helpers import example_world
 from tests.integration.servers import free_port
 

@@ -10,8 +10,10 @@ import time
 from collections.abc import Awaitable, Callable
 
 from healthgate.dataplane.guard import ConnectionGuard
-from healthgate.dataplane.http import HttpProxy, HttpSettings, UpstreamPool
+from healthgate.dataplane.http import HttpProxy
+from healthgate.dataplane.http_limits import HttpSettings
 from healthgate.dataplane.tcp import TcpProxy
+from healthgate.dataplane.upstream import UpstreamPool
 from tests.helpers import run_async
 
 

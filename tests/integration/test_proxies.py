@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 
-from healthgate.dataplane.http import HttpProxy, HttpSettings, UpstreamPool
-from healthgate.dataplane.manager import DataPlane, DataPlaneSettings
+from healthgate.dataplane.http import HttpProxy
+from healthgate.dataplane.http_limits import HttpSettings
+from healthgate.dataplane.manager import Balance, DataPlane, DataPlaneSettings
 from healthgate.dataplane.tcp import TcpProxy
+from healthgate.dataplane.upstream import UpstreamPool
 from healthgate.health.engine import HealthEngine
 from healthgate.health.states import Outcome, ProbeResult
 from tests.helpers import resources, run_async
@@ -323,7 +325,7 @@ def test_least_connections_prefers_the_endpoint_with_fewest_open_connections() -
             world = producer_world([a.port, b.port, c.port], free_port())
             engine = HealthEngine()
             engine.apply(world.values(), 0.0)
-            dp = DataPlane(engine, DataPlaneSettings(balance=balance))
+            dp = DataPlane(engine, DataPlaneSettings(balance=Balance(balance)))
             await dp.sync(world)
             port = next(iter(dp.listeners.values())).spec.ports[0]
             served: list[int] = []
@@ -401,7 +403,7 @@ def test_the_fast_paths_first_try_follows_endpoint_health_at_once() -> None:
 
 def test_unknown_balance_policy_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="balance: 'random'"):
-        DataPlaneSettings(balance="random")
+        DataPlaneSettings(balance="random")  # type: ignore[arg-type]  # (from outside: a string)
 
 
 def scripted(name: bytes, plan: list[str], seen: list[bytes]) -> Any:

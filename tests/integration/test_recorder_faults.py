@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from healthgate.controlplane.recorder import TransitionRecorder
-from healthgate.health.states import HealthState, Transition
+from healthgate.health.states import HealthState, RecordKind, RouteMode, Transition
 from healthgate.store.base import Guard, LogQuery, Unavailable
 from healthgate.store.memory import MemoryStore
 from tests.helpers import run_async
@@ -39,7 +39,7 @@ def test_a_full_disk_delays_transition_records_and_loses_none(
         1.0,
         "p",
         "r",
-        "HealthSource",
+        RecordKind.HEALTH_SOURCE,
         "s",
         "projects/p/regions/r/healthSources/s",
         HealthState.UNKNOWN,
@@ -73,7 +73,7 @@ def test_a_transition_has_one_shape_in_the_log_and_in_the_api(
         2.5,
         "shop",
         "us-east1",
-        "HealthSource",
+        RecordKind.HEALTH_SOURCE,
         "s",
         "projects/shop/regions/us-east1/healthSources/s",
         HealthState.HEALTHY,
@@ -81,7 +81,7 @@ def test_a_transition_has_one_shape_in_the_log_and_in_the_api(
         "why",
     )
     route = RouteChange(
-        2.5, "web", "projects/web/global/forwardingRules/front", "a", "b", "normal", "moved"
+        2.5, "web", "projects/web/global/forwardingRules/front", "a", "b", RouteMode.NORMAL, "moved"
     )
     store = MemoryStore()
 
@@ -114,7 +114,7 @@ def test_metric_labels_hold_one_kind_of_value() -> None:
                 1.0,
                 "p",
                 "r",
-                "HealthSource",
+                RecordKind.HEALTH_SOURCE,
                 "s",
                 "x",
                 HealthState.UNKNOWN,
@@ -127,7 +127,7 @@ def test_metric_labels_hold_one_kind_of_value() -> None:
                 "projects/w/global/forwardingRules/f",
                 None,
                 "projects/w/regions/r/networkEndpointGroups/n",
-                "normal",
+                RouteMode.NORMAL,
                 "first",
             ),
         ]

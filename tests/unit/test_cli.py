@@ -259,7 +259,7 @@ def test_probe_workers_takes_a_count_or_auto(
 ) -> None:
     """--probe-workers auto is one per core; a bad value is a usage error
     naming the option, before anything is opened."""
-    from healthgate.cli.main import probe_workers
+    from healthgate.cli.serve import probe_workers
 
     assert probe_workers("auto") == len(os.sched_getaffinity(0))
     assert probe_workers("3") == 3

@@ -32,8 +32,10 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from healthgate.health.states import RecordKind
+
 Role = Literal["admin", "producer", "consumer", "viewer", "metrics"]
-CONSUMER_EVENT_KINDS = ("NetworkEndpointGroup", "Route")
+CONSUMER_EVENT_KINDS: tuple[str, ...] = (RecordKind.NEG, RecordKind.ROUTE)
 
 
 class TokenEntry(BaseModel):

@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 
 from healthgate.controlplane.health_service import HealthService
 from healthgate.controlplane.recorder import TransitionRecorder
-from healthgate.health.states import Outcome
+from healthgate.health.states import Outcome, RecordKind
 from healthgate.probes.stats import LAG_BUCKETS, PROBE_BUCKETS
 
 MAX_ENDPOINT_SERIES = 10_000
@@ -101,7 +101,7 @@ class EngineCollector(Collector):
             labels=["mode"],
         )
         for (kind, to), n in sorted(self.recorder.counts.items()):
-            if kind == "Route":
+            if kind == RecordKind.ROUTE:
                 route_changes.add_metric([to], n)
             else:
                 transitions.add_metric([kind, to], n)

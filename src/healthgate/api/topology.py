@@ -28,14 +28,20 @@ from healthgate.model.resources import (
 )
 
 
-def topology_router(state: ApiState) -> APIRouter:
-    router = APIRouter(tags=["health"])
+class Topology:
+    """One project's front ends, their routes and regions, and - where the
+    caller may see it - each region's producer side down to the endpoints."""
 
-    def shown(path: ResourcePath | None) -> dict[str, Any] | None:
-        stored = state.control.stored.get(path) if path is not None else None
-        return state.present(stored) if stored is not None else None
+    def __init__(self, state: ApiState) -> None:
+        self.state = state
+        self.stored = state.control.stored
 
-    def endpoints(backend_service: ResourcePath) -> list[dict[str, Any]]:
+    def shown(self, path: ResourcePath | None) -> dict[str, Any] | None:
+        stored = self.stored.get(path) if path is not None else None
+        return self.state.present(stored) if stored is not None else None
+
+    def endpoints(self, backend_service: ResourcePath) -> list[dict[str, Any]]:
+        state = self.state
         out = []
         for ep in state.health.engine.endpoints(backend_service):
             item: dict[str, Any] = {
@@ -54,31 +60,59 @@ def topology_router(state: ApiState) -> APIRouter:
             out.append(item)
         return out
 
-    def producer(attachment: ResourcePath | None, who: Principal) -> Any:
+    def sources(self, composite: CompositeHealthCheck) -> list[dict[str, Any]]:
+        out = []
+        for src_path in composite.refs("health_sources"):
+            src = self.stored.get(src_path)
+            if src is None or not isinstance(src.resource, HealthSource):
+                continue
+            bs = src.resource.ref("sources")
+            out.append({**self.state.present(src), "endpoints": self.endpoints(bs) if bs else []})
+        return out
+
+    def producer(self, attachment: ResourcePath | None, who: Principal) -> Any:
         if attachment is None:
             return None
         if not who.can_read(attachment.project):
             return "forbidden"
-        sa = state.control.stored.get(attachment)
+        sa = self.stored.get(attachment)
         if sa is None or not isinstance(sa.resource, ServiceAttachment):
             return None
         fr_path = sa.resource.ref("target_service")
-        composites = []
-        for stored in state.control.stored.values():
-            c = stored.resource
-            if not (isinstance(c, CompositeHealthCheck) and c.ref("health_destination") == fr_path):
-                continue
-            sources = []
-            for src_path in c.refs("health_sources"):
-                src = state.control.stored.get(src_path)
-                if src is None or not isinstance(src.resource, HealthSource):
-                    continue
-                bs = src.resource.ref("sources")
-                sources.append(
-                    {**state.present(src), "endpoints": endpoints(bs) if bs is not None else []}
-                )
-            composites.append({**state.present(stored), "sources": sources})
-        return {"forwardingRule": shown(fr_path), "composites": composites}
+        composites = [
+            {**self.state.present(stored), "sources": self.sources(stored.resource)}
+            for stored in self.stored.values()
+            if isinstance(stored.resource, CompositeHealthCheck)
+            and stored.resource.ref("health_destination") == fr_path
+        ]
+        return {"forwardingRule": self.shown(fr_path), "composites": composites}
+
+    def negs(self, frontend: ForwardingRule, who: Principal) -> list[dict[str, Any]]:
+        bs_path = frontend.ref("backend_service")
+        bs = self.stored.get(bs_path) if bs_path is not None else None
+        if bs is None or not isinstance(bs.resource, BackendService):
+            return []
+        out = []
+        for neg_path in bs.resource.refs("backends"):
+            neg = self.stored.get(neg_path)
+            if neg is not None and isinstance(neg.resource, NetworkEndpointGroup):
+                producer = self.producer(neg.resource.ref("psc_target_service"), who)
+                out.append({**self.state.present(neg), "producer": producer})
+        return out
+
+    def of(self, project: str, who: Principal) -> dict[str, Any]:
+        frontends = [
+            {**self.state.present(stored), "negs": self.negs(stored.resource, who)}
+            for path, stored in sorted(self.stored.items())
+            if path.project == project
+            and isinstance(stored.resource, ForwardingRule)
+            and stored.resource.is_global
+        ]
+        return {"project": project, "frontends": frontends}
+
+
+def topology_router(state: ApiState) -> APIRouter:
+    router = APIRouter(tags=["health"])
 
     @router.get("/v1/projects/{project}/topology")
     async def topology(project: str, authorization: Auth = None) -> dict[str, Any]:
@@ -87,26 +121,6 @@ def topology_router(state: ApiState) -> APIRouter:
         who = state.principal(authorization)
         state.check_read(who, project)
         state.path_of(project, GLOBAL, "forwardingRules", "x")  # (checks the name)
-        frontends = []
-        for path, stored in sorted(state.control.stored.items()):
-            fr = stored.resource
-            if path.project != project or not (isinstance(fr, ForwardingRule) and fr.is_global):
-                continue
-            bs_path = fr.ref("backend_service")
-            bs = state.control.stored.get(bs_path) if bs_path is not None else None
-            negs = []
-            if bs is not None and isinstance(bs.resource, BackendService):
-                for neg_path in bs.resource.refs("backends"):
-                    neg = state.control.stored.get(neg_path)
-                    if neg is None or not isinstance(neg.resource, NetworkEndpointGroup):
-                        continue
-                    negs.append(
-                        {
-                            **state.present(neg),
-                            "producer": producer(neg.resource.ref("psc_target_service"), who),
-                        }
-                    )
-            frontends.append({**state.present(stored), "negs": negs})
-        return {"project": project, "frontends": frontends}
+        return Topology(state).of(project, who)
 
     return router

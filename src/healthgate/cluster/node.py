@@ -36,8 +36,8 @@ from healthgate.cluster.probing import ClusterProbing, ClusterSettings
 from healthgate.cluster.session import Session
 from healthgate.controlplane.recorder import TransitionRecorder
 from healthgate.controlplane.saved_states import engine_states
-from healthgate.store.base import Guard, StoreError
-from healthgate.store.etcd import EtcdStore, sane_time
+from healthgate.store.base import Guard, StoreError, sane_time
+from healthgate.store.etcd import EtcdStore
 from healthgate.store.etcd_client import Event, KeyValue, follow
 
 log = logging.getLogger("healthgate.cluster")

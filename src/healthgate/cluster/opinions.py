@@ -31,8 +31,7 @@ from typing import Any
 from healthgate.cluster.session import Session
 from healthgate.health.states import HealthState
 from healthgate.model.names import is_valid_name, split_endpoint_path
-from healthgate.store.base import StoreError
-from healthgate.store.etcd import sane_time
+from healthgate.store.base import StoreError, sane_time
 from healthgate.store.etcd_client import EtcdClient, GuardFailed, KeyValue
 
 log = logging.getLogger("healthgate.cluster")

@@ -35,7 +35,14 @@ from healthgate.controlplane.probe_workers import ProbePool
 from healthgate.controlplane.probing import Decided, Feed, LocalProber, set_states, spec_of
 from healthgate.health.engine import ApplyResult, HealthEngine
 from healthgate.health.placement import by_region, probers
-from healthgate.health.states import HealthState, ProbeResult, Record, RouteChange, Transition
+from healthgate.health.states import (
+    HealthState,
+    ProbeResult,
+    Record,
+    RecordKind,
+    RouteChange,
+    Transition,
+)
 from healthgate.health.vantage import vantages_of, verdict
 from healthgate.model.names import endpoint_path
 from healthgate.model.resources import Resource
@@ -269,7 +276,7 @@ class ClusterProbing:
 
     def _flipped(self, records: list[Record]) -> None:
         for r in records:
-            if isinstance(r, Transition) and r.kind == "Endpoint":
+            if isinstance(r, Transition) and r.kind is RecordKind.ENDPOINT:
                 for vantage in self._mine_by_path.get(r.path, (0, ()))[1]:
                     self._say(r.path, vantage, r.current, r.time, r.reason)
 

@@ -43,7 +43,6 @@ import gc
 import logging
 import math
 import os
-import signal
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -52,14 +51,14 @@ from healthgate.controlplane.probing import Decided, Feed, LocalProber, spec_of
 from healthgate.health.endpoints import Observed
 from healthgate.health.engine import ApplyResult, HealthEngine, ProbeTarget
 from healthgate.health.placement import rendezvous
-from healthgate.health.states import HealthState, Outcome, ProbeResult, Transition
+from healthgate.health.states import HealthState, Outcome, ProbeResult, RecordKind, Transition
 from healthgate.model.names import endpoint_path
 from healthgate.model.resources import Resource
 from healthgate.probes.prober import ProbeSettings
 from healthgate.probes.scheduler import SchedulerSettings
 from healthgate.probes.stats import FailureLogLimiter, ProbeTotals
 from healthgate.process.frames import expect, read_frame, stdio_streams, write
-from healthgate.process.limits import open_file_limit, raise_open_file_limit
+from healthgate.process.limits import open_file_limit
 from healthgate.process.supervisor import Supervisor
 
 log = logging.getLogger("healthgate.probe_workers")
@@ -419,7 +418,7 @@ class _Worker:
         table = self.engine.table
         flips = []
         for r in records:
-            if isinstance(r, Transition) and r.kind == "Endpoint":
+            if isinstance(r, Transition) and r.kind is RecordKind.ENDPOINT:
                 slot = table.slot_of_path(r.path)
                 if slot is not None:
                     flips.append(Decided(r.path, r.current, r.time, r.reason, table.observed(slot)))
@@ -529,14 +528,8 @@ async def run_worker() -> None:
             await writer.drain()
 
 
-def worker_main(index: int, level: str) -> None:
-    """A probe worker process (process/run.py starts it)."""
+def worker_main(index: int) -> None:
+    """A worker process's work (process/run.py starts it, set up)."""
     import uvloop
 
-    logging.basicConfig(
-        level=level.upper(),
-        format=f"%(asctime)s probe-worker[{index}] %(levelname)s %(name)s: %(message)s",
-    )
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the serving process decides when we stop
-    raise_open_file_limit()
     uvloop.run(run_worker())

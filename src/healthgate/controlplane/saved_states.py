@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from healthgate.health.engine import Route
-from healthgate.health.states import HealthState
+from healthgate.health.states import HealthState, RouteMode
+from healthgate.store.base import sane_time
 
 log = logging.getLogger("healthgate.control")
 
@@ -56,17 +57,20 @@ def decode_states(
         kind, _, path = key.partition("/")
         try:
             if kind == "endpoint":
-                endpoints[path] = (HealthState[v["state"]], float(v["since"]))
+                endpoints[path] = (HealthState[v["state"]], sane_time(v["since"]))
             elif kind == "node":
-                nodes[path] = (HealthState[v["state"]], str(v["reason"]), float(v["since"]))
+                nodes[path] = (HealthState[v["state"]], str(v["reason"]), sane_time(v["since"]))
             elif kind == "route":
+                target, attachment = v["target"], v.get("attachment")
+                if not all(x is None or isinstance(x, str) for x in (target, attachment)):
+                    raise ValueError("target and attachment are paths")
                 routes[path] = Route(
                     path,
-                    v["target"],
-                    v.get("attachment"),
-                    v["mode"],
-                    v["reason"],
-                    float(v["since"]),
+                    target,
+                    attachment,
+                    RouteMode(v["mode"]),
+                    str(v["reason"]),
+                    sane_time(v["since"]),
                 )
         except (KeyError, TypeError, ValueError):
             log.warning("ignoring unreadable stored state %s", key)

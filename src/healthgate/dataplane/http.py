@@ -36,343 +36,30 @@ connection yet) takes the general path from the start.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import re
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import cast
 
 import httptools
 
 from healthgate.dataplane.guard import ConnectionGuard
+from healthgate.dataplane.http_limits import HttpSettings
+from healthgate.dataplane.http_message import (
+    IDEMPOTENT,
+    NOT_PLAIN,
+    PLAIN,
+    RETRY_STATUSES,
+    Request,
+    simple_response,
+)
 from healthgate.dataplane.retry import NextTry, next_try
 from healthgate.dataplane.tcp import count_down, served_key
+from healthgate.dataplane.upstream import UpstreamConnection, UpstreamPool, expire_head
 
 log = logging.getLogger("healthgate.dataplane")
 
 Address = tuple[str, int]
-IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
-RETRY_STATUSES = frozenset({502, 503, 504})
-HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"upgrade",
-        b"transfer-encoding",
-        b"content-length",
-        b"expect",
-    }
-)
-
-
-# The requests the fast path forwards as they are: GET or HEAD of an
-# origin-form target in HTTP/1.1, header lines of token names and visible
-# ASCII values, no body (no framing header may follow: see _NOT_PLAIN).
-_PLAIN = re.compile(
-    rb"(GET|HEAD) /[!-~]* HTTP/1\.1\r\n(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t -~]*\r\n)*\r\n"
-)
-# Headers the general path rewrites, drops or acts on (each header line
-# starts right after a "\n"), searched for in the lower-cased head (faster
-# than re.IGNORECASE: 0.5 against 0.95 µs for a short head).
-_NOT_PLAIN = re.compile(
-    rb"\n(?:connection|keep-alive|proxy-connection|te|trailer|upgrade|transfer-encoding"
-    rb"|content-length|expect|x-forwarded-for):"
-)
-
-
-@dataclass(frozen=True, slots=True)
-class HttpSettings:
-    per_try_timeout: float = 2.0  # seconds to the first byte of the response
-    connect_timeout: float = 1.0
-    max_body_bytes: int = 8 * 1024 * 1024
-    max_head_bytes: int = 64 * 1024
-    max_pipelined: int = 32
-    max_idle_per_upstream: int = 64
-
-
-class Request:
-    __slots__ = (
-        "body",
-        "data",
-        "failed",
-        "groups",
-        "head_bytes",
-        "headers",
-        "hung",
-        "keep_alive",
-        "last_error",
-        "method",
-        "url",
-    )
-
-    def __init__(self) -> None:
-        self.url = bytearray()
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.body = bytearray()
-        self.method = "GET"
-        self.keep_alive = True
-        self.head_bytes = 0
-        # set when the fast path made the first try: what it sent, the route
-        # it used (when it had one), the endpoint not to try again, the
-        # region not to try again (one that hung: all its candidates), and
-        # why. By address, not by position: without a recorded route the
-        # general path chooses again, and the route may have moved meanwhile
-        # (the hung region no longer first, but a fallback).
-        self.data: bytes | None = None
-        self.groups: Sequence[Sequence[Address]] | None = None
-        self.failed: Address | None = None
-        self.hung: Sequence[Address] | None = None
-        self.last_error = ""
-
-    def serialize(self, client_ip: str) -> bytes:
-        if self.data is not None:
-            return self.data
-        out = bytearray(f"{self.method} ".encode())
-        out += self.url
-        out += b" HTTP/1.1\r\n"
-        forwarded = None
-        for name, value in self.headers:
-            low = name.lower()
-            if low in HOP_BY_HOP:
-                continue
-            if low == b"x-forwarded-for":
-                forwarded = value
-                continue
-            out += name + b": " + value + b"\r\n"
-        xff = (forwarded + b", " if forwarded else b"") + client_ip.encode()
-        out += b"X-Forwarded-For: " + xff + b"\r\n"
-        if self.body or self.method in ("POST", "PUT", "PATCH"):
-            out += b"Content-Length: %d\r\n" % len(self.body)
-        out += b"\r\n"
-        out += self.body
-        return bytes(out)
-
-
-class UpstreamConnection(asyncio.Protocol):
-    """One pooled connection to an upstream; answers one request at a time."""
-
-    def __init__(self, address: Address) -> None:
-        self.address = address
-        self.served_key = served_key(address)  # its counter in stats
-        self.transport: asyncio.Transport | None = None
-        self.closed = False
-        self.reused = False
-        self.parser = httptools.HttpResponseParser(self)  # parses message after message
-        self._reset_exchange()
-
-    def _reset_exchange(self) -> None:
-        self.head: asyncio.Future[int] | None = None
-        self.done: asyncio.Future[bool] | None = None
-        self.owner: HttpProxy | None = None  # a fast-path exchange: callbacks, no futures
-        self.buffer: list[bytes] = []  # what came before the commit (usually one read)
-        self.sink: asyncio.Transport | None = None  # the client, once committed
-        self.head_only = False
-        self.got_bytes = False
-        self.status = 0  # the response's status, once its head is in
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-
-    def start(self, request: bytes, head_only: bool) -> None:
-        loop = asyncio.get_running_loop()
-        self._reset_exchange()
-        self.head_only = head_only
-        self.head = loop.create_future()
-        self.done = loop.create_future()
-        assert self.transport is not None
-        self.transport.write(request)
-
-    def start_fast(self, request: bytes, head_only: bool, owner: HttpProxy) -> None:
-        """Send ``request``; report to ``owner`` by callbacks (``_fast_*``).
-        (The exchange's fields set here and not by _reset_exchange: this runs
-        per request, and a pooled connection is only ever idle between
-        exchanges, with no future, buffer or sink left over.)"""
-        self.owner = owner
-        self.head_only = head_only
-        self.got_bytes = False
-        self.status = 0
-        assert self.transport is not None
-        self.transport.write(request)
-
-    def commit(self, client: asyncio.Transport) -> None:
-        """Send what was buffered to the client; stream the rest directly."""
-        self.sink = client
-        buffer = self.buffer
-        if buffer:
-            if not client.is_closing():
-                client.write(buffer[0] if len(buffer) == 1 else b"".join(buffer))
-            buffer.clear()
-
-    def data_received(self, data: bytes) -> None:
-        self.got_bytes = True
-        sink = self.sink
-        if sink is not None:
-            if not sink.is_closing():  # a client that left mid-response: read on, drop
-                sink.write(data)
-        else:
-            self.buffer.append(data)
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            self._fail(ConnectionError("malformed response from upstream"))
-            if self.transport is not None:
-                self.transport.close()
-
-    # httptools callbacks
-    def on_headers_complete(self) -> None:
-        self.status = status = self.parser.get_status_code()
-        if self.owner is not None:
-            self.owner._fast_head(self, status)
-        elif self.head is not None and not self.head.done():
-            self.head.set_result(status)
-        if self.head_only:
-            self._complete(reusable=False)
-
-    def on_message_complete(self) -> None:
-        self._complete(reusable=self.parser.should_keep_alive())
-
-    def _complete(self, reusable: bool) -> None:
-        owner = self.owner
-        if owner is not None:
-            self.owner = None
-            owner._fast_done(self, reusable)
-        elif self.done is not None and not self.done.done():
-            self.done.set_result(reusable)
-
-    def _fail(self, exc: Exception) -> None:
-        owner = self.owner
-        if owner is not None:
-            self.owner = None
-            owner._fast_failed(self, exc)
-        for fut in (self.head, self.done):
-            if fut is not None and not fut.done():
-                fut.set_exception(exc)
-                fut.exception()  # may never be awaited (a timed-out try): not an error
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        if self.status and (
-            self.owner is not None or (self.done is not None and not self.done.done())
-        ):
-            # a response without length ends with the connection
-            with contextlib.suppress(httptools.HttpParserError):
-                self.parser.feed_data(b"")
-        self._fail(
-            exc
-            if isinstance(exc, Exception)
-            else ConnectionResetError("upstream closed the connection")
-        )
-
-    # back-pressure from the client
-    def pause_reading(self) -> None:
-        if self.transport is not None and not self.closed:
-            self.transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        if self.transport is not None and not self.closed:
-            self.transport.resume_reading()
-
-
-class TryDeadlines:
-    """The per-try deadlines of fast-path exchanges, checked by one timer.
-
-    A timer per request (``call_later`` + ``cancel``) costs more than the
-    rest of a plain request's Python; instead an exchange records its
-    deadline here and one sweep every ``timeout / 8`` (10-250 ms) expires the
-    late ones, so a try gives up between ``timeout`` and ``timeout`` plus one
-    sweep. The timer runs only while exchanges are in flight.
-    """
-
-    def __init__(self, timeout: float) -> None:
-        self.timeout = timeout
-        self.every = min(0.25, max(0.01, timeout / 8))
-        self.pending: dict[HttpProxy, float] = {}
-        self._timer: asyncio.TimerHandle | None = None
-
-    def add(self, proxy: HttpProxy, loop: asyncio.AbstractEventLoop) -> None:
-        self.pending[proxy] = loop.time() + self.timeout
-        if self._timer is None:
-            self._timer = loop.call_later(self.every, self._sweep, loop)
-
-    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
-        now = loop.time()
-        late = [proxy for proxy, deadline in self.pending.items() if deadline <= now]
-        for proxy in late:
-            del self.pending[proxy]
-            proxy._fast_expired()
-        self._timer = loop.call_later(self.every, self._sweep, loop) if self.pending else None
-
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self.pending.clear()
-
-
-class UpstreamPool:
-    def __init__(self, settings: HttpSettings) -> None:
-        self.settings = settings
-        self._idle: dict[Address, list[UpstreamConnection]] = {}
-        self.deadlines = TryDeadlines(settings.per_try_timeout)
-
-    def idle(self, address: Address) -> UpstreamConnection | None:
-        """A pooled connection to ``address``, if one is open."""
-        idle = self._idle.get(address)
-        while idle:
-            conn = idle.pop()
-            if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
-                conn.reused = True
-                return conn
-        return None
-
-    async def acquire(self, address: Address) -> UpstreamConnection:
-        conn = self.idle(address)
-        if conn is not None:
-            return conn
-        loop = asyncio.get_running_loop()
-        async with asyncio.timeout(self.settings.connect_timeout):
-            _, conn = await loop.create_connection(
-                lambda: UpstreamConnection(address), address[0], address[1]
-            )
-        return conn
-
-    def release(self, conn: UpstreamConnection) -> None:
-        idle = self._idle.get(conn.address)
-        if idle is None:
-            idle = self._idle[conn.address] = []
-        if conn.closed or len(idle) >= self.settings.max_idle_per_upstream:
-            self.discard(conn)
-        else:
-            conn.sink = None
-            idle.append(conn)
-
-    @staticmethod
-    def discard(conn: UpstreamConnection) -> None:
-        if conn.transport is not None:
-            conn.transport.close()
-
-    def close(self) -> None:
-        self.deadlines.close()
-        for conns in self._idle.values():
-            for conn in conns:
-                self.discard(conn)
-        self._idle.clear()
-
-
-def simple_response(status: int, reason: str, message: str, close: bool = False) -> bytes:
-    body = (message + "\n").encode()
-    conn = b"Connection: close\r\n" if close else b""
-    return (
-        f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n".encode()
-        + conn
-        + b"X-Healthgate: proxy\r\n\r\n"
-        + body
-    )
 
 
 class _Retry(Exception):
@@ -383,11 +70,6 @@ class _Retry(Exception):
         self.message = message
         self.sent = sent
         self.timed_out = timed_out
-
-
-def _expire(head: asyncio.Future[int]) -> None:
-    if not head.done():
-        head.set_exception(TimeoutError())
 
 
 class HttpProxy(asyncio.Protocol):
@@ -473,8 +155,8 @@ class HttpProxy(asyncio.Protocol):
             and not self.queue
             and len(data) <= self.settings.max_head_bytes
             and data.endswith(b"\r\n\r\n")
-            and (m := _PLAIN.fullmatch(data)) is not None
-            and _NOT_PLAIN.search(data.lower()) is None
+            and (m := PLAIN.fullmatch(data)) is not None
+            and NOT_PLAIN.search(data.lower()) is None
             and self._fast(data, m[1] == b"HEAD")
         ):
             return
@@ -635,7 +317,7 @@ class HttpProxy(asyncio.Protocol):
         self.upstream = None
         self.inflight = False
 
-    def _fast_head(self, conn: UpstreamConnection, status: int) -> None:
+    def fast_head(self, conn: UpstreamConnection, status: int) -> None:
         self.pool.deadlines.pending.pop(self, None)
         if status in RETRY_STATUSES:  # GET and HEAD are idempotent: the next try
             conn.owner = None
@@ -651,7 +333,7 @@ class HttpProxy(asyncio.Protocol):
             return
         conn.commit(client)
 
-    def _fast_done(self, conn: UpstreamConnection, reusable: bool) -> None:
+    def fast_done(self, conn: UpstreamConnection, reusable: bool) -> None:
         key = conn.served_key
         self.stats[key] = self.stats.get(key, 0) + 1
         if reusable:
@@ -662,7 +344,7 @@ class HttpProxy(asyncio.Protocol):
         if self.queue:  # requests that came in behind this one
             self._wake_worker()
 
-    def _fast_failed(self, conn: UpstreamConnection, exc: Exception) -> None:
+    def fast_failed(self, conn: UpstreamConnection, exc: Exception) -> None:
         self.pool.discard(conn)
         if conn.sink is not None:  # the response broke after it started
             self._fast_end()
@@ -674,7 +356,7 @@ class HttpProxy(asyncio.Protocol):
         stale = conn.reused and not conn.got_bytes  # a pooled connection the server had closed
         self._fast_fallback(f"{address[0]}:{address[1]}: {exc}", None if stale else address)
 
-    def _fast_expired(self) -> None:
+    def fast_expired(self) -> None:
         conn = self.upstream
         if conn is None or conn.owner is not self:
             return
@@ -829,7 +511,7 @@ class HttpProxy(asyncio.Protocol):
             assert head is not None and conn.done is not None
             # the per-try deadline: a bare timer failing the head future costs far
             # less than asyncio.timeout + shield on every request
-            timer = loop.call_later(self.settings.per_try_timeout, _expire, head)
+            timer = loop.call_later(self.settings.per_try_timeout, expire_head, head)
             try:
                 status = await head
             except TimeoutError:

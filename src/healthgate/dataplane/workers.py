@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +45,6 @@ from healthgate.health.engine import EndpointKey, HealthEngine, RouteTable
 from healthgate.model.names import ResourcePath
 from healthgate.model.resources import ForwardingRule, Resource
 from healthgate.process.frames import expect, read_frame, stdio_streams, write
-from healthgate.process.limits import raise_open_file_limit
 from healthgate.process.supervisor import Supervisor
 
 log = logging.getLogger("healthgate.dataplane")
@@ -299,14 +297,8 @@ async def run_worker(index: int) -> None:
         log.info("data-plane worker %d stopped", index)
 
 
-def worker_main(index: int, level: str) -> None:
-    """A data-plane worker process (process/run.py starts it)."""
+def worker_main(index: int) -> None:
+    """A worker process's work (process/run.py starts it, set up)."""
     import uvloop
 
-    logging.basicConfig(
-        level=level.upper(),
-        format=f"%(asctime)s worker[{index}] %(levelname)s %(name)s: %(message)s",
-    )
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the serving process decides when we stop
-    raise_open_file_limit()
     uvloop.run(run_worker(index))

@@ -21,7 +21,14 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
-from healthgate.health.states import HealthState, Outcome, ProbeResult, Record, Transition
+from healthgate.health.states import (
+    HealthState,
+    Outcome,
+    ProbeResult,
+    Record,
+    RecordKind,
+    Transition,
+)
 from healthgate.health.threshold import RUN_CAP, step
 from healthgate.health.types import (
     ApplyResult,
@@ -249,7 +256,15 @@ class EndpointTable:
         p = agg.path
         name = endpoint_name(*key)
         return Transition(
-            now, p.project, p.region, "Endpoint", name, endpoint_path(p, *key), old, new, reason
+            now,
+            p.project,
+            p.region,
+            RecordKind.ENDPOINT,
+            name,
+            endpoint_path(p, *key),
+            old,
+            new,
+            reason,
         )
 
     # ------------------------------------------------------------------ resources

@@ -21,7 +21,13 @@ from types import MappingProxyType
 from healthgate.health.composite import combine
 from healthgate.health.policy import PolicyParams, evaluate
 from healthgate.health.routing import Candidate, choose, order
-from healthgate.health.states import HealthState, Record, RouteChange, Transition
+from healthgate.health.states import (
+    HealthState,
+    Record,
+    RecordKind,
+    RouteChange,
+    Transition,
+)
 from healthgate.health.types import NodeStatus, Route, RouteTable
 from healthgate.model.names import ResourcePath
 from healthgate.model.resources import (
@@ -133,7 +139,7 @@ class HealthGraph:
         self,
         now: float,
         node: _Node,
-        kind: str,
+        kind: RecordKind,
         state: HealthState,
         reason: str,
         records: list[Record],
@@ -158,10 +164,15 @@ class HealthGraph:
         policy = self._policies.get(str(res.ref("health_aggregation_policy")))
         if counts is None or policy is None:
             return self._set(
-                now, node, "HealthSource", UNKNOWN, "backend service or policy missing", records
+                now,
+                node,
+                RecordKind.HEALTH_SOURCE,
+                UNKNOWN,
+                "backend service or policy missing",
+                records,
             )
         state, reason = evaluate(policy, *counts)
-        return self._set(now, node, "HealthSource", state, reason, records)
+        return self._set(now, node, RecordKind.HEALTH_SOURCE, state, reason, records)
 
     def _eval_composite(self, now: float, node: _Node, records: list[Record]) -> bool:
         res = node.resource
@@ -174,7 +185,7 @@ class HealthGraph:
             else:
                 parts.append((p.name, src.state, src.reason))
         state, reason = combine(parts)
-        self._set(now, node, "CompositeHealthCheck", state, reason, records)
+        self._set(now, node, RecordKind.COMPOSITE, state, reason, records)
         delivered = UNKNOWN if res.mode == "DRY_RUN" else state
         if delivered is node.delivered:
             return False
@@ -221,9 +232,7 @@ class HealthGraph:
                 state, reason = att.state, f"{att_path}: {att.reason}"
         accepted_changed = node.extra is not accepted
         node.extra = accepted
-        return (
-            self._set(now, node, "NetworkEndpointGroup", state, reason, records) or accepted_changed
-        )
+        return self._set(now, node, RecordKind.NEG, state, reason, records) or accepted_changed
 
     def _candidates(self, fr: ForwardingRule) -> tuple[list[Candidate], BackendService | None]:
         """A consumer front end's PSC NEGs as route candidates, and its backend service."""
@@ -506,9 +515,9 @@ class HealthGraph:
     def node_states(self) -> Iterator[tuple[str, NodeStatus]]:
         """(kind, status) of every source, composite and PSC NEG."""
         for kind, table in (
-            ("HealthSource", self._sources),
-            ("CompositeHealthCheck", self._composites),
-            ("NetworkEndpointGroup", self._negs),
+            (RecordKind.HEALTH_SOURCE, self._sources),
+            (RecordKind.COMPOSITE, self._composites),
+            (RecordKind.NEG, self._negs),
         ):
             for node in table.values():
                 yield kind, NodeStatus(node.path, node.state, node.reason, node.since)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from healthgate.health.states import HealthState
+from healthgate.health.states import HealthState, RouteMode
 
 NO_PRIORITY = 1 << 30
 
@@ -44,7 +44,7 @@ class Candidate:
 @dataclass(frozen=True, slots=True)
 class RouteChoice:
     target: str | None  # NEG path, or None (refuse)
-    mode: str  # "normal", "fail-open", "fail-closed", "none"
+    mode: RouteMode
     reason: str
 
 
@@ -63,7 +63,7 @@ def choose(
     if not ordered:
         refused = [c for c in candidates if not c.accepted]
         why = "no backends" if not refused else "no backend's connection is accepted"
-        return RouteChoice(None, "none", why)
+        return RouteChoice(None, RouteMode.NONE, why)
     by_path = {c.path: c for c in ordered}
     cur = by_path.get(current) if current else None
 
@@ -74,9 +74,13 @@ def choose(
                     break
                 if c.state is HealthState.HEALTHY:
                     return RouteChoice(
-                        c.path, "normal", f"{c.name} ({c.region}) is HEALTHY again: failing back"
+                        c.path,
+                        RouteMode.NORMAL,
+                        f"{c.name} ({c.region}) is HEALTHY again: failing back",
                     )
-        return RouteChoice(cur.path, "normal", f"{cur.name} ({cur.region}) is {cur.state.name}")
+        return RouteChoice(
+            cur.path, RouteMode.NORMAL, f"{cur.name} ({cur.region}) is {cur.state.name}"
+        )
 
     for c in ordered:
         if c.state is not HealthState.UNHEALTHY:
@@ -90,17 +94,17 @@ def choose(
                 why = (
                     f"{c.name} ({c.region}) is first by priority and locality and is {c.state.name}"
                 )
-            return RouteChoice(c.path, "normal", why)
+            return RouteChoice(c.path, RouteMode.NORMAL, why)
 
     if fail_open:
         first = ordered[0]
         return RouteChoice(
             first.path,
-            "fail-open",
+            RouteMode.FAIL_OPEN,
             f"every backend is UNHEALTHY: whenAllUnhealthy FAIL_OPEN keeps {first.name} ({first.region})",
         )
     return RouteChoice(
         None,
-        "fail-closed",
+        RouteMode.FAIL_CLOSED,
         "every backend is UNHEALTHY: whenAllUnhealthy FAIL_CLOSED refuses traffic",
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 from typing import Any, NamedTuple
 
 
@@ -16,6 +16,27 @@ class HealthState(IntEnum):
 
     def __str__(self) -> str:
         return self.name
+
+
+class RecordKind(StrEnum):
+    """What a record of the transition log is about."""
+
+    ENDPOINT = "Endpoint"
+    HEALTH_SOURCE = "HealthSource"
+    COMPOSITE = "CompositeHealthCheck"
+    NEG = "NetworkEndpointGroup"
+    ROUTE = "Route"
+
+
+class RouteMode(StrEnum):
+    """How a consumer front end routes: to a healthy-enough NEG (normal),
+    to the first NEG although every one is UNHEALTHY (fail-open), nowhere
+    (fail-closed), or nothing to route to (none)."""
+
+    NORMAL = "normal"
+    FAIL_OPEN = "fail-open"
+    FAIL_CLOSED = "fail-closed"
+    NONE = "none"
 
 
 class Outcome(IntEnum):
@@ -101,7 +122,7 @@ class Transition:
     time: float
     project: str
     region: str
-    kind: str  # Endpoint, HealthSource, CompositeHealthCheck, NetworkEndpointGroup
+    kind: RecordKind  # (not ROUTE: that is a RouteChange)
     name: str
     path: str
     previous: HealthState
@@ -132,9 +153,9 @@ class RouteChange:
     frontend: str  # forwarding rule path
     previous: str | None  # NEG path
     current: str | None
-    mode: str  # "normal", "fail-open", "fail-closed"
+    mode: RouteMode
     reason: str
-    kind: str = field(default="Route")
+    kind: RecordKind = field(default=RecordKind.ROUTE)
 
     def to_dict(self) -> dict[str, Any]:
         # the same keys as a Transition's (one shape for every record, in the

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from healthgate.health.states import HealthState, ProbeResult, Record
+from healthgate.health.states import HealthState, ProbeResult, Record, RouteMode
 from healthgate.model.names import ResourcePath
 from healthgate.model.resources import HealthCheck
 
@@ -54,7 +54,7 @@ class Route:
     frontend: str
     target: str | None  # PSC NEG path; None = refuse
     attachment: str | None  # the NEG's service attachment path
-    mode: str
+    mode: RouteMode
     reason: str
     since: float
     # attachments to try next, in failover order, for a request the target

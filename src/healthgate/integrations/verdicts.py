@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from healthgate.health.engine import HealthEngine
-from healthgate.health.states import HealthState
+from healthgate.health.states import HealthState, RouteMode
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +61,6 @@ def agent_answer(engine: HealthEngine, neg: str) -> str:
     if status is None or status.state is not HealthState.UNHEALTHY:
         return "up"
     for route in engine.route_table().routes.values():
-        if route.target == neg and route.mode == "fail-open":
+        if route.target == neg and route.mode is RouteMode.FAIL_OPEN:
             return "up"
     return "down"

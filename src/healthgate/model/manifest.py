@@ -30,12 +30,12 @@ from pathlib import Path
 
 import yaml
 
+from healthgate.model.rules import validate_documents
 from healthgate.model.validation import (
     Document,
     InvalidResources,
     Issue,
     parse_resource,
-    validate_documents,
 )
 
 _Base: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

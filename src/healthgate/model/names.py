@@ -22,7 +22,7 @@ from typing import Final
 
 GLOBAL: Final = "global"
 
-NAME_RE: Final = re.compile(r"^[a-z](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+NAME_RE: Final = re.compile(r"[a-z](?:[a-z0-9-]{0,61}[a-z0-9])?")  # (fullmatch: "a\n" is no name)
 NAME_RULE: Final = (
     "1-63 characters, lowercase letters, digits and '-', "
     "starting with a letter and not ending with '-'"
@@ -83,7 +83,7 @@ def brief(value: object, limit: int = 80) -> str:
 
 
 def is_valid_name(name: str) -> bool:
-    return bool(NAME_RE.match(name))
+    return bool(NAME_RE.fullmatch(name))
 
 
 class ReferenceError_(ValueError):

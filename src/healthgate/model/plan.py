@@ -12,7 +12,8 @@ from typing import Any
 
 from healthgate.model.names import ResourcePath
 from healthgate.model.resources import Resource
-from healthgate.model.validation import Document, Issue, check_delete, validate_documents
+from healthgate.model.rules import validate_documents
+from healthgate.model.validation import Document, Issue, check_delete
 
 
 @dataclass(slots=True)

@@ -7,172 +7,38 @@ so a typo in a manifest is an error instead of a silently ignored setting.
 
 Rules that involve one resource only live here (ranges, the ``requestPath``
 alphabet, "exactly one backend service"); rules across resources live in
-:mod:`healthgate.model.validation`.
-
-Every reference field is listed in the class's ``REFS`` table, so validation,
-the engine and the in-use check all walk references the same way.
+:mod:`healthgate.model.rules`. The base every kind shares (wire models,
+paths, the ``REFS`` table of reference fields) is model/resource.py.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import re
 from collections.abc import Iterator
-from dataclasses import dataclass
-from functools import cached_property
-from typing import Annotated, Any, ClassVar, Literal, Self
+from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, field_validator, model_validator
 
 from healthgate.model.names import (
-    GLOBAL,
-    KIND_TO_COLLECTION,
     NAME_RULE,
     ReferenceError_,
-    ResourcePath,
     brief,
     is_valid_name,
     resolve_reference,
 )
+from healthgate.model.resource import (
+    DNS_LABEL_RE,
+    HOST_RE,
+    PORT_RANGE_RE,
+    REQUEST_PATH_RE,
+    STATUS_RE,
+    Model,
+    Port,
+    Reference,
+    Resource,
+    normalise_ip,
+)
 
-# The requestPath alphabet of SPEC §1: letters, digits and - / . % ? # & _ ; ~ ! ( ) * [ ] @ $ ^ : ' , +
-REQUEST_PATH_RE = re.compile(r"^/[A-Za-z0-9\-/.%?#&_;~!()*\[\]@$^:',+]{0,79}$")
-HOST_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-.]*[A-Za-z0-9])?$")
-STATUS_RE = re.compile(r"^([1-5][0-9][0-9])(?:-([1-5][0-9][0-9]))?$")
-DNS_LABEL_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
-PORT_RANGE_RE = re.compile(r"^([0-9]{1,5})(?:-([0-9]{1,5}))?$")
-
-Port = Annotated[int, Field(ge=1, le=65535)]
-
-
-class Model(BaseModel):
-    """Base of every wire object: camelCase aliases, no unknown fields, frozen."""
-
-    model_config = ConfigDict(
-        extra="forbid",
-        frozen=True,
-        populate_by_name=True,
-        alias_generator=to_camel,
-        # no silent trimming: " /healthz" is an error (a space is not in the
-        # requestPath alphabet), not "/healthz"
-        str_strip_whitespace=False,
-    )
-
-    def to_wire(self) -> dict[str, Any]:
-        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
-
-
-def _normalise_ip(value: str) -> str:
-    try:
-        return str(ipaddress.ip_address(value))
-    except ValueError:
-        raise ValueError(f"expected an IPv4 or IPv6 address, got {brief(value)}") from None
-
-
-@dataclass(frozen=True, slots=True)
-class Reference:
-    """One resolved reference: where it is written (field) and what it names."""
-
-    attr: str
-    field: str
-    raw: str
-    target: ResourcePath | None
-    error: str | None = None
-
-
-class Resource(Model):
-    kind: str
-    name: str
-    project: str
-    region: str = GLOBAL
-    description: str = Field("", max_length=2048)
-
-    # "regional", "global" or both
-    SCOPES: ClassVar[frozenset[str]] = frozenset({"regional"})
-    # (python attribute, wire field, target collection); attribute may name a
-    # str, a list of str, or (for "backends") the list of Backend objects.
-    REFS: ClassVar[tuple[tuple[str, str, str], ...]] = ()
-
-    @field_validator("name", "project")
-    @classmethod
-    def _check_name(cls, value: str) -> str:
-        if not is_valid_name(value):
-            raise ValueError(f"expected {NAME_RULE}, got {brief(value)}")
-        return value
-
-    @field_validator("region")
-    @classmethod
-    def _check_region(cls, value: str) -> str:
-        if value != GLOBAL and not is_valid_name(value):
-            raise ValueError(
-                f"expected 'global' or a region name ({NAME_RULE}), got {brief(value)}"
-            )
-        return value
-
-    @model_validator(mode="after")
-    def _check_scope(self) -> Self:
-        scope = "global" if self.region == GLOBAL else "regional"
-        if scope not in self.SCOPES:
-            want = " or ".join(sorted(self.SCOPES))
-            raise ValueError(f"region: a {self.kind} must be {want}; got {self.region!r}")
-        return self
-
-    @cached_property
-    def path(self) -> ResourcePath:
-        return ResourcePath(self.project, self.region, KIND_TO_COLLECTION[self.kind], self.name)
-
-    @property
-    def is_global(self) -> bool:
-        return self.region == GLOBAL
-
-    def references(self) -> Iterator[Reference]:
-        """Every reference this resource makes, resolved against its own path."""
-        return iter(self.resolved_references)
-
-    @cached_property
-    def resolved_references(self) -> tuple[Reference, ...]:
-        # resources are frozen, so their references are resolved once
-        return tuple(self._resolve_references())
-
-    @cached_property
-    def reference_targets(self) -> dict[str, list[ResourcePath]]:
-        """attribute -> resolved targets (unresolvable ones left out)."""
-        out: dict[str, list[ResourcePath]] = {attr: [] for attr, _, _ in self.REFS}
-        for ref in self.resolved_references:
-            if ref.target is not None:
-                out[ref.attr].append(ref.target)
-        return out
-
-    def _resolve_references(self) -> Iterator[Reference]:
-        me = self.path
-        for attr, wire, collection in self.REFS:
-            value = getattr(self, attr)
-            items: list[tuple[str, str]]
-            if value is None:
-                continue
-            if isinstance(value, str):
-                items = [(wire, value)]
-            elif attr == "backends":
-                items = [(f"backends[{i}].group", b.group) for i, b in enumerate(value)]
-            else:
-                items = [(f"{wire}[{i}]", v) for i, v in enumerate(value)]
-            for field, raw in items:
-                try:
-                    yield Reference(attr, field, raw, resolve_reference(raw, me, collection))
-                except ReferenceError_ as exc:
-                    yield Reference(attr, field, raw, None, str(exc))
-
-    def ref(self, attr: str) -> ResourcePath | None:
-        """The resolved target of a single-valued reference field (or the first
-        of a list, as for a health source's one backend service), or None."""
-        targets = self.reference_targets[attr]
-        return targets[0] if targets else None
-
-    def refs(self, attr: str) -> list[ResourcePath]:
-        """The resolved targets of a list-valued reference field (unresolvable ones skipped)."""
-        return self.reference_targets[attr]
-
+__all__ = ["Model", "Reference", "Resource"]
 
 # --------------------------------------------------------------------- health checks
 
@@ -208,7 +74,7 @@ class HealthCheck(Resource):
     @field_validator("request_path")
     @classmethod
     def _check_request_path(cls, value: str) -> str:
-        if not REQUEST_PATH_RE.match(value):
+        if not REQUEST_PATH_RE.fullmatch(value):
             raise ValueError(
                 "expected 1-80 characters starting with '/', made of letters, digits and "
                 f"- / . % ? # & _ ; ~ ! ( ) * [ ] @ $ ^ : ' , +; got {brief(value)}"
@@ -218,7 +84,7 @@ class HealthCheck(Resource):
     @field_validator("host")
     @classmethod
     def _check_host(cls, value: str | None) -> str | None:
-        if value is not None and not HOST_RE.match(value):
+        if value is not None and not HOST_RE.fullmatch(value):
             raise ValueError(f"expected a host name or IP address, got {brief(value)}")
         return value
 
@@ -233,7 +99,7 @@ class HealthCheck(Resource):
     @classmethod
     def _check_status_codes(cls, value: list[str]) -> list[str]:
         for item in value:
-            m = STATUS_RE.match(item)
+            m = STATUS_RE.fullmatch(item)
             if not m or (m.group(2) and int(m.group(2)) < int(m.group(1))):
                 raise ValueError(
                     f"expected status codes 100-599 or ranges like '200-299', got {brief(item)}"
@@ -269,7 +135,7 @@ class NetworkEndpoint(Model):
     ip_address: str
     port: Port | None = None
 
-    _ip = field_validator("ip_address")(classmethod(lambda cls, v: _normalise_ip(v)))
+    _ip = field_validator("ip_address")(classmethod(lambda cls, v: normalise_ip(v)))
 
 
 class NetworkEndpointGroup(Resource):
@@ -312,7 +178,7 @@ class Instance(Model):
     name: str
     ip_address: str
 
-    _ip = field_validator("ip_address")(classmethod(lambda cls, v: _normalise_ip(v)))
+    _ip = field_validator("ip_address")(classmethod(lambda cls, v: normalise_ip(v)))
 
 
 class NamedPort(Model):
@@ -496,7 +362,7 @@ class ForwardingRule(Resource):
         if (
             len(name) > 253
             or len(labels) < 2
-            or not all(DNS_LABEL_RE.match(label) for label in labels)
+            or not all(DNS_LABEL_RE.fullmatch(label) for label in labels)
         ):
             raise ValueError(
                 "expected a fully qualified domain name of at least two labels, each 1-63 "
@@ -508,7 +374,7 @@ class ForwardingRule(Resource):
     def dns_ttl(self) -> int:
         return 5 if self.dns_ttl_sec is None else self.dns_ttl_sec
 
-    _ip = field_validator("ip_address")(classmethod(lambda cls, v: _normalise_ip(v)))
+    _ip = field_validator("ip_address")(classmethod(lambda cls, v: normalise_ip(v)))
 
     @field_validator("port_range", mode="before")
     @classmethod
@@ -520,7 +386,7 @@ class ForwardingRule(Resource):
     def _check_port_range(cls, value: str | None) -> str | None:
         if value is None:
             return value
-        m = PORT_RANGE_RE.match(value)
+        m = PORT_RANGE_RE.fullmatch(value)
         lo = int(m.group(1)) if m else 0
         hi = int(m.group(2) or lo) if m else 0
         if not m or not (1 <= lo <= hi <= 65535):

@@ -309,17 +309,7 @@ class ProbeScheduler:
     def _run_tick(self) -> None:
         loop = self._require_loop()
         now = loop.time()
-        settings = self.settings
-        stats = self.stats
-        lag = now - self._tick_at
-        self._tick_at = float("inf")
-        self._tick_handle = None
-        stats.max_lag = max(stats.max_lag, lag)
-        stats.lag_buckets[bisect.bisect_left(LAG_BUCKETS, lag)] += 1
-        stats.lag_sum += max(lag, 0.0)
-        if lag > settings.lag_threshold:
-            self._last_lag_at = now
-            log.warning("prober event loop lagged %.0f ms behind", lag * 1000)
+        self._measure_lag(now)
         # Starts first, so that they are on time however many results wait.
         # The tick's work is bounded (one tick of CPU for the starts, then
         # at least one batch of results): when more is due than that - the
@@ -327,20 +317,56 @@ class ProbeScheduler:
         # and the loop serves the API and the listeners in between instead of
         # stalling for seconds.
         res, k = self._res, self._k
-        tick = k * res
-        budget_end = time.perf_counter() + tick
-        deferred = False
-        launched = 0
-        slots = self._slots
-        wheel = self._wheel
+        budget_end = time.perf_counter() + k * res
         # the last slot this tick starts: due within half a tick of now
         # (+1e-6: now / res of a time on a slot boundary can come out just
         # below the whole number - 12.35 / 0.01 is 1234.99.. - and then the
         # next tick would be due at once, again and again until the clock
         # moves on: uvloop's clock moves in whole milliseconds)
         last = int((now + (k - 1) * res / 2) / res + 1e-6)
+        deferred = self._start_due(loop, last, budget_end)
+        batch = self.batch
+        if batch is not None and batch.in_flight:
+            end = loop.time()  # (after the starts: some may have ended already)
+            ended = batch.poll(end, budget_end)
+            if ended:
+                self._ended(ended, end, from_batch=True)
+            deferred = deferred or batch.backlog
+        if not deferred:
+            self._start_waiting(loop)
+        slots = self._slots
+        if deferred:
+            self.stats.deferred_ticks += 1
+            nxt = now  # due now: after whatever else the loop has ready
+        elif self._in_flight or self._waiting:
+            nxt = self._wake_for(last + k)
+        elif slots:  # (a tick's worth of slots at once, as when busy)
+            nxt = self._wake_for(max(slots[0], last + k))
+        else:
+            return
+        self._schedule_tick(nxt)  # (nothing arms a tick while this one runs)
+
+    def _measure_lag(self, now: float) -> None:
+        """How late this tick runs: counted, and remembered when it makes timeouts suspect."""
+        stats = self.stats
+        lag = now - self._tick_at
+        self._tick_at = float("inf")
+        self._tick_handle = None
+        stats.max_lag = max(stats.max_lag, lag)
+        stats.lag_buckets[bisect.bisect_left(LAG_BUCKETS, lag)] += 1
+        stats.lag_sum += max(lag, 0.0)
+        if lag > self.settings.lag_threshold:
+            self._last_lag_at = now
+            log.warning("prober event loop lagged %.0f ms behind", lag * 1000)
+
+    def _start_due(self, loop: Clock, last: int, budget_end: float) -> bool:
+        """Start every probe due up to slot ``last``, within the CPU budget;
+        True when the budget ran out first (the rest is put back)."""
+        launched = 0
+        slots = self._slots
+        wheel = self._wheel
         entries = self._entries
-        while slots and slots[0] <= last and not deferred:
+        while slots and slots[0] <= last:
             slot = heapq.heappop(slots)
             keys = wheel.pop(slot)
             for i, (key, generation, at) in enumerate(keys):
@@ -355,7 +381,6 @@ class ProbeScheduler:
                 self._launch(loop, key, entry, loop.time())
                 launched += 1
                 if not launched % 32 and time.perf_counter() > budget_end:
-                    deferred = True
                     rest = keys[i + 1 :]
                     if rest:
                         again = wheel.get(slot)
@@ -364,26 +389,8 @@ class ProbeScheduler:
                             heapq.heappush(slots, slot)
                         else:
                             again[:0] = rest
-                    break
-        batch = self.batch
-        if batch is not None and batch.in_flight:
-            end = loop.time()  # (after the starts: some may have ended already)
-            ended = batch.poll(end, budget_end)
-            if ended:
-                self._ended(ended, end, from_batch=True)
-            deferred = deferred or batch.backlog
-        if not deferred:
-            self._start_waiting(loop)
-        if deferred:
-            stats.deferred_ticks += 1
-            nxt = now  # due now: after whatever else the loop has ready
-        elif self._in_flight or self._waiting:
-            nxt = self._wake_for(last + k)
-        elif slots:  # (a tick's worth of slots at once, as when busy)
-            nxt = self._wake_for(max(slots[0], last + k))
-        else:
-            return
-        self._schedule_tick(nxt)  # (nothing arms a tick while this one runs)
+                    return True
+        return False
 
     def _launch(self, loop: Clock, key: Hashable, entry: _Entry, now: float) -> None:
         entry.in_flight = True

@@ -5,16 +5,27 @@ The worker's module is imported by its own name and its ``worker_main``
 run - never executed as ``__main__``, whose classes would not be the ones
 the owner pickles its messages with (``healthgate.dataplane.workers.Setup``
 and ``__main__.Setup`` are two classes). Only the modules named here run.
+
+Every worker, whatever it does: logs to stderr (its stdout carries frames)
+at the owner's level, labelled with its kind and index; ignores SIGINT (a
+Ctrl-C reaches the whole process group, and the owner decides when its
+workers stop: their stdin ends); raises its open-file limit.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
+import signal
 import sys
 
-WORKER_MODULES = frozenset(
-    {"healthgate.controlplane.probe_workers", "healthgate.dataplane.workers"}
-)
+from healthgate.process.limits import raise_open_file_limit
+
+# module -> the label of its workers in their log lines
+WORKER_MODULES = {
+    "healthgate.controlplane.probe_workers": "probe-worker",
+    "healthgate.dataplane.workers": "worker",
+}
 
 
 def main() -> None:
@@ -22,7 +33,14 @@ def main() -> None:
         sys.exit(
             "usage: python -m healthgate.process.run MODULE INDEX LOG_LEVEL (started by serve)"
         )
-    importlib.import_module(sys.argv[1]).worker_main(int(sys.argv[2]), sys.argv[3])
+    module, index, level = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    logging.basicConfig(
+        level=level.upper(),
+        format=f"%(asctime)s {WORKER_MODULES[module]}[{index}] %(levelname)s %(name)s: %(message)s",
+    )
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the serving process decides when we stop
+    raise_open_file_limit()
+    importlib.import_module(module).worker_main(index)
 
 
 if __name__ == "__main__":

@@ -34,12 +34,12 @@ from fastapi import FastAPI
 from pydantic import BaseModel, Field
 
 from healthgate.api.errors import error_response
+from healthgate.fixtures.etcd_local import EtcdCluster
+from healthgate.fixtures.regions import MODES, RegionBackends
 from healthgate.integrations.haproxy import haproxy_backend
 from healthgate.integrations.xds import bootstrap
 from healthgate.model.names import ResourcePath
-from healthgate.runtime.etcd_local import EtcdCluster
 from healthgate.runtime.lifecycle import Stopper, StopStep, run_steps
-from healthgate.runtime.regions import MODES, RegionBackends
 from healthgate.runtime.server import Server, ServeSettings
 
 log = logging.getLogger("healthgate.demo")
@@ -319,96 +319,105 @@ def human_transitions() -> None:
     transitions.setLevel(logging.INFO)
 
 
-async def run_demo(s: DemoSettings) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix="healthgate-demo-"))
-    backends = RegionBackends()
-    for region, n in REGIONS:
-        for i in range(1, ENDPOINTS_PER_REGION + 1):
-            backends.add(region, f"127.0.{n}.{i}", s.backend_port)
-    manifest = tmp / "demo.yaml"
-    manifest.write_text(yaml.safe_dump_all(demo_manifest(s), sort_keys=False))
-    check_programs(s.with_)
-    etcd: EtcdCluster | None = None
-    settings = ServeSettings(
-        db=str(tmp / "demo.db"),
-        listen=s.listen,
-        manifests=[str(manifest)],
-        failure_log_rate=0,
-        agent=f"127.0.0.1:{s.agent_port}" if "haproxy" in s.with_ else None,
-        xds=f"127.0.0.1:{s.xds_port}" if "envoy" in s.with_ else None,
-        dns=f"127.0.0.1:{s.dns_port}" if "dns" in s.with_ else None,
-    )
-    server = Server(settings)
-    load = LoadGenerator(s.front_port, s.rate)
-    loads = {"healthgate's front end": load}
-    if "haproxy" in s.with_:
-        loads["HAProxy"] = LoadGenerator(s.haproxy_port, s.rate)
-    if "envoy" in s.with_:
-        loads["Envoy"] = LoadGenerator(s.envoy_port, s.rate)
-    server.configure_app.append(lambda app: add_demo_routes(app, backends, load))
-    tasks: list[asyncio.Task[None]] = []
-    peers: list[subprocess.Popen[bytes]] = []
-    nodes: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}
-    stopper = Stopper("demo")
+class Demo:
+    """The demo's parts: region backends, serve (and, with ``--cluster``, a
+    local etcd and two more nodes), the peers asked for, load generators."""
 
-    def kill_peers() -> None:
-        for peer in peers:
-            peer.kill()
+    def __init__(self, s: DemoSettings) -> None:
+        self.s = s
+        self.tmp = Path(tempfile.mkdtemp(prefix="healthgate-demo-"))
+        self.backends = RegionBackends()
+        for region, n in REGIONS:
+            for i in range(1, ENDPOINTS_PER_REGION + 1):
+                self.backends.add(region, f"127.0.{n}.{i}", s.backend_port)
+        self.manifest = self.tmp / "demo.yaml"
+        self.manifest.write_text(yaml.safe_dump_all(demo_manifest(s), sort_keys=False))
+        self.settings = ServeSettings(
+            db=str(self.tmp / "demo.db"),
+            listen=s.listen,
+            manifests=[str(self.manifest)],
+            failure_log_rate=0,
+            agent=f"127.0.0.1:{s.agent_port}" if "haproxy" in s.with_ else None,
+            xds=f"127.0.0.1:{s.xds_port}" if "envoy" in s.with_ else None,
+            dns=f"127.0.0.1:{s.dns_port}" if "dns" in s.with_ else None,
+        )
+        self.server = Server(self.settings)
+        load = LoadGenerator(s.front_port, s.rate)
+        self.loads = {"healthgate's front end": load}
+        if "haproxy" in s.with_:
+            self.loads["HAProxy"] = LoadGenerator(s.haproxy_port, s.rate)
+        if "envoy" in s.with_:
+            self.loads["Envoy"] = LoadGenerator(s.envoy_port, s.rate)
+        self.server.configure_app.append(lambda app: add_demo_routes(app, self.backends, load))
+        self.etcd: EtcdCluster | None = None
+        self.tasks: list[asyncio.Task[None]] = []
+        self.peers: list[subprocess.Popen[bytes]] = []
+        self.nodes: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}
 
-    stopper.on_hard_exit.append(kill_peers)
-
-    async def start() -> None:
-        nonlocal etcd
+    async def start(self) -> None:
+        s = self.s
         if s.cluster:
             try:
-                etcd = await asyncio.to_thread(EtcdCluster, tmp, 3)
+                self.etcd = await asyncio.to_thread(EtcdCluster, self.tmp, 3)
             except FileNotFoundError as exc:
                 raise DemoError(str(exc)) from None
-            settings.store, settings.node, settings.region = etcd.url, "a", REGIONS[0][0]
+            settings = self.settings
+            settings.store, settings.node, settings.region = self.etcd.url, "a", REGIONS[0][0]
             settings.lease_ttl = 3
-        await backends.start()
-        await server.start()
-        if etcd is not None:
-            nodes.update(start_nodes(etcd, s, tmp))
-            peers.extend(proc for _, proc in nodes.values())
-        peers.extend(start_peers(server, s, tmp))
-        tasks.extend(asyncio.create_task(g.run()) for g in loads.values())
-        tasks.append(asyncio.create_task(report(loads, s, server if etcd else None)))
-        print_intro(server.url, s, manifest, nodes)
+        await self.backends.start()
+        await self.server.start()
+        if self.etcd is not None:
+            self.nodes.update(start_nodes(self.etcd, s, self.tmp))
+            self.peers.extend(proc for _, proc in self.nodes.values())
+        self.peers.extend(start_peers(self.server, s, self.tmp))
+        self.tasks.extend(asyncio.create_task(g.run()) for g in self.loads.values())
+        clustered = self.server if self.etcd else None
+        self.tasks.append(asyncio.create_task(report(self.loads, s, clustered)))
+        print_intro(self.server.url, s, self.manifest, self.nodes)
 
-    async def stop_load() -> None:
-        for t in tasks:
+    def kill_peers(self) -> None:
+        for peer in self.peers:
+            peer.kill()
+
+    async def _stop_load(self) -> None:
+        for t in self.tasks:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*self.tasks, return_exceptions=True)
 
-    async def stop_peers() -> None:
-        for peer in peers:
+    async def _stop_peers(self) -> None:
+        for peer in self.peers:
             peer.terminate()
-        for peer in peers:
+        for peer in self.peers:
             try:
                 await asyncio.to_thread(peer.wait, 10)
             except subprocess.TimeoutExpired:
                 peer.kill()
 
-    async def remove_store() -> None:
-        if etcd is not None:
-            await asyncio.to_thread(etcd.close)
-        shutil.rmtree(tmp, ignore_errors=True)
+    async def _remove_store(self) -> None:
+        if self.etcd is not None:
+            await asyncio.to_thread(self.etcd.close)
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
-    async def stop() -> None:
+    async def stop(self) -> None:
         print("\nstopping the demo ...", flush=True)
         await run_steps(
             [
-                StopStep("the load generators", stop_load, 5.0),
-                StopStep("HAProxy, Envoy and the other nodes", stop_peers, 15.0),
-                StopStep("serve", server.stop, 45.0),
-                StopStep("the region backends", backends.stop, 5.0),
-                StopStep("the demo's store and etcd (removed)", remove_store, 15.0),
+                StopStep("the load generators", self._stop_load, 5.0),
+                StopStep("HAProxy, Envoy and the other nodes", self._stop_peers, 15.0),
+                StopStep("serve", self.server.stop, 45.0),
+                StopStep("the region backends", self.backends.stop, 5.0),
+                StopStep("the demo's store and etcd (removed)", self._remove_store, 15.0),
             ],
             log,
         )
 
-    await stopper.run(start, stop)
+
+async def run_demo(s: DemoSettings) -> None:
+    check_programs(s.with_)
+    demo = Demo(s)
+    stopper = Stopper("demo")
+    stopper.on_hard_exit.append(demo.kill_peers)
+    await stopper.run(demo.start, demo.stop)
 
 
 # the other nodes of ``demo --cluster``: name -> (region, API port offset from --listen's)

@@ -1,33 +1,41 @@
 """``healthgate serve``: store, engine, probes, API (and data plane) in one process.
 
-Start-up order matters for fail static: the store is read, the engine is
-rebuilt from it *and resumed from the last known states* before any probe
-runs or any listener opens, so a restart neither fails traffic over nor fails
-it back to a region that was down. Manifests given with ``-f`` are then
-applied like ``healthgate apply``. Shutdown stops accepting, stops probing,
-flushes the transition log and closes the store.
+Start-up order matters:
+
+* the API's address is taken first (api/listener.py), then the agent, DNS
+  and xDS servers' - before any listener a tenant's forwarding rule asks
+  for, so that no rule can take serve's own addresses and keep the next
+  start from answering;
+* for fail static, the store is read and the engine rebuilt from it *and
+  resumed from the last known states* before any probe runs or any listener
+  opens, so a restart neither fails traffic over nor fails it back to a
+  region that was down;
+* manifests given with ``-f`` are then applied like ``healthgate apply``,
+  probing starts, and the API answers.
+
+The stop (runtime/lifecycle.py runs it, each step bounded) stops accepting,
+gives open connections their grace, stops probing and the workers, leaves
+the cluster, flushes the transition log and closes the store.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import uvicorn
 from fastapi import FastAPI
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from healthgate.api.app import ApiSettings, ApiState, create_app
 from healthgate.api.auth import Access
+from healthgate.api.listener import ApiListener
 from healthgate.cluster.node import ClusterNode
 from healthgate.cluster.probing import ClusterProbing, ClusterSettings
 from healthgate.controlplane.errors import ControlError, Refusal
@@ -43,7 +51,7 @@ from healthgate.dataplane.manager import (
     DataPlaneSettings,
 )
 from healthgate.dataplane.workers import WorkerPool
-from healthgate.health.states import Record, RouteChange
+from healthgate.health.states import Record, RecordKind, RouteChange
 from healthgate.integrations.agent import AgentServer
 from healthgate.integrations.dns import DnsDirectory, DnsServer
 from healthgate.integrations.verdicts import agent_answer
@@ -116,63 +124,12 @@ def parse_listen(text: str, option: str = "--listen") -> tuple[str, int]:
     return (host.strip("[]") or "127.0.0.1"), int(port)
 
 
-class _H11WithHeadTimeout(H11Protocol):
-    """uvicorn's h11 protocol with a header timeout, which uvicorn lacks: a
-    request head must be whole within ``HEAD_TIMEOUT`` of the connection
-    opening or of its first byte after a response, or the connection is
-    closed (a slowloris would otherwise hold one of the API's connections -
-    and there are ``limit_concurrency`` of them - for ever)."""
-
-    HEAD_TIMEOUT = 10.0
-    _head_timer: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._arm_head_timer()
-
-    def _arm_head_timer(self) -> None:
-        if self._head_timer is None:
-            self._head_timer = self.loop.call_later(self.HEAD_TIMEOUT, self._head_expired)
-
-    def _waiting_for_head(self) -> bool:
-        return self.cycle is None or self.cycle.response_complete
-
-    def data_received(self, data: bytes) -> None:
-        if self._waiting_for_head():
-            self._arm_head_timer()
-        super().data_received(data)
-        if not self._waiting_for_head() and self._head_timer is not None:
-            self._head_timer.cancel()  # a head arrived whole: its request is being served
-            self._head_timer = None
-
-    def _head_expired(self) -> None:
-        self._head_timer = None
-        if self._waiting_for_head() and not self.transport.is_closing():
-            self.transport.close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-        super().connection_lost(exc)
-
-
-class _QuietUvicorn(uvicorn.Server):
-    """uvicorn without its own signal handling: the runtime owns the signals."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-    def install_signal_handlers(self) -> None:
-        return None
-
-
 class Server:
     def __init__(self, settings: ServeSettings) -> None:
         self.settings = settings
-        self.host, self.port = parse_listen(settings.listen)
-        self.access = Access.for_listen(self.host, settings.tokens_file)
+        host, port = parse_listen(settings.listen)
+        self.api = ApiListener(host, port, settings.api)
+        self.access = Access.for_listen(host, settings.tokens_file)
         self.store: Store | None = None
         self.node: ClusterNode | None = None
         self.health: HealthService | None = None
@@ -183,11 +140,18 @@ class Server:
         self.agent: AgentServer | None = None
         self.dns: DnsServer | None = None
         self.xds: XdsServer | None = None
-        self._uvicorn: _QuietUvicorn | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._settle: asyncio.TimerHandle | None = None  # the second freeze (see start)
         self.on_started: list[Callable[[], Any]] = []
         self.configure_app: list[Callable[[FastAPI], None]] = []  # extra routes (the demo's)
+
+    @property
+    def host(self) -> str:
+        return self.api.host
+
+    @property
+    def port(self) -> int:
+        return self.api.port
 
     @property
     def url(self) -> str:
@@ -195,144 +159,26 @@ class Server:
         return f"http://{host}:{self.port}"
 
     async def start(self) -> None:
+        """In this order (see the module doc): the API's address taken; the
+        store read and the engine resumed; the cluster joined; the agent,
+        DNS and xDS servers; the listeners; the store's watch and the
+        manifests; probing; the API answering."""
         s = self.settings
         sys.setswitchinterval(s.switch_interval)
         raise_open_file_limit()  # (once, for this process; its workers inherit it)
-        _check_free(self.host, self.port, "--listen")  # before the database is touched
+        self.api.bind()  # before the database is touched, and before any listener
         if s.probe.source is not None:
             _check_local(s.probe.source)
-        store: Store
-        dataplane_settings = s.dataplane
-        workers = s.probe_workers
-        if workers is None:
-            workers = default_workers(s.clustered)
-        source: SourceFactory
-        cluster: ClusterSettings | None = None
-        if s.clustered:
-            assert s.store is not None and s.node and s.region, "checked by the CLI"
-            cluster = ClusterSettings(s.node, s.region, s.lease_ttl, workers)
-            self.store = store = EtcdStore(parse_endpoints(s.store))
-
-            def source(feed: Feed, failure_log: FailureLogLimiter) -> ProbeSource:
-                assert cluster is not None
-                return ClusterProbing(feed, cluster, s.probe, s.scheduler, failure_log)
-
-            # the nodes of one region share its front ends' addresses
-            dataplane_settings = replace(s.dataplane, region=s.region, reuse_port=True)
-        else:
-            Path(s.db).parent.mkdir(parents=True, exist_ok=True)
-            self.store = store = SqliteStore(s.db)
-
-            def source(feed: Feed, failure_log: FailureLogLimiter) -> ProbeSource:
-                if workers > 0:
-                    return WorkerProbing(feed, workers, s.probe, s.scheduler, failure_log)
-                return InProcessProbing(feed, s.probe, s.scheduler, failure_log)
-
-        health = HealthService(failure_log_rate=s.failure_log_rate, source=source)
-        log.info("starting: store %s, API on %s", s.store_name(), s.listen)
-        self.health = health
-        self.recorder = recorder = TransitionRecorder(store, retention=s.log_retention)
-        recorder.last_id = store.last_log_id()
-        health.subscribe(recorder.on_records)
-        health.on_forget(recorder.on_forget)
-        self.control = control = ControlPlane(store, health)
-        self._tasks.append(asyncio.create_task(recorder.run(), name="recorder"))
-
-        count = await control.load()
-        log.info("loaded %d resources from %s", count, s.store_name())
-        if isinstance(health.source, ClusterProbing):
-            assert isinstance(store, EtcdStore) and cluster is not None
-            self.node = ClusterNode(store, cluster, health.source, recorder)
-            await self.node.start()  # members and opinions known before probing starts
-        dataplane: DataPlaneService
-        if s.dataplane.workers and s.dataplane.enabled:
-            # listeners in worker processes (SO_REUSEPORT), fed from here
-            pool = WorkerPool(
-                health.engine, replace(dataplane_settings, reuse_port=True), s.stop_grace
-            )
-            await pool.start()
-            self.dataplane = dataplane = pool
-            health.subscribe(lambda records: pool.publish_health())
-        else:
-            self.dataplane = dataplane = DataPlane(health.engine, dataplane_settings)
-        await dataplane.sync(control.resources)  # routes are already resumed: fail static
-        control.on_change.append(dataplane.sync)
-        control.start()  # from here on, every change reaches the mirror through the watch
-        health.subscribe(
-            lambda records: dataplane.routes_changed(
-                [r.frontend for r in records if isinstance(r, RouteChange)]
-            )
-        )
+        await self._load()
+        await self._join_cluster()
+        await self._start_integrations()
+        await self._start_dataplane()
+        assert self.control is not None and self.health is not None
+        self.control.start()  # from here on, every change reaches the mirror through the watch
         for manifest in s.manifests:
             await self._apply_file(manifest)
-
-        if s.agent:
-            agent_host, agent_port = parse_listen(s.agent, "--agent")
-            self.agent = AgentServer(
-                lambda neg: agent_answer(health.engine, neg), agent_host, agent_port
-            )
-            await self.agent.start()
-        if s.dns:
-            dns_host, dns_port = parse_listen(s.dns, "--dns")
-            directory = DnsDirectory(health.engine, s.dns_zones)
-            directory.update(control.resources)
-
-            async def update_directory(resources: Mapping[ResourcePath, Resource]) -> None:
-                directory.update(resources)
-
-            control.on_change.append(update_directory)
-            self.dns = DnsServer(directory, dns_host, dns_port)
-            await self.dns.start()
-        if s.xds:
-            await self._start_xds(s.xds, health, control)
-        await health.start()
-        self.api_state = ApiState(control, health, recorder, store, self.access, s.api)
-        self.api_state.public_healthz = s.public_healthz
-        if self.agent is not None:
-            self.api_state.agent_address = (self.agent.host, self.agent.port)
-        if self.node is not None:
-            self.api_state.cluster_status = self.node.status
-        self.api_state.collectors.append(DataPlaneCollector(dataplane))
-        if isinstance(dataplane, WorkerPool):
-            self.api_state.collectors.append(dataplane)
-        self.api_state.dataplane_status = dataplane.status
-        app = create_app(self.api_state)
-        for configure in self.configure_app:
-            configure(app)
-        config = uvicorn.Config(
-            app,
-            host=self.host,
-            port=self.port,
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-            loop="none",
-            timeout_graceful_shutdown=2,
-            # the API's own bounds (docs/operations.md, "Limits and protections"):
-            # h11 bounds a request head as it arrives (and must complete it
-            # within 10 s), idle keep-alive connections close after 5 s, and
-            # past the cap new connections get 503 instead of descriptors
-            http=type("H11Protocol", (_H11WithHeadTimeout,), {"HEAD_TIMEOUT": s.api.head_timeout}),
-            h11_max_incomplete_event_size=s.api.max_head_bytes,
-            timeout_keep_alive=5,
-            limit_concurrency=s.api.max_connections,
-        )
-        self._uvicorn = _QuietUvicorn(config)
-        self._tasks.append(asyncio.create_task(self._uvicorn.serve(), name="api"))
-        while not self._uvicorn.started:
-            if self._tasks[-1].done():
-                self._tasks[-1].result()  # raises why the API could not start
-                raise RuntimeError(f"the API could not listen on {self.settings.listen}")
-            await asyncio.sleep(0.01)
-        if self.port == 0:  # an ephemeral port was asked for: report the real one
-            servers = getattr(self._uvicorn, "servers", [])
-            if servers:
-                self.port = servers[0].sockets[0].getsockname()[1]
-        for callback in self.on_started:
-            result = callback()
-            if asyncio.iscoroutine(result):
-                await result
-        self.api_state.ready = True
+        await self.health.start()
+        await self._serve_api()
         # Everything built so far lives as long as the process: move it out of
         # the collector's sight, so that collections stay short and never delay
         # probes (the probe path allocates, and full collections would rescan
@@ -344,9 +190,135 @@ class Server:
         # made full collections of 35-50 ms at 10,000 endpoints (and probes due
         # meanwhile late), 2-10 ms once frozen.
         self._settle = asyncio.get_running_loop().call_later(
-            first_round_seconds(control.resources.values()), _collect_and_freeze
+            first_round_seconds(self.control.resources.values()), _collect_and_freeze
         )
         log.info("healthgate serving on %s (store %s)", self.url, s.store_name())
+
+    def _source(self) -> SourceFactory:
+        """How probing runs: this node's share of a cluster, probe workers or
+        this process (controlplane/probing.py)."""
+        s = self.settings
+        workers = s.probe_workers if s.probe_workers is not None else default_workers(s.clustered)
+        if s.clustered:
+            assert s.node and s.region, "checked by the CLI"
+            cluster = ClusterSettings(s.node, s.region, s.lease_ttl, workers)
+
+            def in_cluster(feed: Feed, failure_log: FailureLogLimiter) -> ProbeSource:
+                return ClusterProbing(feed, cluster, s.probe, s.scheduler, failure_log)
+
+            return in_cluster
+
+        def embedded(feed: Feed, failure_log: FailureLogLimiter) -> ProbeSource:
+            if workers > 0:
+                return WorkerProbing(feed, workers, s.probe, s.scheduler, failure_log)
+            return InProcessProbing(feed, s.probe, s.scheduler, failure_log)
+
+        return embedded
+
+    async def _load(self) -> None:
+        """The store, the engine resumed from it, and the transition log."""
+        s = self.settings
+        store: Store
+        if s.clustered:
+            assert s.store is not None
+            self.store = store = EtcdStore(parse_endpoints(s.store))
+        else:
+            Path(s.db).parent.mkdir(parents=True, exist_ok=True)
+            self.store = store = SqliteStore(s.db)
+        self.health = health = HealthService(
+            failure_log_rate=s.failure_log_rate, source=self._source()
+        )
+        log.info("starting: store %s, API on %s", s.store_name(), s.listen)
+        self.recorder = recorder = TransitionRecorder(store, retention=s.log_retention)
+        recorder.last_id = store.last_log_id()
+        health.subscribe(recorder.on_records)
+        health.on_forget(recorder.on_forget)
+        self.control = ControlPlane(store, health)
+        self._tasks.append(asyncio.create_task(recorder.run(), name="recorder"))
+        count = await self.control.load()
+        log.info("loaded %d resources from %s", count, s.store_name())
+
+    async def _join_cluster(self) -> None:
+        assert self.health is not None and self.recorder is not None
+        source = self.health.source
+        if isinstance(source, ClusterProbing):
+            assert isinstance(self.store, EtcdStore)
+            self.node = ClusterNode(self.store, source.cluster, source, self.recorder)
+            await self.node.start()  # members and opinions known before probing starts
+
+    async def _start_integrations(self) -> None:
+        """HAProxy's agent, the DNS server and Envoy's ADS, each if asked for."""
+        s = self.settings
+        assert self.health is not None and self.control is not None
+        engine, control = self.health.engine, self.control
+        if s.agent:
+            agent_host, agent_port = parse_listen(s.agent, "--agent")
+            self.agent = AgentServer(lambda neg: agent_answer(engine, neg), agent_host, agent_port)
+            await self.agent.start()
+        if s.dns:
+            dns_host, dns_port = parse_listen(s.dns, "--dns")
+            directory = DnsDirectory(engine, s.dns_zones)
+            directory.update(control.resources)
+
+            async def update_directory(resources: Mapping[ResourcePath, Resource]) -> None:
+                directory.update(resources)
+
+            control.on_change.append(update_directory)
+            self.dns = DnsServer(directory, dns_host, dns_port)
+            await self.dns.start()
+        if s.xds:
+            await self._start_xds(s.xds, self.health, control)
+
+    async def _start_dataplane(self) -> None:
+        """The listeners, in this process or in worker processes, following
+        the routes (already resumed: fail static) and the resources."""
+        s = self.settings
+        health, control = self.health, self.control
+        assert health is not None and control is not None
+        settings = s.dataplane
+        if s.clustered:  # the nodes of one region share its front ends' addresses
+            settings = replace(settings, region=s.region, reuse_port=True)
+        dataplane: DataPlaneService
+        if settings.workers and settings.enabled:
+            # listeners in worker processes (SO_REUSEPORT), fed from here
+            pool = WorkerPool(health.engine, replace(settings, reuse_port=True), s.stop_grace)
+            await pool.start()
+            self.dataplane = dataplane = pool
+            health.subscribe(lambda records: pool.publish_health())
+        else:
+            self.dataplane = dataplane = DataPlane(health.engine, settings)
+        await dataplane.sync(control.resources)
+        control.on_change.append(dataplane.sync)
+        health.subscribe(
+            lambda records: dataplane.routes_changed(
+                [r.frontend for r in records if isinstance(r, RouteChange)]
+            )
+        )
+
+    async def _serve_api(self) -> None:
+        assert self.control and self.health and self.recorder and self.store and self.dataplane
+        s = self.settings
+        dataplane = self.dataplane
+        state = ApiState(self.control, self.health, self.recorder, self.store, self.access, s.api)
+        self.api_state = state
+        state.public_healthz = s.public_healthz
+        if self.agent is not None:
+            state.agent_address = (self.agent.host, self.agent.port)
+        if self.node is not None:
+            state.cluster_status = self.node.status
+        state.collectors.append(DataPlaneCollector(dataplane))
+        if isinstance(dataplane, WorkerPool):
+            state.collectors.append(dataplane)
+        state.dataplane_status = dataplane.status
+        app = create_app(state)
+        for configure in self.configure_app:
+            configure(app)
+        await self.api.serve(app)
+        for callback in self.on_started:
+            result = callback()
+            if asyncio.iscoroutine(result):
+                await result
+        state.ready = True
 
     async def _start_xds(self, address: str, health: HealthService, control: ControlPlane) -> None:
         """Envoy's ADS: a new snapshot whenever the resources change or a
@@ -363,7 +335,7 @@ class Server:
             xds.update(build_snapshot(health.engine, resources))
 
         def transitions(records: list[Record]) -> None:
-            if any(r.kind in ("NetworkEndpointGroup", "Route") for r in records):
+            if any(r.kind in (RecordKind.NEG, RecordKind.ROUTE) for r in records):
                 xds.update(build_snapshot(health.engine, world[0]))
 
         control.on_change.append(resources_changed)
@@ -392,87 +364,76 @@ class Server:
         """The stop, in order (runtime/lifecycle.py runs each with its
         deadline): nothing new comes in (event streams end, the API and the
         listeners stop accepting), open front-end connections get
-        ``grace`` seconds and are then closed, probing and the workers
-        stop, the cluster node leaves, the log is flushed, the store closes."""
+        ``--stop-grace`` seconds and are then closed, the integrations stop,
+        the cluster node leaves, probing and the workers stop, the log is
+        flushed, the store closes. Only what was started is stopped."""
         grace = self.settings.stop_grace
+        steps = [
+            (True, "the API and event streams", self._close_api, 5.0),
+            (
+                self.dataplane is not None,
+                f"the listeners (open connections get {grace:g} s)",
+                self._close_dataplane,
+                grace + 5.0,
+            ),
+            (
+                any((self.agent, self.dns, self.xds)),
+                "the agent, DNS and xDS servers",
+                self._close_integrations,
+                5.0,
+            ),
+            (self.node is not None, "cluster membership and elections", self._leave, 10.0),
+            (self.control is not None, "the store's watch", self._close_control, 5.0),
+            (self.health is not None, "the probes and probe workers", self._close_health, 10.0),
+            (self.recorder is not None, "the transition log (the last writes)", self._flush, 5.0),
+            (bool(self._tasks), "background tasks", self._stop_tasks, 5.0),
+            (self.store is not None, "the store", self._close_store, 5.0),
+        ]
+        return [StopStep(name, run, timeout) for wanted, name, run, timeout in steps if wanted]
 
-        async def close_api() -> None:
-            if self._settle is not None:
-                self._settle.cancel()
-            if self.recorder is not None:
-                self.recorder.close_subscribers()  # live event streams end first
-            if self._uvicorn is not None:
-                self._uvicorn.should_exit = True
-            for task in self._tasks:
-                if task.get_name() == "api":
-                    await asyncio.gather(task, return_exceptions=True)
-
-        async def close_integrations() -> None:
-            for integration in (self.agent, self.dns, self.xds):
-                if integration is not None:
-                    await integration.close()
-
-        async def stop_tasks() -> None:
-            for task in self._tasks:
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-
-        async def flush_log() -> None:
-            if self.recorder is not None:
-                await self.recorder.flush()
-
-        async def close_store() -> None:
-            if self.store is not None:
-                self.store.close()
-
-        steps = []
-        if self._uvicorn is not None or self.recorder is not None:
-            steps.append(StopStep("the API and event streams", close_api, 5.0))
-        if self.dataplane is not None:
-            steps.append(
-                StopStep(
-                    f"the listeners (open connections get {grace:g} s)",
-                    lambda: self.dataplane.close(grace) if self.dataplane else _nothing(),
-                    grace + 5.0,
-                )
-            )
-        if self.agent or self.dns or self.xds:
-            steps.append(StopStep("the agent, DNS and xDS servers", close_integrations, 5.0))
-        if self.node is not None:
-            steps.append(StopStep("cluster membership and elections", self.node.close, 10.0))
-        if self.control is not None:
-            steps.append(StopStep("the store's watch", self.control.close, 5.0))
-        if self.health is not None:
-            steps.append(StopStep("the probes and probe workers", self.health.close, 10.0))
+    async def _close_api(self) -> None:
+        if self._settle is not None:
+            self._settle.cancel()
         if self.recorder is not None:
-            steps.append(StopStep("the transition log (the last writes)", flush_log, 5.0))
-        if self._tasks:
-            steps.append(StopStep("background tasks", stop_tasks, 5.0))
+            self.recorder.close_subscribers()  # live event streams end first
+        await self.api.close()
+
+    async def _close_dataplane(self) -> None:
+        if self.dataplane is not None:
+            await self.dataplane.close(self.settings.stop_grace)
+
+    async def _close_integrations(self) -> None:
+        for integration in (self.agent, self.dns, self.xds):
+            if integration is not None:
+                await integration.close()
+
+    async def _leave(self) -> None:
+        if self.node is not None:
+            await self.node.close()
+
+    async def _close_control(self) -> None:
+        if self.control is not None:
+            await self.control.close()
+
+    async def _close_health(self) -> None:
+        if self.health is not None:
+            await self.health.close()
+
+    async def _flush(self) -> None:
+        if self.recorder is not None:
+            await self.recorder.flush()
+
+    async def _stop_tasks(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _close_store(self) -> None:
         if self.store is not None:
-            steps.append(StopStep("the store", close_store, 5.0))
-        return steps
+            self.store.close()
 
     async def stop(self) -> None:
         await run_steps(self.stop_steps(), log)
-
-
-async def _nothing() -> None:
-    return None
-
-
-def _check_free(host: str, port: int, option: str) -> None:
-    """Refuse at once, with the option named, when an address is taken."""
-    if port == 0:
-        return
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            raise OSError(
-                f"{option} {host}:{port}: {exc.strerror or exc} (another healthgate?)"
-            ) from None
 
 
 def _check_local(source: str) -> None:

@@ -38,11 +38,24 @@ Keys of resources are ``resources/<full resource path>``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 EXISTS: Final = -1  # an expectation: the document exists, whatever its revision
+
+# times read back from a store outside these are not trusted (epoch seconds)
+EARLIEST, LATEST = 0.0, 4_102_444_800.0  # 2100-01-01
+
+
+def sane_time(value: Any) -> float:
+    """A time read from a store (or another process): a finite number of
+    seconds within this century and the next (ValueError otherwise)."""
+    t = float(value)
+    if not math.isfinite(t) or not EARLIEST <= t <= LATEST:
+        raise ValueError(f"time {value!r} out of range")
+    return t
 
 
 @dataclass(frozen=True, slots=True)

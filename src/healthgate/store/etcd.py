@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import threading
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
@@ -63,32 +62,19 @@ from healthgate.store.base import (
     Txn,
     Unavailable,
     record_matches,
+    sane_time,
 )
 from healthgate.store.etcd_client import (
     MAX_OPS,
     EtcdClient,
     EtcdSettings,
     Event,
-    parse_endpoints,
     prefix_end,
 )
 
 log = logging.getLogger("healthgate.store.etcd")
 
 LOG_ID_WIDTH = 20
-# times read from etcd outside these are not trusted (seconds since the epoch)
-EARLIEST, LATEST = 0.0, 4_102_444_800.0  # 2100-01-01
-
-__all__ = ["EtcdSettings", "EtcdStore", "parse_endpoints", "sane_time"]
-
-
-def sane_time(value: Any) -> float:
-    """A time read from etcd: a finite number of seconds within this century
-    and the next (ValueError otherwise)."""
-    t = float(value)
-    if not math.isfinite(t) or not EARLIEST <= t <= LATEST:
-        raise ValueError(f"time {value!r} out of range")
-    return t
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:

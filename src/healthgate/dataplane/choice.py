@@ -1,0 +1,285 @@
+"""Where each new connection or request goes: the data plane following
+the routes (route following, apart from the listeners' bookkeeping in
+dataplane/listeners.py).
+
+* A **producer** (regional) rule balances over its backend service's
+  HEALTHY endpoints: round robin by default, or least-connections (the
+  endpoint with the fewest open connections and requests in flight from
+  this process; ties in round-robin order). An endpoint that turns
+  UNHEALTHY gets no new connections; when none is HEALTHY, all of them
+  (fail open, as cloud internal load balancers do).
+* A **consumer** (global) rule goes to the published forwarding rule of the
+  service attachment its route points at, with the route's fallbacks as
+  the next tries; a published rule this process serves itself is expanded
+  in place into its own choice of endpoints (the PSC hop then costs
+  nothing, with the same semantics).
+
+Routes are read from the engine's immutable snapshot per connection or
+request: no lock, and a new route is in use by the very next request after
+the transition that caused it. Everything derived from a route or an
+endpoint tuple is cached while what it was derived from is the same object.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import time
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import NamedTuple, Protocol
+
+from healthgate.health.engine import EndpointKey, RouteTable
+from healthgate.model.lookups import published_rule
+from healthgate.model.names import ResourcePath
+from healthgate.model.resources import ForwardingRule, Resource
+
+Address = tuple[str, int]
+PROPAGATION_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+class Balance(StrEnum):
+    """How a producer listener picks among HEALTHY endpoints."""
+
+    ROUND_ROBIN = "round-robin"
+    LEAST_CONNECTIONS = "least-connections"
+
+
+class Target(NamedTuple):
+    """One region of a consumer route: its producer rule and that rule's address."""
+
+    rule: str | None
+    address: Address
+
+
+class _ProducerRule(NamedTuple):
+    resources: Mapping[ResourcePath, Resource]  # valid while the resources are these
+    backend_service: ResourcePath | None
+    port: int  # the rule's port, for endpoints that have none
+
+
+class _ProducerAddresses(NamedTuple):
+    endpoints: tuple[EndpointKey, ...]  # valid while the engine gives this same tuple
+    rule: _ProducerRule  # ... and the rule entry is this one
+    addresses: list[Address]
+
+
+class _RouteTargets(NamedTuple):
+    version: int  # valid for this route-table version
+    resources: Mapping[ResourcePath, Resource]
+    targets: list[Target]
+
+
+class _FirstTries(NamedTuple):
+    generation: int  # valid for this engine generation
+    resources: Mapping[ResourcePath, Resource]
+    addresses: list[Address]  # the first region's candidates
+    turns: str | None  # the producer rule whose round robin rotates them
+
+
+class HealthView(Protocol):
+    """What the data plane reads of health: the engine itself in the serving
+    process, a snapshot of it in a worker process."""
+
+    @property
+    def generation(self) -> int:
+        """Moves on whenever what the other three return may have changed."""
+
+    def route_table(self) -> RouteTable: ...
+
+    def healthy_endpoints(self, backend_service: ResourcePath) -> tuple[EndpointKey, ...]: ...
+
+    def all_endpoints(self, backend_service: ResourcePath) -> tuple[EndpointKey, ...]: ...
+
+
+class UpstreamChoice:
+    """The choice of upstream per connection or request (see the module doc)."""
+
+    def __init__(self, engine: HealthView, balance: Balance, serving: Mapping[str, object]) -> None:
+        self.engine = engine
+        self.balance = balance
+        # the rules this process listens for (a published rule among them is
+        # expanded here into its endpoints)
+        self.serving = serving
+        self.resources: Mapping[ResourcePath, Resource] = {}
+        self._rr: dict[str, int] = {}  # round-robin position per producer rule
+        # open connections (L4) and requests in flight (L7) per upstream
+        # address, counted with least-connections only
+        self.active: dict[Address, int] = {}
+        self._seen_version = 0
+        # caches, each valid while what it was derived from is the same object
+        self._rules: dict[str, _ProducerRule] = {}
+        self._upstreams: dict[str, _RouteTargets] = {}
+        self._addresses: dict[str, _ProducerAddresses] = {}
+        self._plans: dict[str, _FirstTries] = {}  # the fast path's (see first_try)
+        self.propagation = [0] * (len(PROPAGATION_BUCKETS) + 1)
+        self.propagation_sum = 0.0
+
+    def consumer_upstreams(self, frontend: str) -> list[Address]:
+        """Where a consumer front end's next connection or request goes, in order.
+
+        The route's region first, then its fallbacks. A region's published
+        rule that this process serves itself is expanded in place into its own
+        choice of healthy endpoints (the producer's round robin, done here):
+        the PSC hop then costs nothing, with the same semantics. A rule served
+        elsewhere is reached at its address.
+        """
+        return [address for group in self.consumer_upstream_groups(frontend) for address in group]
+
+    def consumer_upstream_groups(self, frontend: str) -> list[list[Address]]:
+        """The same, one group per region, for the HTTP proxy: a try that times
+        out gives up on its whole region, a fast failure tries the next
+        endpoint of the same region."""
+        # the chosen region gets a few endpoints to try, the others one each
+        return [
+            self._region(rule, address, 3 if i == 0 else 1)
+            for i, (rule, address) in enumerate(self.targets(frontend))
+        ]
+
+    def first_try(self, frontend: str, consumer: bool) -> tuple[Address, list[Address]] | None:
+        """The first try of a request alone (the HTTP fast path's): the first
+        address that :meth:`consumer_upstream_groups` (or, for a producer
+        rule, :meth:`producer_upstreams`) would give, with the same round
+        robin, and every candidate of its region (for the retry to skip when
+        that region hangs). The candidates are derived once per engine generation and
+        resource change; a request then costs a dict read and a modulo. The
+        first request after a route change, which rebuilds them, observes the
+        route's propagation."""
+        plan = self._plans.get(frontend)
+        if (
+            plan is None
+            or plan.generation != self.engine.generation
+            or plan.resources is not self.resources
+        ):
+            plan = self._plan(frontend, consumer)
+        addresses, turns = plan.addresses, plan.turns
+        count = len(addresses)
+        if count < 2 or turns is None:
+            return (addresses[0], addresses) if count else None
+        turn = self._rr.get(turns, 0)
+        self._rr[turns] = turn + 1
+        return addresses[turn % count], addresses
+
+    def _plan(self, frontend: str, consumer: bool) -> _FirstTries:
+        """The first region's candidates for :meth:`first_try`."""
+        generation = self.engine.generation
+        addresses: list[Address] = []
+        turns: str | None = None
+        if not consumer:
+            addresses, turns = self._producer_addresses(frontend), frontend
+        else:
+            self.route_used()
+            targets = self.targets(frontend)
+            if targets:
+                rule, address = targets[0]
+                turns = self._served_here(rule)
+                addresses = self._producer_addresses(turns) if turns else [address]
+        plan = _FirstTries(generation, self.resources, addresses, turns)
+        self._plans[frontend] = plan
+        return plan
+
+    def _region(self, rule: str | None, address: Address, n: int) -> list[Address]:
+        """Up to ``n`` candidates in one region of a route: endpoints of its
+        published rule when this process serves that rule (the producer's
+        choice, done here), else the rule's address."""
+        local = self._served_here(rule)
+        return self.producer_upstreams(local, n) if local else [address]
+
+    def _served_here(self, rule: str | None) -> str | None:
+        """``rule`` when this process serves that published rule itself (its
+        endpoints are then chosen here), else None (reached at its address)."""
+        return rule if rule is not None and rule in self.serving else None
+
+    def targets(self, frontend: str) -> list[Target]:
+        """(producer rule, its address) per region of the route, resolved once
+        per route-table version and resource change, not per request."""
+        table = self.engine.route_table()
+        cached = self._upstreams.get(frontend)
+        if (
+            cached is None
+            or cached.version != table.version
+            or cached.resources is not self.resources
+        ):
+            route = table.routes.get(frontend)
+            targets: list[Target] = []
+            if route is not None and route.attachment is not None:
+                for att in (route.attachment, *route.fallbacks):
+                    target = self.rule_of_attachment(att)
+                    if target is not None:
+                        targets.append(target)
+            cached = _RouteTargets(table.version, self.resources, targets)
+            self._upstreams[frontend] = cached
+        return cached.targets
+
+    def rule_of_attachment(self, attachment: str) -> Target | None:
+        """(producer forwarding-rule path, its address) of a service attachment."""
+        found = published_rule(self.resources, attachment)
+        if found is None:
+            return None
+        path, fr = found
+        return Target(str(path), (fr.ip_address, fr.port_list()[0]))
+
+    def producer_upstreams(self, frontend: str, n: int = 3) -> list[Address]:
+        """Up to ``n`` endpoints of a producer rule's backend service, HEALTHY
+        ones only (all of them when none is): rotated round robin, or with
+        least-connections the least busy first (ties in round-robin order).
+        Read per connection or request: the addresses are rebuilt only when
+        the engine's endpoint tuple or the rule changes."""
+        addresses = self._producer_addresses(frontend)
+        count = len(addresses)
+        if not count:
+            return []
+        turn = self._rr.get(frontend, 0)
+        self._rr[frontend] = turn + 1
+        start = turn % count
+        if self.balance is Balance.LEAST_CONNECTIONS:
+            active = self.active
+            best = heapq.nsmallest(
+                n, range(count), key=lambda i: (active.get(addresses[i], 0), (i - start) % count)
+            )
+            return [addresses[i] for i in best]
+        end = start + n
+        if end <= count:
+            return addresses[start:end]
+        return (addresses[start:] + addresses[:start])[:n]
+
+    def _producer_addresses(self, frontend: str) -> list[Address]:
+        """The addresses of a producer rule's HEALTHY endpoints (of all of
+        them when none is), in the engine's order."""
+        rule = self._rules.get(frontend)
+        if rule is None or rule.resources is not self.resources:
+            fr = self.resources.get(ResourcePath.parse(frontend))
+            bs_path = fr.ref("backend_service") if isinstance(fr, ForwardingRule) else None
+            port = fr.port_list()[0] if isinstance(fr, ForwardingRule) else 0
+            rule = self._rules[frontend] = _ProducerRule(self.resources, bs_path, port)
+        bs_path = rule.backend_service
+        if bs_path is None:
+            return []
+        endpoints = self.engine.healthy_endpoints(bs_path) or self.engine.all_endpoints(bs_path)
+        cached = self._addresses.get(frontend)
+        if cached is None or cached.endpoints is not endpoints or cached.rule is not rule:
+            port = rule.port
+            addresses = [(ip, p if p is not None else port) for ip, p in endpoints]
+            cached = _ProducerAddresses(endpoints, rule, addresses)
+            self._addresses[frontend] = cached
+        return cached.addresses
+
+    def all_rule_endpoints(self, rule: str) -> list[Address]:
+        fr = self.resources.get(ResourcePath.parse(rule))
+        if not isinstance(fr, ForwardingRule):
+            return []
+        bs_path = fr.ref("backend_service")
+        port = fr.port_list()[0]
+        endpoints = self.engine.all_endpoints(bs_path) if bs_path is not None else ()
+        return [(ip, p if p is not None else port) for ip, p in endpoints]
+
+    def route_used(self) -> None:
+        """Observe, once per route-table version, how long after its
+        publication a request was first routed by it."""
+        table = self.engine.route_table()
+        if table.version == self._seen_version:
+            return
+        self._seen_version = table.version
+        delay = max(0.0, time.time() - table.published)
+        self.propagation[bisect.bisect_left(PROPAGATION_BUCKETS, delay)] += 1
+        self.propagation_sum += delay

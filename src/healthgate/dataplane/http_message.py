@@ -1,0 +1,125 @@
+"""HTTP/1.1 messages as the L7 front end handles them: what a request is,
+which requests the fast path may forward as they are, how a request is
+written to an upstream, and the short answers the proxy gives itself.
+
+Framing is httptools' (the llhttp parser uvicorn uses): the proxy feeds it
+bytes and gets callbacks (dataplane/http.py). Here is what the proxy needs
+around that:
+
+* :class:`Request` - one parsed request, buffered whole (so it can be
+  retried in the next region), and :meth:`Request.serialize`: the request
+  line, the headers but the hop-by-hop ones (:data:`HOP_BY_HOP`, and every
+  header named by ``Connection``), ``X-Forwarded-For`` with the client
+  appended, the body with its length;
+* :data:`PLAIN` / :data:`NOT_PLAIN` - the plain requests (GET or HEAD, a few
+  headers, no body) that the fast path forwards without the parser;
+* :data:`IDEMPOTENT` and :data:`RETRY_STATUSES` - what may be tried again;
+* :func:`simple_response` - the proxy's own short answers (400, 408, 413,
+  431, 502, 503).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+Address = tuple[str, int]
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
+RETRY_STATUSES = frozenset({502, 503, 504})
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"upgrade",
+        b"transfer-encoding",
+        b"content-length",
+        b"expect",
+    }
+)
+
+
+# The requests the fast path forwards as they are: GET or HEAD of an
+# origin-form target in HTTP/1.1, header lines of token names and visible
+# ASCII values, no body (no framing header may follow: see NOT_PLAIN).
+PLAIN = re.compile(
+    rb"(GET|HEAD) /[!-~]* HTTP/1\.1\r\n(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t -~]*\r\n)*\r\n"
+)
+# Headers the general path rewrites, drops or acts on (each header line
+# starts right after a "\n"), searched for in the lower-cased head (faster
+# than re.IGNORECASE: 0.5 against 0.95 µs for a short head).
+NOT_PLAIN = re.compile(
+    rb"\n(?:connection|keep-alive|proxy-connection|te|trailer|upgrade|transfer-encoding"
+    rb"|content-length|expect|x-forwarded-for):"
+)
+
+
+class Request:
+    __slots__ = (
+        "body",
+        "data",
+        "failed",
+        "groups",
+        "head_bytes",
+        "headers",
+        "hung",
+        "keep_alive",
+        "last_error",
+        "method",
+        "url",
+    )
+
+    def __init__(self) -> None:
+        self.url = bytearray()
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body = bytearray()
+        self.method = "GET"
+        self.keep_alive = True
+        self.head_bytes = 0
+        # set when the fast path made the first try: what it sent, the route
+        # it used (when it had one), the endpoint not to try again, the
+        # region not to try again (one that hung: all its candidates), and
+        # why. By address, not by position: without a recorded route the
+        # general path chooses again, and the route may have moved meanwhile
+        # (the hung region no longer first, but a fallback).
+        self.data: bytes | None = None
+        self.groups: Sequence[Sequence[Address]] | None = None
+        self.failed: Address | None = None
+        self.hung: Sequence[Address] | None = None
+        self.last_error = ""
+
+    def serialize(self, client_ip: str) -> bytes:
+        if self.data is not None:
+            return self.data
+        out = bytearray(f"{self.method} ".encode())
+        out += self.url
+        out += b" HTTP/1.1\r\n"
+        forwarded = None
+        for name, value in self.headers:
+            low = name.lower()
+            if low in HOP_BY_HOP:
+                continue
+            if low == b"x-forwarded-for":
+                forwarded = value
+                continue
+            out += name + b": " + value + b"\r\n"
+        xff = (forwarded + b", " if forwarded else b"") + client_ip.encode()
+        out += b"X-Forwarded-For: " + xff + b"\r\n"
+        if self.body or self.method in ("POST", "PUT", "PATCH"):
+            out += b"Content-Length: %d\r\n" % len(self.body)
+        out += b"\r\n"
+        out += self.body
+        return bytes(out)
+
+
+def simple_response(status: int, reason: str, message: str, close: bool = False) -> bytes:
+    body = (message + "\n").encode()
+    conn = b"Connection: close\r\n" if close else b""
+    return (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n".encode()
+        + conn
+        + b"X-Healthgate: proxy\r\n\r\n"
+        + body
+    )

@@ -1,0 +1,255 @@
+"""Upstream connections of the L7 front end: pooled, kept alive, one
+exchange at a time.
+
+* :class:`UpstreamConnection` - one connection to an upstream (a region's
+  producer rule or an endpoint); its httptools response parser finds where
+  each response ends, and the response is streamed to the client as it
+  arrives, byte for byte. An exchange reports either through futures (the
+  general path) or by callbacks to its :class:`FastOwner` (the fast path:
+  no task, no future).
+* :class:`UpstreamPool` - idle kept-alive connections per address, and
+  :class:`TryDeadlines`: the fast path's per-try deadlines, one timer for
+  all of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Protocol, cast
+
+import httptools
+
+from healthgate.dataplane.http_limits import HttpSettings
+from healthgate.dataplane.tcp import served_key
+
+Address = tuple[str, int]
+
+
+class FastOwner(Protocol):
+    """The client side of a fast-path exchange (dataplane/http.py), told
+    what happens to it by callbacks."""
+
+    def fast_head(self, conn: UpstreamConnection, status: int) -> None: ...
+
+    def fast_done(self, conn: UpstreamConnection, reusable: bool) -> None: ...
+
+    def fast_failed(self, conn: UpstreamConnection, exc: Exception) -> None: ...
+
+    def fast_expired(self) -> None: ...
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """One pooled connection to an upstream; answers one request at a time."""
+
+    def __init__(self, address: Address) -> None:
+        self.address = address
+        self.served_key = served_key(address)  # its counter in stats
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.reused = False
+        self.parser = httptools.HttpResponseParser(self)  # parses message after message
+        self._reset_exchange()
+
+    def _reset_exchange(self) -> None:
+        self.head: asyncio.Future[int] | None = None
+        self.done: asyncio.Future[bool] | None = None
+        self.owner: FastOwner | None = None  # a fast-path exchange: callbacks, no futures
+        self.buffer: list[bytes] = []  # what came before the commit (usually one read)
+        self.sink: asyncio.Transport | None = None  # the client, once committed
+        self.head_only = False
+        self.got_bytes = False
+        self.status = 0  # the response's status, once its head is in
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def start(self, request: bytes, head_only: bool) -> None:
+        loop = asyncio.get_running_loop()
+        self._reset_exchange()
+        self.head_only = head_only
+        self.head = loop.create_future()
+        self.done = loop.create_future()
+        assert self.transport is not None
+        self.transport.write(request)
+
+    def start_fast(self, request: bytes, head_only: bool, owner: FastOwner) -> None:
+        """Send ``request``; report to ``owner`` by callbacks (``_fast_*``).
+        (The exchange's fields set here and not by _reset_exchange: this runs
+        per request, and a pooled connection is only ever idle between
+        exchanges, with no future, buffer or sink left over.)"""
+        self.owner = owner
+        self.head_only = head_only
+        self.got_bytes = False
+        self.status = 0
+        assert self.transport is not None
+        self.transport.write(request)
+
+    def commit(self, client: asyncio.Transport) -> None:
+        """Send what was buffered to the client; stream the rest directly."""
+        self.sink = client
+        buffer = self.buffer
+        if buffer:
+            if not client.is_closing():
+                client.write(buffer[0] if len(buffer) == 1 else b"".join(buffer))
+            buffer.clear()
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        sink = self.sink
+        if sink is not None:
+            if not sink.is_closing():  # a client that left mid-response: read on, drop
+                sink.write(data)
+        else:
+            self.buffer.append(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self._fail(ConnectionError("malformed response from upstream"))
+            if self.transport is not None:
+                self.transport.close()
+
+    # httptools callbacks
+    def on_headers_complete(self) -> None:
+        self.status = status = self.parser.get_status_code()
+        if self.owner is not None:
+            self.owner.fast_head(self, status)
+        elif self.head is not None and not self.head.done():
+            self.head.set_result(status)
+        if self.head_only:
+            self._complete(reusable=False)
+
+    def on_message_complete(self) -> None:
+        self._complete(reusable=self.parser.should_keep_alive())
+
+    def _complete(self, reusable: bool) -> None:
+        owner = self.owner
+        if owner is not None:
+            self.owner = None
+            owner.fast_done(self, reusable)
+        elif self.done is not None and not self.done.done():
+            self.done.set_result(reusable)
+
+    def _fail(self, exc: Exception) -> None:
+        owner = self.owner
+        if owner is not None:
+            self.owner = None
+            owner.fast_failed(self, exc)
+        for fut in (self.head, self.done):
+            if fut is not None and not fut.done():
+                fut.set_exception(exc)
+                fut.exception()  # may never be awaited (a timed-out try): not an error
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.status and (
+            self.owner is not None or (self.done is not None and not self.done.done())
+        ):
+            # a response without length ends with the connection
+            with contextlib.suppress(httptools.HttpParserError):
+                self.parser.feed_data(b"")
+        self._fail(
+            exc
+            if isinstance(exc, Exception)
+            else ConnectionResetError("upstream closed the connection")
+        )
+
+    # back-pressure from the client
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+
+class TryDeadlines:
+    """The per-try deadlines of fast-path exchanges, checked by one timer.
+
+    A timer per request (``call_later`` + ``cancel``) costs more than the
+    rest of a plain request's Python; instead an exchange records its
+    deadline here and one sweep every ``timeout / 8`` (10-250 ms) expires the
+    late ones, so a try gives up between ``timeout`` and ``timeout`` plus one
+    sweep. The timer runs only while exchanges are in flight.
+    """
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.every = min(0.25, max(0.01, timeout / 8))
+        self.pending: dict[FastOwner, float] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, proxy: FastOwner, loop: asyncio.AbstractEventLoop) -> None:
+        self.pending[proxy] = loop.time() + self.timeout
+        if self._timer is None:
+            self._timer = loop.call_later(self.every, self._sweep, loop)
+
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
+        late = [proxy for proxy, deadline in self.pending.items() if deadline <= now]
+        for proxy in late:
+            del self.pending[proxy]
+            proxy.fast_expired()
+        self._timer = loop.call_later(self.every, self._sweep, loop) if self.pending else None
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.pending.clear()
+
+
+class UpstreamPool:
+    def __init__(self, settings: HttpSettings) -> None:
+        self.settings = settings
+        self._idle: dict[Address, list[UpstreamConnection]] = {}
+        self.deadlines = TryDeadlines(settings.per_try_timeout)
+
+    def idle(self, address: Address) -> UpstreamConnection | None:
+        """A pooled connection to ``address``, if one is open."""
+        idle = self._idle.get(address)
+        while idle:
+            conn = idle.pop()
+            if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
+                conn.reused = True
+                return conn
+        return None
+
+    async def acquire(self, address: Address) -> UpstreamConnection:
+        conn = self.idle(address)
+        if conn is not None:
+            return conn
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(self.settings.connect_timeout):
+            _, conn = await loop.create_connection(
+                lambda: UpstreamConnection(address), address[0], address[1]
+            )
+        return conn
+
+    def release(self, conn: UpstreamConnection) -> None:
+        idle = self._idle.get(conn.address)
+        if idle is None:
+            idle = self._idle[conn.address] = []
+        if conn.closed or len(idle) >= self.settings.max_idle_per_upstream:
+            self.discard(conn)
+        else:
+            conn.sink = None
+            idle.append(conn)
+
+    @staticmethod
+    def discard(conn: UpstreamConnection) -> None:
+        if conn.transport is not None:
+            conn.transport.close()
+
+    def close(self) -> None:
+        self.deadlines.close()
+        for conns in self._idle.values():
+            for conn in conns:
+                self.discard(conn)
+        self._idle.clear()
+
+
+def expire_head(head: asyncio.Future[int]) -> None:
+    if not head.done():
+        head.set_exception(TimeoutError())
