@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from healthgate.api.app import ApiState, create_app
+from healthgate.api.app import ApiSettings, ApiState, create_app
 from healthgate.api.auth import Access, TokenEntry
 from healthgate.controlplane.health_service import HealthService
 from healthgate.controlplane.recorder import TransitionRecorder
@@ -23,9 +23,13 @@ from healthgate.store.memory import MemoryStore
 
 class InProcessApi:
     def __init__(
-        self, tokens: list[dict[str, str]] | None = None, public_healthz: bool = False
+        self,
+        tokens: list[dict[str, str]] | None = None,
+        public_healthz: bool = False,
+        settings: ApiSettings | None = None,
     ) -> None:
         self.public_healthz = public_healthz
+        self.settings = settings or ApiSettings()
         self.store = MemoryStore()
         self.health = HealthService()
         self.recorder = TransitionRecorder(self.store)
@@ -41,11 +45,13 @@ class InProcessApi:
         await self.control.load()
         self.control.start()
         self._tasks.append(asyncio.create_task(self.recorder.run()))
-        state = ApiState(self.control, self.health, self.recorder, self.store, self.access)
+        state = ApiState(
+            self.control, self.health, self.recorder, self.store, self.access, self.settings
+        )
         state.ready = True
         state.public_healthz = self.public_healthz
         self.client = httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=create_app(state)), base_url="http://healthgate"
+            transport=httpx.ASGITransport(app=create_app(state)), base_url="http://127.0.0.1:7400"
         )
         return self
 

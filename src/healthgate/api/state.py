@@ -48,6 +48,9 @@ class ApiSettings:
     max_head_bytes: int = 64 * 1024  # a request's line and headers
     head_timeout: float = 10.0  # ... which must arrive whole within this
     max_connections: int = 1024  # connections and requests at once; 503 beyond
+    # names (besides IP addresses and localhost) a request's Host may give
+    # (api/browsers.py: DNS rebinding finds nothing)
+    allowed_hosts: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)

@@ -42,6 +42,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     import uvloop
 
+    from healthgate.api.state import ApiSettings
     from healthgate.controlplane.errors import ControlError
     from healthgate.dataplane.http_limits import HttpSettings
     from healthgate.dataplane.manager import Balance, DataPlaneSettings
@@ -107,6 +108,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         dns_zones=args.dns_zone or [],
         xds=args.xds,
         stop_grace=args.stop_grace,
+        api=ApiSettings(allowed_hosts=tuple(args.allowed_host or ())),
     )
     try:
         uvloop.run(run_server(settings))
@@ -219,6 +221,14 @@ def _api_options(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "-f", "--file", action="append", help="apply this manifest at start-up (repeatable)"
+    )
+    g.add_argument(
+        "--allowed-host",
+        action="append",
+        metavar="NAME",
+        help="a DNS name clients reach the API by (repeatable); besides it, a request's Host "
+        "must be an IP address or localhost (web pages on other names are refused: DNS "
+        "rebinding)",
     )
     g.add_argument(
         "--tokens", help="YAML list of {token, project, role}; required to listen beyond loopback"

@@ -166,10 +166,11 @@ class Server:
         s = self.settings
         sys.setswitchinterval(s.switch_interval)
         raise_open_file_limit()  # (once, for this process; its workers inherit it)
-        self.api.bind()  # before the database is touched, and before any listener
         if s.probe.source is not None:
             _check_local(s.probe.source)
-        await self._load()
+        endpoints = parse_endpoints(s.store) if s.clustered and s.store else None
+        self.api.bind()  # before the database is touched, and before any listener
+        await self._load(endpoints)
         await self._join_cluster()
         await self._start_integrations()
         await self._start_dataplane()
@@ -215,13 +216,12 @@ class Server:
 
         return embedded
 
-    async def _load(self) -> None:
+    async def _load(self, etcd: list[str] | None) -> None:
         """The store, the engine resumed from it, and the transition log."""
         s = self.settings
         store: Store
-        if s.clustered:
-            assert s.store is not None
-            self.store = store = EtcdStore(parse_endpoints(s.store))
+        if etcd is not None:
+            self.store = store = EtcdStore(etcd)
         else:
             Path(s.db).parent.mkdir(parents=True, exist_ok=True)
             self.store = store = SqliteStore(s.db)
@@ -369,7 +369,7 @@ class Server:
         flushed, the store closes. Only what was started is stopped."""
         grace = self.settings.stop_grace
         steps = [
-            (True, "the API and event streams", self._close_api, 5.0),
+            (self.recorder is not None, "the API and event streams", self._close_api, 5.0),
             (
                 self.dataplane is not None,
                 f"the listeners (open connections get {grace:g} s)",
@@ -434,6 +434,7 @@ class Server:
 
     async def stop(self) -> None:
         await run_steps(self.stop_steps(), log)
+        await self.api.close()  # (the address was taken first: released whatever happened)
 
 
 def _check_local(source: str) -> None:
