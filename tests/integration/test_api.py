@@ -354,7 +354,10 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
     tokens.write_text(
         yaml.safe_dump([{"token": t, "project": p, "role": r} for r, (t, p) in TOKENS.items()])
     )
-    with ServeProcess(tmp / "hg.db", "--tokens", str(tokens)) as proc:
+    # single-tenant use: the test world is on loopback (SPEC §7 "Addresses")
+    with ServeProcess(
+        tmp / "hg.db", "--tokens", str(tokens), "--allow-addresses", "127.0.0.0/8"
+    ) as proc:
         yield proc
 
 

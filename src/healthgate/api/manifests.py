@@ -88,7 +88,7 @@ def manifest_router(state: ApiState) -> APIRouter:
             raise ControlError(Refusal.INVALID, "invalid manifest", exc.issues) from None
         for d in docs:
             try:
-                state.check_write(who, d.resource)
+                state.check_document(who, d)
             except AccessError as exc:
                 raise AccessError(403, f"document {d.index}: {exc.message}") from None
         return docs, dry_run

@@ -131,7 +131,7 @@ def _register(
             )
         path = path_of(where, collection, name)
         doc, _ = state.body_to_document(body, path)
-        state.check_write(who, doc.resource)
+        state.check_document(who, doc)
         outcome = await state.control.apply([doc], create_only=True)
         return JSONResponse(state.present(outcome.stored[path]), status_code=201)
 
@@ -152,7 +152,7 @@ def _register(
         who = state.principal(authorization)
         path = path_of(where, collection, name)
         doc, fingerprint = state.body_to_document(body, path)
-        state.check_write(who, doc.resource)
+        state.check_document(who, doc)
         fp = fingerprint or if_match
         outcome = await state.control.apply(
             [doc], fingerprints={path: fp} if fp else None, replace_only=True

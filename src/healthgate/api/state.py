@@ -21,6 +21,7 @@ from healthgate.controlplane.resources import (
     parse_documents,
     split_output_fields,
 )
+from healthgate.model.addresses import AddressPolicy
 from healthgate.model.names import GLOBAL, NAME_RULE, ResourcePath, endpoint_path, is_valid_name
 from healthgate.model.resources import (
     BackendService,
@@ -51,6 +52,8 @@ class ApiSettings:
     # names (besides IP addresses and localhost) a request's Host may give
     # (api/browsers.py: DNS rebinding finds nothing)
     allowed_hosts: tuple[str, ...] = ()
+    # the addresses non-admin principals may write (model/addresses.py)
+    address_policy: AddressPolicy = field(default_factory=AddressPolicy)
 
 
 @dataclass(slots=True)
@@ -97,6 +100,21 @@ class ApiState:
         if not who.can_write(res.project, res.kind, res.is_global, psc):
             raise AccessError(
                 403, f"this token ({who.role} of {who.project}) may not write {res.kind} {res.path}"
+            )
+
+    def check_document(self, who: Principal, doc: Document) -> None:
+        """May ``who`` write this document: its kind and project (403), and,
+        unless an admin, its addresses (SPEC §7's address policy: 400 naming
+        each field and the rule; model/addresses.py)."""
+        self.check_write(who, doc.resource)
+        if who.role == "admin":
+            return
+        refused = self.settings.address_policy.violations(doc.resource)
+        if refused:
+            raise ControlError(
+                Refusal.INVALID,
+                f"{doc.resource.path}: an address this token may not use",
+                [doc.issue(field, why) for field, why in refused],
             )
 
     def path_of(self, project: str, region: str, collection: str, name: str) -> ResourcePath:

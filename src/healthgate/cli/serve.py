@@ -25,6 +25,19 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def cidr_list(text: str) -> list[str]:
+    """``--allow-addresses``: comma-separated addresses or CIDRs."""
+    import ipaddress
+
+    out = [part.strip() for part in text.split(",") if part.strip()]
+    for part in out:
+        try:
+            ipaddress.ip_network(part, strict=False)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r} is not an address or CIDR") from None
+    return out
+
+
 def probe_workers(text: str) -> int:
     """``--probe-workers``: a count, or ``auto`` (one per core this process may run on)."""
     if text == "auto":
@@ -46,6 +59,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from healthgate.controlplane.errors import ControlError
     from healthgate.dataplane.http_limits import HttpSettings
     from healthgate.dataplane.manager import Balance, DataPlaneSettings
+    from healthgate.model.addresses import AddressPolicy
     from healthgate.probes.prober import ProbeSettings
     from healthgate.probes.scheduler import SchedulerSettings
     from healthgate.runtime.server import ServeSettings, run_server
@@ -108,7 +122,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         dns_zones=args.dns_zone or [],
         xds=args.xds,
         stop_grace=args.stop_grace,
-        api=ApiSettings(allowed_hosts=tuple(args.allowed_host or ())),
+        api=ApiSettings(
+            allowed_hosts=tuple(args.allowed_host or ()),
+            address_policy=AddressPolicy.parse(
+                [c for cs in args.allow_addresses or () for c in cs]
+            ),
+        ),
     )
     try:
         uvloop.run(run_server(settings))
@@ -229,6 +248,15 @@ def _api_options(p: argparse.ArgumentParser) -> None:
         help="a DNS name clients reach the API by (repeatable); besides it, a request's Host "
         "must be an IP address or localhost (web pages on other names are refused: DNS "
         "rebinding)",
+    )
+    g.add_argument(
+        "--allow-addresses",
+        action="append",
+        type=cidr_list,
+        metavar="CIDR,...",
+        help="address ranges non-admin tokens may still use for endpoints, instances and rules "
+        "(by default loopback, link-local - the metadata address among them - and unspecified "
+        "addresses are refused to them); for single-tenant use",
     )
     g.add_argument(
         "--tokens", help="YAML list of {token, project, role}; required to listen beyond loopback"

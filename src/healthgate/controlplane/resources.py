@@ -40,6 +40,7 @@ from healthgate.controlplane.errors import ControlError, Refusal
 from healthgate.controlplane.health_service import HealthService
 from healthgate.controlplane.offload import off_loop
 from healthgate.controlplane.saved_states import decode_states
+from healthgate.model.addresses import Reserved
 from healthgate.model.manifest import OUTPUT_ONLY
 from healthgate.model.names import ResourcePath
 from healthgate.model.plan import Plan, plan_apply, plan_delete
@@ -137,6 +138,8 @@ class ControlPlane:
         self.on_change: list[ChangeListener] = []
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._follower: asyncio.Task[None] | None = None
+        # serve's own addresses: a rule written may not take one (model/addresses.py)
+        self.reserved: tuple[Reserved, ...] = ()
 
     @property
     def resources(self) -> dict[ResourcePath, Resource]:
@@ -301,7 +304,7 @@ class ControlPlane:
                         raise ControlError(Refusal.NOT_FOUND, f"{path} not found")
             # validation of the whole world: off the event loop (a 5 MB manifest
             # plans for seconds; probes and listeners must not wait for it)
-            plan = await off_loop(plan_apply, current, documents)
+            plan = await off_loop(plan_apply, current, documents, self.reserved)
             if plan.issues:
                 raise ControlError(Refusal.INVALID, "invalid resources", plan.issues)
             changed = plan.create + plan.update

@@ -19,12 +19,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import cast
 
 from healthgate.dataplane.tcp import TcpProxy
+from healthgate.model.addresses import Reserved
 from healthgate.model.names import ResourcePath
 from healthgate.model.resources import BackendService, ForwardingRule, Resource
 
@@ -53,6 +54,18 @@ class Listener:
     live: set[TcpProxy] = field(default_factory=set)  # open L4 connections
     error: str | None = None
     stats: dict[str, int] = field(default_factory=dict)
+
+
+def taken(spec: ListenerSpec, reserved: Sequence[Reserved]) -> list[Reserved]:
+    """serve's own addresses a listener would take (model/addresses.py)."""
+    protocol = "UDP" if spec.layer is Layer.UDP else "TCP"
+    return [
+        r
+        for r in reserved
+        if protocol in r.protocols
+        and r.port in spec.ports
+        and (spec.ip == r.ip or "0.0.0.0" in (spec.ip, r.ip) or "::" in (spec.ip, r.ip))
+    ]
 
 
 def serves(rule: ForwardingRule, region: str | None) -> bool:

@@ -42,10 +42,12 @@ from healthgate.dataplane.listeners import (
     desired_listeners,
     open_listener,
     reuse_port_hint,
+    taken,
 )
 from healthgate.dataplane.tcp import TcpProxy
 from healthgate.dataplane.udp import UdpListener
 from healthgate.dataplane.upstream import UpstreamPool
+from healthgate.model.addresses import Reserved
 from healthgate.model.names import ResourcePath
 from healthgate.model.resources import Resource
 
@@ -76,6 +78,8 @@ class DataPlaneSettings:
     max_connections: int = 0
     header_timeout: float = 10.0  # HTTP: a request head must be whole within this
     idle_timeout: float = 60.0  # HTTP: a keep-alive connection with no request is closed
+    # serve's own addresses: a rule asking for one gets no listener (model/addresses.py)
+    reserved: tuple[Reserved, ...] = ()
 
     def connection_cap(self) -> int:
         if self.max_connections:
@@ -141,6 +145,10 @@ class DataPlane:
             await close_listener(self.listeners.pop(path))
         for path, spec in desired.items():
             if path not in self.listeners:
+                conflicts = taken(spec, self.settings.reserved)
+                if conflicts:
+                    self.listeners[path] = self._refused(path, spec, conflicts)
+                    continue
                 listener = Listener(spec)
                 factory = self._factory(path, spec, listener.stats)
                 # the TCP connections the factory's proxies add themselves to
@@ -148,6 +156,15 @@ class DataPlane:
                 self.listeners[path] = await open_listener(
                     path, spec, factory, self.settings.reuse_port, listener
                 )
+
+    @staticmethod
+    def _refused(path: str, spec: ListenerSpec, conflicts: list[Reserved]) -> Listener:
+        """A stored rule on one of serve's own addresses: no listener (the
+        API and the integrations stay reachable, so it can be fixed)."""
+        r = conflicts[0]
+        error = f"not listening: {r.ip}:{r.port} is serve's own address ({r.what})"
+        log.error("%s: %s; delete or change the rule", path, error)
+        return Listener(spec, error=error)
 
     def _factory(
         self, path: str, spec: ListenerSpec, stats: dict[str, int]

@@ -10,8 +10,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from healthgate.model.addresses import Reserved, reserved_conflicts, reserved_message
 from healthgate.model.names import ResourcePath
-from healthgate.model.resources import Resource
+from healthgate.model.resources import ForwardingRule, Resource
 from healthgate.model.rules import validate_documents
 from healthgate.model.validation import Document, Issue, check_delete
 
@@ -70,8 +71,15 @@ def field_diff(before: Any, after: Any, at: str = "") -> list[tuple[str, Any, An
     return [] if before == after else [(at, before, after)]
 
 
-def plan_apply(current: Mapping[ResourcePath, Resource], documents: Sequence[Document]) -> Plan:
-    """Create or replace every document; validate the whole resulting world."""
+def plan_apply(
+    current: Mapping[ResourcePath, Resource],
+    documents: Sequence[Document],
+    reserved: Sequence[Reserved] = (),
+) -> Plan:
+    """Create or replace every document; validate the whole resulting world.
+    A forwarding rule written now may not take one of serve's own addresses
+    (``reserved``: model/addresses.py); one already stored is the data
+    plane's to skip, not a reason to refuse every other write."""
     plan = Plan(result=dict(current))
     seen: set[ResourcePath] = set()
     for doc in documents:
@@ -92,6 +100,14 @@ def plan_apply(current: Mapping[ResourcePath, Resource], documents: Sequence[Doc
     by_path = {d.resource.path: d for d in documents}
     world = [by_path.get(p) or Document(r) for p, r in plan.result.items()]
     found = validate_documents(world) + _duplicates(documents)
+    written = set(plan.create) | set(plan.update)
+    for doc in documents:
+        rule = doc.resource
+        if isinstance(rule, ForwardingRule) and rule.path in written:
+            found += [
+                doc.issue("IPAddress", reserved_message(r))
+                for r in reserved_conflicts(rule, reserved)
+            ]
     plan.issues = [i for i in found if not i.warning]
     plan.warnings = [i for i in found if i.warning]
     return plan

@@ -55,6 +55,7 @@ from healthgate.health.states import Record, RecordKind, RouteChange
 from healthgate.integrations.agent import AgentServer
 from healthgate.integrations.dns import DnsDirectory, DnsServer
 from healthgate.integrations.verdicts import agent_answer
+from healthgate.model.addresses import Reserved
 from healthgate.model.manifest import parse_manifest
 from healthgate.model.names import ResourcePath
 from healthgate.model.resources import HealthCheck, Resource
@@ -195,6 +196,25 @@ class Server:
         )
         log.info("healthgate serving on %s (store %s)", self.url, s.store_name())
 
+    def reserved_addresses(self) -> tuple[Reserved, ...]:
+        """The addresses serve itself uses: no forwarding rule may take one."""
+        s = self.settings
+        tcp, both = frozenset({"TCP"}), frozenset({"TCP", "UDP"})
+        out = [Reserved(_ip(self.api.host), self.api.port, tcp, "--listen")]
+        for option, value, protocols in (
+            ("--agent", s.agent, tcp),
+            ("--dns", s.dns, both),
+            ("--xds", s.xds, tcp),
+        ):
+            if value:
+                host, port = parse_listen(value, option)
+                out.append(Reserved(_ip(host), port, protocols, option))
+        if s.clustered and s.store:
+            for member in parse_endpoints(s.store):
+                etcd_host, _, etcd_port = member.rpartition(":")
+                out.append(Reserved(_ip(etcd_host.strip("[]")), int(etcd_port), tcp, "etcd"))
+        return tuple(out)
+
     def _source(self) -> SourceFactory:
         """How probing runs: this node's share of a cluster, probe workers or
         this process (controlplane/probing.py)."""
@@ -234,6 +254,7 @@ class Server:
         health.subscribe(recorder.on_records)
         health.on_forget(recorder.on_forget)
         self.control = ControlPlane(store, health)
+        self.control.reserved = self.reserved_addresses()
         self._tasks.append(asyncio.create_task(recorder.run(), name="recorder"))
         count = await self.control.load()
         log.info("loaded %d resources from %s", count, s.store_name())
@@ -275,7 +296,7 @@ class Server:
         s = self.settings
         health, control = self.health, self.control
         assert health is not None and control is not None
-        settings = s.dataplane
+        settings = replace(s.dataplane, reserved=control.reserved)
         if s.clustered:  # the nodes of one region share its front ends' addresses
             settings = replace(settings, region=s.region, reuse_port=True)
         dataplane: DataPlaneService
@@ -435,6 +456,10 @@ class Server:
     async def stop(self) -> None:
         await run_steps(self.stop_steps(), log)
         await self.api.close()  # (the address was taken first: released whatever happened)
+
+
+def _ip(host: str) -> str:
+    return "127.0.0.1" if host == "localhost" else host
 
 
 def _check_local(source: str) -> None:

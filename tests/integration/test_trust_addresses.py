@@ -1,0 +1,171 @@
+"""SPEC §7 "Addresses", as a tenant would try it: endpoints at this machine
+or the metadata service, a rule listening everywhere, a rule on serve's own
+address (which used to keep the next start from answering at all)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from healthgate.api.app import ApiSettings
+from healthgate.model.addresses import AddressPolicy
+from tests.helpers import run_async
+from tests.inprocess import InProcessApi
+from tests.integration.serve_proc import ServeProcess, wait_for
+from tests.integration.servers import free_port
+
+PRODUCER = {"token": "p" * 24, "project": "shop", "role": "producer"}
+ADMIN = {"token": "a" * 24, "project": "*", "role": "admin"}
+
+
+def neg(*ips: str) -> dict[str, Any]:
+    return {
+        "kind": "NetworkEndpointGroup",
+        "project": "shop",
+        "region": "us-east1",
+        "name": "neg",
+        "networkEndpointType": "GCE_VM_IP_PORT",
+        "endpoints": [{"ipAddress": ip, "port": 8080} for ip in ips],
+    }
+
+
+def apply_as(token: dict[str, str], docs: list[dict[str, Any]], allow: tuple[str, ...] = ()) -> Any:
+    async def go() -> Any:
+        settings = ApiSettings(address_policy=AddressPolicy.parse(allow))
+        async with InProcessApi([PRODUCER, ADMIN], settings=settings) as api:
+            assert api.client is not None
+            r = await api.client.post(
+                "/v1/apply",
+                json={"manifest": yaml.safe_dump_all(docs)},
+                headers={"Authorization": f"Bearer {token['token']}"},
+            )
+            return r.status_code, r.json()
+
+    return run_async(go())
+
+
+@pytest.mark.parametrize(
+    ("ip", "rule"),
+    [
+        ("169.254.169.254", "metadata service"),
+        ("127.0.0.1", "loopback"),
+        ("::1", "loopback"),
+        ("0.0.0.0", "unspecified"),
+        ("fe80::1", "link-local"),
+    ],
+)
+def test_a_producer_may_not_point_endpoints_at_this_machine_or_the_metadata_service(
+    ip: str, rule: str
+) -> None:
+    code, body = apply_as(PRODUCER, [neg("10.0.0.1", ip)])
+    assert code == 400, body
+    details = body["error"]["details"]
+    assert [d["field"] for d in details] == ["endpoints[1].ipAddress"]
+    assert rule in details[0]["description"] and "--allow-addresses" in details[0]["description"]
+
+
+def test_a_producer_may_not_listen_everywhere_but_private_addresses_are_fine() -> None:
+    rule = {
+        "kind": "ForwardingRule",
+        "project": "shop",
+        "region": "us-east1",
+        "name": "fr",
+        "IPAddress": "0.0.0.0",
+        "ports": [9000],
+        "loadBalancingScheme": "INTERNAL_MANAGED",
+        "backendService": "bs",
+    }
+    code, body = apply_as(PRODUCER, [rule])
+    assert code == 400 and body["error"]["details"][0]["field"] == "IPAddress", body
+    code, body = apply_as(PRODUCER, [neg("10.0.0.1", "192.168.1.7")])
+    assert code == 200, body
+
+
+def test_an_admin_or_an_allowed_range_may() -> None:
+    assert apply_as(ADMIN, [neg("127.0.0.1")])[0] == 200
+    assert apply_as(PRODUCER, [neg("127.0.0.1")], allow=("127.0.0.0/8",))[0] == 200
+    # a range admits itself only: the metadata address stays refused
+    code, body = apply_as(PRODUCER, [neg("169.254.169.254")], allow=("127.0.0.0/8",))
+    assert code == 400, body
+
+
+def rule_on(ip: str, port: int, name: str = "squatter") -> list[dict[str, Any]]:
+    base = {"project": "shop", "region": "us-east1"}
+    return [
+        {**base, "kind": "HealthCheck", "name": "hc", "type": "TCP", "port": 8080},
+        {**neg("127.0.1.1"), "name": "neg"},
+        {
+            **base,
+            "kind": "BackendService",
+            "name": "bs",
+            "loadBalancingScheme": "INTERNAL_MANAGED",
+            "protocol": "TCP",
+            "healthChecks": ["hc"],
+            "backends": [{"group": "neg"}],
+        },
+        {
+            **base,
+            "kind": "ForwardingRule",
+            "name": name,
+            "IPAddress": ip,
+            "ports": [port],
+            "loadBalancingScheme": "INTERNAL_MANAGED",
+            "backendService": "bs",
+        },
+    ]
+
+
+def test_no_rule_may_take_serves_own_address_not_even_an_admins(tmp_path: Path) -> None:
+    dns_port = free_port()
+    with (
+        ServeProcess(tmp_path / "own.db", "--dns", f"127.0.0.1:{dns_port}") as s,
+        s.client() as api,
+    ):
+        for ip, port, what in (
+            ("127.0.0.1", s.port, "--listen"),
+            ("0.0.0.0", s.port, "--listen"),  # (a wildcard overlaps it)
+            ("127.0.0.1", dns_port, "--dns"),
+        ):
+            r = api.post("/v1/apply", json={"manifest": yaml.safe_dump_all(rule_on(ip, port))})
+            assert r.status_code == 400, r.text
+            detail = r.json()["error"]["details"][0]
+            assert detail["field"] == "IPAddress" and what in detail["description"], detail
+        ok = api.post("/v1/apply", json={"manifest": yaml.safe_dump_all(rule_on("127.0.0.1", 1))})
+        assert ok.status_code == 200, ok.text
+
+
+def test_a_stored_rule_on_serves_address_is_skipped_and_can_be_deleted(tmp_path: Path) -> None:
+    """The issue's trap: the data plane bound first, so a rule on the API's
+    port made the next start exit "address in use" - and the rule could no
+    longer be deleted through the API."""
+    db = tmp_path / "trap.db"
+    port = free_port()
+    with ServeProcess(db, port=port) as s, s.client() as api:
+        r = api.post("/v1/apply", json={"manifest": yaml.safe_dump_all(rule_on("127.0.0.1", 1))})
+        assert r.status_code == 200, r.text
+    # a rule on the API's port written straight into the store (as an older
+    # version, or another node with another --listen, could have)
+    with sqlite3.connect(db) as conn:
+        (value,) = conn.execute(
+            "SELECT value FROM documents WHERE key LIKE '%forwardingRules/squatter'"
+        ).fetchone()
+        doc = json.loads(value)
+        doc["ports"] = [port]
+        conn.execute(
+            "UPDATE documents SET value = ? WHERE key LIKE '%forwardingRules/squatter'",
+            (json.dumps(doc, sort_keys=True),),
+        )
+    with ServeProcess(db, port=port) as s, s.client() as api:
+        fr = "/v1/projects/shop/regions/us-east1/forwardingRules/squatter"
+        listener = wait_for(
+            lambda: api.get(fr).json().get("status", {}).get("listener"), 10, what="its status"
+        )
+        assert "serve's own address (--listen)" in str(listener), listener
+        assert "not listening" in s.log.read_text()
+        assert api.delete(fr).status_code == 200
+        assert api.get(fr).status_code == 404
