@@ -16,6 +16,9 @@ data plane. So:
   closed (a slowloris holds nothing for long).
 * **An idle timeout** (``idle_timeout``): a keep-alive HTTP connection with no
   request for this long is closed.
+* **Buffered request bodies, all connections together** (``max_buffered``):
+  a body that would pass it gets 503 (dataplane/http_limits.py has the
+  per-connection bound and the body timeouts).
 
 One sweep a second checks every HTTP connection (a timestamp compare each),
 so nothing is added per request but a clock read.
@@ -50,8 +53,11 @@ class ConnectionGuard:
         header_timeout: float = 10.0,
         idle_timeout: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        max_buffered: int = 256 * 1024 * 1024,
     ) -> None:
         self.max_connections = max_connections
+        self.max_buffered = max_buffered
+        self.buffered = 0  # request-body bytes held by every connection together
         self.header_timeout = header_timeout
         self.idle_timeout = idle_timeout
         self.clock = clock
@@ -61,6 +67,16 @@ class ConnectionGuard:
         self._last_log = float("-inf")
         self._watched: set[Expiring] = set()
         self._sweeper: asyncio.TimerHandle | None = None
+
+    def take_buffer(self, n: int) -> bool:
+        """``n`` more bytes of request bodies held: False (nothing taken) past the bound."""
+        if self.buffered + n > self.max_buffered:
+            return False
+        self.buffered += n
+        return True
+
+    def release_buffer(self, n: int) -> None:
+        self.buffered = max(0, self.buffered - n)
 
     @property
     def open(self) -> int:

@@ -111,7 +111,10 @@ class HttpProxy(asyncio.Protocol):
         self.wake = asyncio.Event()
         self.client_ip = "unknown"
         self.closed = False
-        self.paused = False
+        self.paused = False  # not read: too much waiting behind the request in flight
+        self.buffered = 0  # bytes of request bodies held (being read and queued)
+        self._paused_at = 0.0
+        self._body_since = 0.0
         self.upstream: UpstreamConnection | None = None
         self.worker: asyncio.Task[None] | None = None  # the general path, started when needed
         self.inflight = False  # a request is being forwarded (either path)
@@ -185,6 +188,14 @@ class HttpProxy(asyncio.Protocol):
             if now - self._head_since > header_timeout:
                 self.stats["header_timeouts"] = self.stats.get("header_timeouts", 0) + 1
                 self._reject(408, "Request Timeout", "the request head did not arrive in time")
+        elif self.current is not None and not self.paused:  # a body on its way
+            s = self.settings
+            if (
+                now - self._body_since > s.body_timeout
+                or now - self._head_since > s.request_timeout
+            ):
+                self.stats["body_timeouts"] = self.stats.get("body_timeouts", 0) + 1
+                self._reject(408, "Request Timeout", "the request body did not arrive in time")
         elif self.inflight or self.queue:
             self.last_active = now
         elif now - self.last_active > idle_timeout and self.transport is not None:
@@ -223,6 +234,8 @@ class HttpProxy(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         assert self.current is not None
         self._head_open = False
+        if self.guard is not None:
+            self._body_since = self.guard.clock()
         self.current.method = self.parser.get_method().decode("ascii", "replace")
         self.current.keep_alive = self.parser.should_keep_alive()
 
@@ -237,15 +250,57 @@ class HttpProxy(asyncio.Protocol):
                 f"request bodies are limited to {self.settings.max_body_bytes} bytes",
             )
             raise httptools.HttpParserError("body too large")
+        n = len(body)
+        guard = self.guard
+        if guard is not None and not guard.take_buffer(n):
+            self.stats["refused_busy"] = self.stats.get("refused_busy", 0) + 1
+            self._reject(
+                503,
+                "Service Unavailable",
+                "the front end holds as many request bodies as it may; try again",
+            )
+            raise httptools.HttpParserError("buffers full")
+        self.buffered += n
+        if self.buffered > self.settings.max_buffered_per_connection:
+            self._pause()
+
+    def _pause(self) -> None:
+        if not self.paused and self.transport is not None:
+            self.transport.pause_reading()
+            self.paused = True
+            self._paused_at = self.guard.clock() if self.guard is not None else 0.0
+
+    def _maybe_resume(self) -> None:
+        """Read again once what waits has drained to half of both bounds."""
+        s = self.settings
+        if (
+            self.paused
+            and self.transport is not None
+            and len(self.queue) < s.max_pipelined // 2
+            and self.buffered <= s.max_buffered_per_connection // 2
+        ):
+            self.transport.resume_reading()
+            self.paused = False
+            if self.guard is not None:  # (time not read by us does not count against it)
+                waited = self.guard.clock() - self._paused_at
+                self._head_since += waited
+                self._body_since += waited
+
+    def _release(self, req: Request) -> None:
+        """A request's body is no longer held."""
+        n = len(req.body) + req.size  # (the body, or its bytes moved into data)
+        if n:
+            self.buffered -= n
+            if self.guard is not None:
+                self.guard.release_buffer(n)
 
     def on_message_complete(self) -> None:
         assert self.current is not None
         self.queue.append(self.current)
         self.current = None
         self._wake_worker()
-        if len(self.queue) >= self.settings.max_pipelined and self.transport is not None:
-            self.transport.pause_reading()
-            self.paused = True
+        if len(self.queue) >= self.settings.max_pipelined:
+            self._pause()
 
     def pause_writing(self) -> None:
         if self.upstream is not None:
@@ -258,6 +313,9 @@ class HttpProxy(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.wake.set()
+        if self.buffered and self.guard is not None:
+            self.guard.release_buffer(self.buffered)  # (what it held, it holds no more)
+        self.buffered = 0
         if self.admitted is not None and self.guard is not None:
             self.guard.release(self.admitted)
             self.admitted = None
@@ -403,18 +461,15 @@ class HttpProxy(asyncio.Protocol):
                     await self.wake.wait()
                     continue
                 req = self.queue.popleft()
-                if (
-                    self.paused
-                    and self.transport is not None
-                    and len(self.queue) < self.settings.max_pipelined // 2
-                ):
-                    self.transport.resume_reading()
-                    self.paused = False
+                self._maybe_resume()
                 self.inflight = True
                 try:
                     await self._forward(req)
                 finally:
                     self.inflight = False
+                    if not self.closed:
+                        self._release(req)
+                        self._maybe_resume()
                 if not req.keep_alive and self.transport is not None:
                     self.transport.close()
                     return

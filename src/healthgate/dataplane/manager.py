@@ -76,6 +76,8 @@ class DataPlaneSettings:
     # open client connections of every front end together (dataplane/guard.py);
     # 0: half of the open-file limit less 4,096 kept for the rest
     max_connections: int = 0
+    # HTTP: request bodies held by every front-end connection together (503 beyond)
+    max_buffered: int = 256 * 1024 * 1024
     header_timeout: float = 10.0  # HTTP: a request head must be whole within this
     idle_timeout: float = 60.0  # HTTP: a keep-alive connection with no request is closed
     # serve's own addresses: a rule asking for one gets no listener (model/addresses.py)
@@ -107,7 +109,9 @@ class DataPlane:
         self.settings = s = settings or DataPlaneSettings()
         self.listeners: dict[str, Listener] = {}
         self.pool = UpstreamPool(s.http)
-        self.guard = ConnectionGuard(s.connection_cap(), s.header_timeout, s.idle_timeout)
+        self.guard = ConnectionGuard(
+            s.connection_cap(), s.header_timeout, s.idle_timeout, max_buffered=s.max_buffered
+        )
         self.choice = UpstreamChoice(engine, s.balance, self.listeners)
         self._live: dict[str, set[TcpProxy]] = {}
         self._hinted = not s.reuse_port
