@@ -86,7 +86,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return EXIT_REFUSED
+    try:
+        etcd_tls, etcd_auth = etcd_security(args)
+    except ValueError as exc:
+        print(f"healthgate serve: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
     settings = ServeSettings(
+        etcd_tls=etcd_tls,
+        etcd_auth=etcd_auth,
         db=db,
         store=store,
         node=args.node,
@@ -186,6 +193,33 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def etcd_security(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(EtcdTls or None, EtcdAuth or None) from serve's --etcd-* options."""
+    from healthgate.secrets import read_secret
+    from healthgate.store.etcd_client import EtcdAuth, EtcdTls
+
+    if bool(args.etcd_cert) != bool(args.etcd_key):
+        raise ValueError("--etcd-cert and --etcd-key go together")
+    tls = None
+    if args.etcd_cacert or args.etcd_cert:
+        for option, path in (
+            ("--etcd-cacert", args.etcd_cacert),
+            ("--etcd-cert", args.etcd_cert),
+            ("--etcd-key", args.etcd_key),
+        ):
+            if path and not os.path.isfile(path):
+                raise ValueError(f"{option} {path}: no such file")
+        tls = EtcdTls(args.etcd_cacert, args.etcd_cert, args.etcd_key)
+    if bool(args.etcd_user) != bool(args.etcd_password_file):
+        raise ValueError("--etcd-user and --etcd-password-file go together")
+    auth = None
+    if args.etcd_user:
+        auth = EtcdAuth(
+            args.etcd_user, read_secret(args.etcd_password_file, "--etcd-password-file")
+        )
+    return tls, auth
+
+
 def configure_logging(level: str) -> None:
     """Transitions as JSON lines on stdout; everything else as text on stderr."""
     import logging
@@ -224,6 +258,22 @@ def _store_options(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--node", help="cluster mode: this node's name, unique in the cluster")
     g.add_argument("--region", help="cluster mode: the region this node probes and serves")
+    g.add_argument("--etcd-cacert", metavar="FILE", help="cluster mode: TLS to etcd, its CA")
+    g.add_argument(
+        "--etcd-cert", metavar="FILE", help="cluster mode: this node's client certificate for etcd"
+    )
+    g.add_argument("--etcd-key", metavar="FILE", help="cluster mode: ... and its key")
+    g.add_argument(
+        "--etcd-user",
+        metavar="NAME",
+        help="cluster mode: authenticate to etcd as this user (its role: read and write on "
+        "/healthgate/; docs/cluster.md)",
+    )
+    g.add_argument(
+        "--etcd-password-file",
+        metavar="FILE",
+        help="cluster mode: --etcd-user's password, read from this file (never an argument)",
+    )
     g.add_argument(
         "--lease-ttl",
         type=int,

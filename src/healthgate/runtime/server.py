@@ -67,7 +67,7 @@ from healthgate.process.limits import raise_open_file_limit
 from healthgate.runtime.lifecycle import Stopper, StopStep, run_steps
 from healthgate.store.base import Store
 from healthgate.store.etcd import EtcdStore
-from healthgate.store.etcd_client import parse_endpoints
+from healthgate.store.etcd_client import EtcdAuth, EtcdTls, parse_endpoints
 from healthgate.store.sqlite import SqliteStore
 
 if TYPE_CHECKING:
@@ -104,6 +104,8 @@ class ServeSettings:
     node: str | None = None
     region: str | None = None
     lease_ttl: int = 5
+    etcd_tls: EtcdTls | None = None  # TLS to etcd's members (SPEC §7)
+    etcd_auth: EtcdAuth | None = None  # an etcd user (its role limited to the namespace)
     # probe in N worker processes (0: in the serving process; None: one per
     # core embedded, on more than one core - controlplane/probe_workers.py)
     probe_workers: int | None = None
@@ -241,7 +243,7 @@ class Server:
         s = self.settings
         store: Store
         if etcd is not None:
-            self.store = store = EtcdStore(etcd)
+            self.store = store = EtcdStore(etcd, tls=s.etcd_tls, auth=s.etcd_auth)
         else:
             Path(s.db).parent.mkdir(parents=True, exist_ok=True)
             self.store = store = SqliteStore(s.db)

@@ -66,8 +66,10 @@ from healthgate.store.base import (
 )
 from healthgate.store.etcd_client import (
     MAX_OPS,
+    EtcdAuth,
     EtcdClient,
     EtcdSettings,
+    EtcdTls,
     Event,
     prefix_end,
 )
@@ -94,6 +96,8 @@ class EtcdStore:
         namespace: str = "/healthgate",
         settings: EtcdSettings | None = None,
         history: int | None = None,
+        tls: EtcdTls | None = None,
+        auth: EtcdAuth | None = None,
     ) -> None:
         settings = settings or EtcdSettings()
         if history is not None:
@@ -107,7 +111,7 @@ class EtcdStore:
         if isinstance(endpoints, EtcdClient):
             self.client = endpoints
         else:
-            self.client = EtcdClient(endpoints, namespace, settings)
+            self.client = EtcdClient(endpoints, namespace, settings, tls, auth)
         self.settings = settings
         self._meta = self.client.key("m/resources")
         self._log_meta = self.client.key("m/log")
@@ -283,7 +287,7 @@ class EtcdStore:
 
         members = self.client.members
         stream = stubs.WatchStub(members.channel(members.current())).Watch(
-            requests(), timeout=timeout
+            requests(), timeout=timeout, metadata=self.client.metadata()
         )
         try:
             for resp in stream:

@@ -27,6 +27,13 @@ the cluster's recipes (cluster/) alike:
   one frozen member does not use up the lease), revoke.
 * **a namespace**: every key is under ``namespace`` (``/healthgate`` by
   default); callers name keys without it.
+* **TLS and etcd's users** (SPEC §7, "etcd"): with :class:`EtcdTls`, every
+  channel is TLS, verified against the given CA, with a client certificate
+  when one is given (etcd's ``--client-cert-auth``); with
+  :class:`EtcdAuth`, the client authenticates as an etcd user (the password
+  read from a file, never an argument) and sends its token with every
+  request and watch, authenticating again when etcd says the token
+  expired. docs/cluster.md shows both with Debian's etcd.
 
 Synchronous calls (from threads, as the SQLite store's are) use a blocking
 gRPC channel per member; watches are asyncio streams on the caller's loop.
@@ -39,7 +46,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Any
 
@@ -86,6 +93,33 @@ def parse_endpoints(text: str) -> list[str]:
 
 
 @dataclass(frozen=True, slots=True)
+class EtcdTls:
+    """TLS to the members: the CA that signed their certificates, and this
+    client's certificate and key (both or neither)."""
+
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        def read(path: str | None) -> bytes | None:
+            if path is None:
+                return None
+            with open(path, "rb") as f:
+                return f.read()
+
+        return grpc.ssl_channel_credentials(read(self.ca), read(self.key), read(self.cert))
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdAuth:
+    """An etcd user and its password (read from a file: never in argv)."""
+
+    user: str
+    password: str = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
 class EtcdSettings:
     request_timeout: float = 2.0
     watch_deadline: float = 3.0  # a watch silent this long (no answer to a progress ask) is dropped
@@ -97,11 +131,12 @@ class EtcdSettings:
 class Members:
     """The member addresses and which one is in use; thread-safe."""
 
-    def __init__(self, endpoints: Sequence[str]) -> None:
+    def __init__(self, endpoints: Sequence[str], tls: EtcdTls | None = None) -> None:
         self.endpoints = list(endpoints)
         self._current = 0
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
+        self.credentials = tls.credentials() if tls is not None else None
 
     def current(self) -> str:
         with self._lock:
@@ -117,7 +152,10 @@ class Members:
         with self._lock:
             ch = self._channels.get(endpoint)
             if ch is None:
-                ch = grpc.insecure_channel(endpoint)
+                if self.credentials is not None:
+                    ch = grpc.secure_channel(endpoint, self.credentials)
+                else:
+                    ch = grpc.insecure_channel(endpoint)
                 self._channels[endpoint] = ch
             return ch
 
@@ -152,11 +190,59 @@ class EtcdClient:
         endpoints: Sequence[str],
         namespace: str = "/healthgate",
         settings: EtcdSettings | None = None,
+        tls: EtcdTls | None = None,
+        auth: EtcdAuth | None = None,
     ) -> None:
         self.settings = settings or EtcdSettings()
-        self.members = Members(endpoints)
+        self.members = Members(endpoints, tls)
         self.ns = namespace.rstrip("/")
+        self.auth = auth
+        self._token: str | None = None
+        self._token_lock = threading.Lock()
         self._aio: dict[str, grpc.aio.Channel] = {}
+
+    # ------------------------------------------------------------------ etcd's users
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """The auth token to send with a request (authenticating first if need be)."""
+        if self.auth is None:
+            return ()
+        with self._token_lock:
+            if self._token is None:
+                self._token = self._authenticate()
+            return (("token", self._token),)
+
+    def _authenticate(self) -> str:
+        assert self.auth is not None
+        req = pb.AuthenticateRequest(name=self.auth.user, password=self.auth.password)
+        why = "no member answered"
+        for _ in self.members.endpoints:
+            endpoint = self.members.current()
+            stub = stubs.AuthStub(self.members.channel(endpoint))
+            try:
+                return str(stub.Authenticate(req, timeout=self.settings.request_timeout).token)
+            except grpc.RpcError as exc:
+                detail = str(exc.details() or exc.code().name)
+                if exc.code() in (
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                ):
+                    raise AuthFailed(
+                        f"etcd refused user {self.auth.user!r}: {detail} "
+                        "(--etcd-user, --etcd-password-file)"
+                    ) from None
+                why = f"etcd {endpoint}: {detail}"
+            self.members.skip(endpoint)
+        raise Unavailable(why)
+
+    def _token_expired(self, exc: grpc.RpcError) -> bool:
+        """An answer that says the token is no longer good: forget it (the
+        next request authenticates again)."""
+        if self.auth is None or "auth token" not in str(exc.details() or ""):
+            return False
+        with self._token_lock:
+            self._token = None
+        return True
 
     # ------------------------------------------------------------------ keys
 
@@ -190,10 +276,20 @@ class EtcdClient:
             service, name = method.split(".")
             stub = getattr(stubs, f"{service}Stub")(channel)
             try:
-                return getattr(stub, name)(request, timeout=self.settings.request_timeout)
+                return getattr(stub, name)(
+                    request, timeout=self.settings.request_timeout, metadata=self.metadata()
+                )
             except grpc.RpcError as exc:
                 code = exc.code()
                 last = exc
+                if self._token_expired(exc):
+                    continue  # (authenticated again on the next attempt)
+                if code == grpc.StatusCode.PERMISSION_DENIED:
+                    raise StoreError(
+                        f"etcd refused {method} for user "
+                        f"{self.auth.user if self.auth else '(none)'}: {exc.details()} "
+                        "(its role needs read and write on the namespace's prefix)"
+                    ) from None
                 if code == grpc.StatusCode.INVALID_ARGUMENT:
                     raise _refusal(exc) from None  # etcd refused the request itself
                 self.members.skip(endpoint)
@@ -305,9 +401,11 @@ class EtcdClient:
                 for resp in stub.LeaseKeepAlive(
                     iter([pb.LeaseKeepAliveRequest(ID=lease)]),
                     timeout=timeout or self.settings.request_timeout,
+                    metadata=self.metadata(),
                 ):
                     return int(resp.TTL)
             except grpc.RpcError as exc:
+                self._token_expired(exc)
                 why = f"etcd {endpoint}: {exc.details() or exc.code().name}"
             self.members.skip(endpoint)
         raise Unavailable(why)
@@ -324,7 +422,11 @@ class EtcdClient:
     def _aio_channel(self, endpoint: str) -> grpc.aio.Channel:
         ch = self._aio.get(endpoint)
         if ch is None:
-            ch = grpc.aio.insecure_channel(endpoint)
+            credentials = self.members.credentials
+            if credentials is not None:
+                ch = grpc.aio.secure_channel(endpoint, credentials)
+            else:
+                ch = grpc.aio.insecure_channel(endpoint)
             self._aio[endpoint] = ch
         return ch
 
@@ -345,6 +447,8 @@ class EtcdClient:
             except Compacted:
                 raise
             except (grpc.RpcError, TimeoutError, _WatchEnded) as exc:
+                if isinstance(exc, grpc.RpcError):
+                    self._token_expired(exc)
                 failures += 1
                 self.members.skip(endpoint)
                 level = logging.INFO if failures == 1 else logging.DEBUG
@@ -361,7 +465,8 @@ class EtcdClient:
         self, endpoint: str, prefix: bytes, start: int
     ) -> AsyncIterator[list[Event]]:
         stub = stubs.WatchStub(self._aio_channel(endpoint))
-        call = stub.Watch(metadata=(("hasleader", "true"),))
+        metadata = await asyncio.to_thread(self.metadata) if self.auth else ()
+        call = stub.Watch(metadata=(("hasleader", "true"), *metadata))
         await call.write(self.create_request(prefix, start))
         loop = asyncio.get_running_loop()
         last_answer = loop.time()
@@ -411,6 +516,10 @@ class EtcdClient:
             with contextlib.suppress(Exception):
                 _close_later(ch)
         self._aio.clear()
+
+
+class AuthFailed(StoreError):
+    """etcd refused the user or its password."""
 
 
 class GuardFailed(StoreError):
