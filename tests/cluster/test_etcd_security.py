@@ -189,9 +189,22 @@ def test_the_user_reaches_nothing_outside_its_prefix_and_a_wrong_password_is_ref
     wrong = password_file(tmp_path, "not-the-password")
     proc = subprocess.run(
         [
-            sys.executable, "-m", "healthgate", "serve", "--store", with_users.url,
-            "--node", "z", "--region", "us-east1", "--listen", f"127.0.0.1:{free_port()}",
-            "--etcd-user", "healthgate", "--etcd-password-file", str(wrong),
+            sys.executable,
+            "-m",
+            "healthgate",
+            "serve",
+            "--store",
+            with_users.url,
+            "--node",
+            "z",
+            "--region",
+            "us-east1",
+            "--listen",
+            f"127.0.0.1:{free_port()}",
+            "--etcd-user",
+            "healthgate",
+            "--etcd-password-file",
+            str(wrong),
         ],  # fmt: skip
         capture_output=True,
         text=True,
