@@ -205,7 +205,7 @@ def test_the_user_reaches_nothing_outside_its_prefix_and_a_wrong_password_is_ref
             "healthgate",
             "--etcd-password-file",
             str(wrong),
-        ],  # fmt: skip
+        ],
         capture_output=True,
         text=True,
         timeout=60,
