@@ -34,7 +34,10 @@ def scenario(
 
     async def go() -> None:
         guard = ConnectionGuard(
-            int(kw.get("cap", 100)), kw.get("header", 10.0), kw.get("idle", 60.0)
+            int(kw.get("cap", 100)),
+            kw.get("header", 10.0),
+            kw.get("idle", 60.0),
+            max_per_source=int(kw.get("per_source", 0)),
         )
         server = await front_end(guard, stats)
         try:
@@ -180,3 +183,74 @@ def test_a_connection_that_keeps_sending_requests_is_not_idle() -> None:
         writer.close()
 
     scenario(body, idle=0.5)
+
+
+def test_one_source_cannot_take_every_slot_of_the_cap() -> None:
+    """The issue's experiment, scaled down: one address holds as many idle
+    connections as it can; another address's requests are still served."""
+
+    async def body(port: int, stats: dict[str, int], guard: ConnectionGuard) -> None:
+        hog = []
+        for _ in range(40):  # more than the cap (20); the source limit (10) stops it first
+            try:
+                hog.append(
+                    await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.5", 0))
+                )
+            except OSError:
+                break
+        await asyncio.sleep(0.2)
+        assert guard.open == 10, guard.open  # its share, not the cap
+        assert guard.refused_source >= 30
+        served = 0
+        for _ in range(5):  # a normal client, from another address
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", port, local_addr=("127.0.0.6", 0)
+            )
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            async with asyncio.timeout(2):
+                answer = await reader.readuntil(b"\r\n\r\n")
+            served += answer.startswith(b"HTTP/1.1 ")  # (503: no route here, but served)
+            writer.close()
+        assert served == 5
+        for _, w in hog:
+            w.close()
+
+    stats = scenario(body, cap=20, per_source=10)
+    assert stats["refused_cap"] >= 30
+
+
+def test_udp_sessions_count_against_the_cap_and_their_source() -> None:
+    """A flood of source ports from one address used to open a socket per
+    port, outside any cap, until descriptors ran out."""
+    from healthgate.dataplane.udp import UdpListener
+
+    async def go() -> tuple[int, int, dict[str, int]]:
+        loop = asyncio.get_running_loop()
+        echo_t, _ = await loop.create_datagram_endpoint(
+            asyncio.DatagramProtocol, local_addr=("127.0.0.1", 0)
+        )
+        upstream = echo_t.get_extra_info("sockname")[:2]
+        guard = ConnectionGuard(100, max_per_source=8)
+        stats: dict[str, int] = {}
+        listen_t, listener = await loop.create_datagram_endpoint(
+            lambda: UdpListener(lambda: [upstream], 60.0, stats, guard=guard),
+            local_addr=("127.0.0.1", 0),
+        )
+        port = listen_t.get_extra_info("sockname")[1]
+        senders = []
+        for source in ["127.0.0.7"] * 30 + ["127.0.0.8"] * 3:  # 30 source ports, then 3 more
+            t, _ = await loop.create_datagram_endpoint(
+                asyncio.DatagramProtocol, local_addr=(source, 0)
+            )
+            t.sendto(b"x", ("127.0.0.1", port))
+            senders.append(t)
+        await asyncio.sleep(0.3)
+        sessions, held = len(listener.sessions), guard.sessions
+        for t in (*senders, listen_t, echo_t):
+            t.close()
+        await asyncio.sleep(0.05)
+        return sessions, held, stats
+
+    sessions, held, stats = run_async(go(), timeout=20)
+    assert sessions == 8 + 3 and held == 11, (sessions, held)  # 8 of the flood, all 3 others
+    assert stats["dropped"] == 30 - 8

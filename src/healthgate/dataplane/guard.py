@@ -16,6 +16,15 @@ data plane. So:
   closed (a slowloris holds nothing for long).
 * **An idle timeout** (``idle_timeout``): a keep-alive HTTP connection with no
   request for this long is closed.
+* **A limit per source address** (``max_per_source``, by default an eighth
+  of the cap, at least 64): one client address holding thousands of idle
+  connections used to take every slot of the cap (40 of 49 requests of a
+  normal client were refused meanwhile); now it takes its share, and the
+  others keep theirs - as nginx's ``limit_conn`` or HAProxy's
+  ``src_conn_cur`` would have it.
+* **UDP sessions count too**: each holds an upstream socket, so a session
+  is admitted against the same cap and per-source limit (a flood of source
+  ports used to run the process out of descriptors, and probes failed).
 * **Buffered request bodies, all connections together** (``max_buffered``):
   a body that would pass it gets 503 (dataplane/http_limits.py has the
   per-connection bound and the body timeouts).
@@ -54,15 +63,20 @@ class ConnectionGuard:
         idle_timeout: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
         max_buffered: int = 256 * 1024 * 1024,
+        max_per_source: int = 0,
     ) -> None:
         self.max_connections = max_connections
+        self.max_per_source = max_per_source or max(64, max_connections // 8)
         self.max_buffered = max_buffered
         self.buffered = 0  # request-body bytes held by every connection together
         self.header_timeout = header_timeout
         self.idle_timeout = idle_timeout
         self.clock = clock
         self.refused = 0
-        self._open: set[asyncio.BaseTransport] = set()
+        self.refused_source = 0
+        self._open: dict[asyncio.BaseTransport, str] = {}  # connection -> its source address
+        self._by_source: dict[str, int] = {}  # source -> its connections and UDP sessions
+        self.sessions = 0  # UDP sessions (each holds an upstream socket)
         self._emptied: asyncio.Event | None = None
         self._last_log = float("-inf")
         self._watched: set[Expiring] = set()
@@ -82,28 +96,69 @@ class ConnectionGuard:
     def open(self) -> int:
         return len(self._open)
 
-    def admit(self, transport: asyncio.BaseTransport) -> bool:
-        """A client connected: True to serve it, False (and it is closed) over the cap."""
-        if len(self._open) >= self.max_connections:
+    def _room(self, source: str) -> str | None:
+        """Why one more connection or session of ``source`` may not come in (None: it may)."""
+        if len(self._open) + self.sessions >= self.max_connections:
             self.refused += 1
-            now = self.clock()
-            if now - self._last_log >= 10.0:
-                self._last_log = now
-                log.warning(
-                    "front ends hold %d connections, the cap (--max-connections): "
-                    "new ones are closed at once (%d so far)",
-                    self.open,
-                    self.refused,
-                )
+            return (
+                f"front ends hold {len(self._open)} connections and {self.sessions} UDP "
+                f"sessions, the cap: new ones are refused ({self.refused} so far)"
+            )
+        if self._by_source.get(source, 0) >= self.max_per_source:
+            self.refused_source += 1
+            return (
+                f"{source} holds {self.max_per_source} connections or sessions, as many as one "
+                f"source may: its new ones are refused ({self.refused_source} so far)"
+            )
+        return None
+
+    def _say(self, why: str) -> None:
+        now = self.clock()
+        if now - self._last_log >= 10.0:
+            self._last_log = now
+            log.warning("%s", why)
+
+    def admit(self, transport: asyncio.BaseTransport) -> bool:
+        """A client connected: True to serve it, False (and it is closed)
+        over the cap or its source's limit."""
+        peer = transport.get_extra_info("peername")
+        source = str(peer[0]) if peer else ""
+        why = self._room(source)
+        if why is not None:
+            self._say(why)
             cast(asyncio.Transport, transport).abort()
             return False
-        self._open.add(transport)
+        self._open[transport] = source
+        self._by_source[source] = self._by_source.get(source, 0) + 1
         return True
 
     def release(self, transport: asyncio.BaseTransport) -> None:
-        self._open.discard(transport)
+        source = self._open.pop(transport, None)
+        if source is not None:
+            self._count_down(source)
         if not self._open and self._emptied is not None:
             self._emptied.set()
+
+    def admit_session(self, source: str) -> bool:
+        """A new UDP session of ``source``: within the cap and its source's limit?"""
+        why = self._room(source)
+        if why is not None:
+            self._say(why)
+            return False
+        self.sessions += 1
+        self._by_source[source] = self._by_source.get(source, 0) + 1
+        return True
+
+    def release_session(self, source: str) -> None:
+        self.sessions = max(0, self.sessions - 1)
+        self._count_down(source)
+
+    def _count_down(self, source: str) -> None:
+        left = self._by_source.get(source, 1) - 1
+        if left > 0:
+            self._by_source[source] = left
+        else:
+            self._by_source.pop(source, None)
 
     async def drain(self, grace: float) -> int:
         """Wait up to ``grace`` seconds for the open connections to end, then
@@ -117,6 +172,7 @@ class ConnectionGuard:
         for transport in left:
             cast(asyncio.Transport, transport).abort()
         self._open.clear()
+        self._by_source.clear()
         return len(left)
 
     def watch(self, conn: Expiring) -> None:

@@ -76,6 +76,8 @@ class DataPlaneSettings:
     # open client connections of every front end together (dataplane/guard.py);
     # 0: half of the open-file limit less 4,096 kept for the rest
     max_connections: int = 0
+    # connections and UDP sessions of one client address (0: an eighth of the cap, >= 64)
+    max_per_source: int = 0
     # HTTP: request bodies held by every front-end connection together (503 beyond)
     max_buffered: int = 256 * 1024 * 1024
     header_timeout: float = 10.0  # HTTP: a request head must be whole within this
@@ -110,7 +112,11 @@ class DataPlane:
         self.listeners: dict[str, Listener] = {}
         self.pool = UpstreamPool(s.http)
         self.guard = ConnectionGuard(
-            s.connection_cap(), s.header_timeout, s.idle_timeout, max_buffered=s.max_buffered
+            s.connection_cap(),
+            s.header_timeout,
+            s.idle_timeout,
+            max_buffered=s.max_buffered,
+            max_per_source=s.max_per_source,
         )
         self.choice = UpstreamChoice(engine, s.balance, self.listeners)
         self._live: dict[str, set[TcpProxy]] = {}
@@ -185,7 +191,7 @@ class DataPlane:
                 return choice.producer_upstreams(path)
 
         if spec.layer is Layer.UDP:
-            return lambda: UdpListener(choose, s.udp_idle_timeout, stats)
+            return lambda: UdpListener(choose, s.udp_idle_timeout, stats, guard=self.guard)
         # connections / requests in flight per upstream: only least-connections reads them
         active = choice.active if s.balance is Balance.LEAST_CONNECTIONS else None
         if spec.layer is Layer.HTTP:

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import cast
 
+from healthgate.dataplane.guard import ConnectionGuard
 from healthgate.dataplane.tcp import served_key
 
 log = logging.getLogger("healthgate.dataplane")
@@ -48,7 +49,9 @@ class UdpListener(asyncio.DatagramProtocol):
         idle_timeout: float,
         stats: dict[str, int],
         max_sessions: int = 65536,
+        guard: ConnectionGuard | None = None,
     ) -> None:
+        self.guard = guard  # sessions count against the cap and per source (dataplane/guard.py)
         self.choose = choose
         self.idle_timeout = idle_timeout
         self.stats = stats
@@ -74,7 +77,9 @@ class UdpListener(asyncio.DatagramProtocol):
         if client in self.pending:  # the session's upstream socket is being opened
             self.pending[client].append(data)
             return
-        if len(self.sessions) >= self.max_sessions:
+        if len(self.sessions) >= self.max_sessions or (
+            self.guard is not None and not self.guard.admit_session(client[0])
+        ):
             self.stats["dropped"] = self.stats.get("dropped", 0) + 1
             return
         self.pending[client] = [data]
@@ -103,7 +108,12 @@ class UdpListener(asyncio.DatagramProtocol):
                 session.transport.sendto(data)
             return
         self.pending.pop(client, None)
+        self._ended(client)
         self.stats["no_upstream"] = self.stats.get("no_upstream", 0) + len(queued)
+
+    def _ended(self, client: Address) -> None:
+        if self.guard is not None:
+            self.guard.release_session(client[0])
 
     def reply(self, data: bytes, client: Address) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -120,13 +130,15 @@ class UdpListener(asyncio.DatagramProtocol):
                 if session.transport is not None:
                     session.transport.close()
                 del self.sessions[client]
+                self._ended(client)
         if self.transport is not None and not self.transport.is_closing():
             self._schedule_sweep()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()
-        for session in self.sessions.values():
+        for client, session in self.sessions.items():
             if session.transport is not None:
                 session.transport.close()
+            self._ended(client)
         self.sessions.clear()
