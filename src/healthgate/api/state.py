@@ -54,6 +54,8 @@ class ApiSettings:
     allowed_hosts: tuple[str, ...] = ()
     # the addresses non-admin principals may write (model/addresses.py)
     address_policy: AddressPolicy = field(default_factory=AddressPolicy)
+    # DNS zones that belong to a project (--dns-zone ZONE=PROJECT): zone -> project
+    dns_zones: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(slots=True)
@@ -110,12 +112,28 @@ class ApiState:
         if who.role == "admin":
             return
         refused = self.settings.address_policy.violations(doc.resource)
+        refused += self._zone_violations(doc.resource)
         if refused:
             raise ControlError(
                 Refusal.INVALID,
                 f"{doc.resource.path}: an address this token may not use",
                 [doc.issue(field, why) for field, why in refused],
             )
+
+    def _zone_violations(self, res: Resource) -> list[tuple[str, str]]:
+        """A dnsName in a zone that belongs to another project (SPEC §7)."""
+        if not isinstance(res, ForwardingRule) or not res.dns_name or not self.settings.dns_zones:
+            return []
+        name = res.dns_name.rstrip(".").lower()
+        owner = None
+        best = -1
+        for zone, project in self.settings.dns_zones:
+            z = zone.rstrip(".").lower()
+            if (name == z or name.endswith("." + z)) and len(z) > best:
+                owner, best = project, len(z)
+        if owner is not None and owner != res.project:
+            return [("dnsName", f"{res.dns_name} is in a DNS zone of another project")]
+        return []
 
     def path_of(self, project: str, region: str, collection: str, name: str) -> ResourcePath:
         for label, value in (("project", project), ("name", name)):

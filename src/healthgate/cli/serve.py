@@ -88,6 +88,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return EXIT_REFUSED
     try:
         etcd_tls, etcd_auth = etcd_security(args)
+        xds_tls, xds_clients = xds_security(args)
     except ValueError as exc:
         print(f"healthgate serve: {exc}", file=sys.stderr)
         return EXIT_REFUSED
@@ -129,6 +130,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         dns_zones=args.dns_zone or [],
         xds=args.xds,
         stop_grace=args.stop_grace,
+        xds_tls=xds_tls,
+        xds_clients=xds_clients,
+        insecure_bind=args.insecure_bind,
         api=ApiSettings(
             allowed_hosts=tuple(args.allowed_host or ()),
             address_policy=AddressPolicy.parse(
@@ -218,6 +222,27 @@ def etcd_security(args: argparse.Namespace) -> tuple[Any, Any]:
             args.etcd_user, read_secret(args.etcd_password_file, "--etcd-password-file")
         )
     return tls, auth
+
+
+def xds_security(args: argparse.Namespace) -> tuple[Any, dict[str, frozenset[str]]]:
+    """(XdsTls or None, certificate name -> projects) from --xds-tls-* and --xds-client."""
+    from healthgate.integrations.xds import XdsTls
+    from healthgate.model.names import is_valid_name
+
+    files = (args.xds_tls_cert, args.xds_tls_key, args.xds_client_ca)
+    if any(files) and not all(files):
+        raise ValueError("--xds-tls-cert, --xds-tls-key and --xds-client-ca go together")
+    clients: dict[str, frozenset[str]] = {}
+    for text in args.xds_client or ():
+        name, sep, projects = text.partition("=")
+        wanted = frozenset(p.strip() for p in projects.split(",") if p.strip())
+        if not sep or not name.strip() or not wanted or not all(map(is_valid_name, wanted)):
+            raise ValueError(f"--xds-client {text!r}: expected NAME=PROJECT[,PROJECT...]")
+        clients[name.strip()] = wanted
+    if clients and not all(files):
+        raise ValueError("--xds-client needs TLS: --xds-tls-cert, --xds-tls-key, --xds-client-ca")
+    tls = XdsTls(*files) if all(files) else None
+    return tls, clients
 
 
 def configure_logging(level: str) -> None:
@@ -433,14 +458,35 @@ def _integration_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--dns-zone",
         action="append",
-        metavar="ZONE",
-        help="a zone the DNS server is authoritative for (repeatable; default: each dnsName's parent)",
+        metavar="ZONE[=PROJECT]",
+        help="a zone the DNS server is authoritative for (repeatable; default: each dnsName's "
+        "parent); =PROJECT: only that project's rules are answered in it (required with --tokens)",
     )
     g.add_argument(
         "--xds",
         metavar="HOST:PORT",
         help="an Envoy ADS server (CDS and EDS): a cluster per global backend service, "
         "one locality per region, priority = failover order",
+    )
+    g.add_argument("--xds-tls-cert", metavar="FILE", help="the ADS server's TLS certificate")
+    g.add_argument("--xds-tls-key", metavar="FILE", help="... and its key")
+    g.add_argument(
+        "--xds-client-ca",
+        metavar="FILE",
+        help="the CA of the Envoys' client certificates (every Envoy must present one)",
+    )
+    g.add_argument(
+        "--xds-client",
+        action="append",
+        metavar="NAME=PROJECT[,PROJECT]",
+        help="an Envoy certificate's common name and the projects whose clusters it receives "
+        "(repeatable; with TLS, an Envoy whose name is not given is refused)",
+    )
+    g.add_argument(
+        "--insecure-bind",
+        action="store_true",
+        help="let --agent, --dns and --xds (without TLS) bind beyond loopback: whoever reaches "
+        "them reads every project's routes",
     )
 
 

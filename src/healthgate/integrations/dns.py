@@ -6,8 +6,12 @@ with a TTL of ``dnsTtlSec`` (5 s by default). When the route moves to
 another region, the next answer names that region; clients follow within
 the TTL (plus whatever their resolvers add: see docs/integrations.md).
 
-The server is authoritative for its zones (``--dns-zone``, default: the
-parent domain of every dnsName) and answers as such a server does:
+The server is authoritative for its zones (``--dns-zone ZONE[=PROJECT]``,
+default: the parent domain of every dnsName) and answers as such a server
+does. A zone given with a project is that project's: only its rules'
+dnsNames are answered there (a rule of another project that names a name
+in it is skipped, and logged) - first come, first served no more; with
+tokens every zone must name its project (SPEC §7).
 
 * a name of a zone with records: the records (AA set); another type at
   that name, or a name in the zone with nothing at it but names below it:
@@ -59,39 +63,81 @@ class Entry:
     ttl: int
 
 
+def parse_zone(text: str) -> tuple[str, str | None]:
+    """``ZONE`` or ``ZONE=PROJECT`` (``--dns-zone``); ValueError naming what is wrong."""
+    zone, sep, project = text.partition("=")
+    try:
+        dns.name.from_text(zone.strip())
+    except dns.exception.DNSException as exc:
+        raise ValueError(f"--dns-zone {text!r}: {exc}") from None
+    if sep and not project.strip():
+        raise ValueError(f"--dns-zone {text!r}: ZONE=PROJECT names a project")
+    return zone.strip(), (project.strip() or None)
+
+
 class DnsDirectory:
     """Names, zones and where each name's route points: rebuilt when the
-    resources change, read per query with the engine's current routes."""
+    resources change, read per query with the engine's current routes.
+    Every lookup is O(1) in the number of names (a dict or a set per label
+    of the name asked: an NXDOMAIN used to scan every name, 17 ms a query at
+    10,000 names, on the serving loop)."""
 
     def __init__(self, engine: HealthEngine, zones: Iterable[str] = ()) -> None:
         self.engine = engine
-        self.fixed_zones = [dns.name.from_text(z) for z in zones]
+        # zone -> the project it belongs to (None: anyone's)
+        self.owners: dict[dns.name.Name, str | None] = {}
+        for text in zones:
+            zone, project = parse_zone(text)
+            self.owners[dns.name.from_text(zone)] = project
         self.names: dict[dns.name.Name, Entry] = {}
-        self.zones: list[dns.name.Name] = list(self.fixed_zones)
+        self.zones: set[dns.name.Name] = set(self.owners)
+        self._present: set[dns.name.Name] = set()  # every name with records, and its parents
         self._addresses: dict[str, str] = {}  # attachment path -> producer rule's IP
+        self._skipped: set[str] = set()
         self.serial = 1
 
     def update(self, resources: Mapping[ResourcePath, Resource]) -> None:
         names: dict[dns.name.Name, Entry] = {}
         for path, res in resources.items():
             if isinstance(res, ForwardingRule) and res.dns_name:
-                names[dns.name.from_text(res.dns_name)] = Entry(str(path), res.dns_ttl)
+                name = dns.name.from_text(res.dns_name)
+                if self._owned_elsewhere(name, path):
+                    continue
+                names[name] = Entry(str(path), res.dns_ttl)
         addresses = {}
         for path in resources:
             if path.collection == "serviceAttachments":
                 address = published_address(resources, str(path))
                 if address is not None:
                     addresses[str(path)] = address[0]
-        self.names, self._addresses = names, addresses
-        self.zones = list(self.fixed_zones) or sorted({n.parent() for n in names}, key=len)
+        present = set()
+        for named in names:
+            up = named
+            while len(up) > 1 and up not in present:
+                present.add(up)
+                up = up.parent()
+        self.names, self._addresses, self._present = names, addresses, present
+        self.zones = set(self.owners) or {n.parent() for n in names}
         self.serial += 1
 
+    def _owned_elsewhere(self, name: dns.name.Name, rule: ResourcePath) -> bool:
+        zone = self.zone_of(name)
+        owner = self.owners.get(zone) if zone is not None else None
+        if owner is None or owner == rule.project:
+            return False
+        if str(rule) not in self._skipped:
+            self._skipped.add(str(rule))
+            log.warning("%s: dnsName %s is in a zone of another project: not answered", rule, name)
+        return True
+
     def zone_of(self, name: dns.name.Name) -> dns.name.Name | None:
-        best = None
-        for zone in self.zones:
-            if name.is_subdomain(zone) and (best is None or len(zone) > len(best)):
-                best = zone
-        return best
+        """The closest zone that holds ``name`` (a set lookup per label)."""
+        while True:
+            if name in self.zones:
+                return name
+            if len(name) <= 1:
+                return None
+            name = name.parent()
 
     def address(self, name: dns.name.Name) -> str | None:
         """The routed region's producer address for a name (None: no route)."""
@@ -104,7 +150,7 @@ class DnsDirectory:
         return self._addresses.get(route.attachment)
 
     def exists(self, name: dns.name.Name, zone: dns.name.Name) -> bool:
-        return name == zone or any(n == name or n.is_subdomain(name) for n in self.names)
+        return name == zone or name in self._present
 
 
 def _soa(zone: dns.name.Name, serial: int) -> dns.rrset.RRset:
@@ -242,7 +288,8 @@ class DnsServer:
                 if reply is None:
                     break
                 writer.write(struct.pack("!H", len(reply)) + reply)
-                await writer.drain()
+                async with asyncio.timeout(self.tcp_timeout):  # (a client that never reads)
+                    await writer.drain()
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:

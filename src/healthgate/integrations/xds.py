@@ -29,6 +29,16 @@ Failback is Envoy's own: as soon as a higher priority is healthy again it
 takes the traffic back. ``failback: false`` has no EDS equivalent
 (documented).
 
+Who may read what (SPEC §7): on loopback without TLS every local Envoy is
+trusted with every project's clusters (as the API without tokens is).
+With TLS (``--xds-tls-cert/--xds-tls-key/--xds-client-ca``) every Envoy
+must present a certificate of that CA, and its common name is mapped to
+the projects whose clusters it receives (``--xds-client NAME=P1,P2``); a
+certificate whose name is not mapped is refused (PERMISSION_DENIED).
+Streams are capped (``max_streams``: RESOURCE_EXHAUSTED beyond), and what
+an Envoy sends is bounded (resource names it may subscribe to, the size of
+a request).
+
 Versions: every change of the whole snapshot (clusters or assignments)
 makes a new version, pushed at once to every stream that subscribed; a
 stream sends a type only when its version moved or the subscribed names
@@ -144,10 +154,35 @@ def _assignment(
     return cla
 
 
+@dataclass(frozen=True, slots=True)
+class XdsTls:
+    """The ADS server's certificate and key, and the CA of its clients'."""
+
+    cert: str
+    key: str
+    client_ca: str
+
+    def credentials(self) -> grpc.ServerCredentials:
+        def read(path: str) -> bytes:
+            with open(path, "rb") as f:
+                return f.read()
+
+        return grpc.ssl_server_credentials(
+            [(read(self.key), read(self.cert))],
+            root_certificates=read(self.client_ca),
+            require_client_auth=True,
+        )
+
+
+MAX_NAMES = 10_000  # resource names one subscription may list
+MAX_REQUEST = 1 << 20  # bytes of one request from an Envoy
+
+
 class _Stream:
     """One Envoy's ADS stream: what it subscribed to, what it was sent."""
 
-    def __init__(self) -> None:
+    def __init__(self, projects: frozenset[str] | None = None) -> None:
+        self.projects = projects  # the projects it may read (None: every one)
         self.names: dict[str, tuple[str, ...]] = {}  # type -> resource names (() = all)
         self.sent: dict[str, tuple[int, tuple[str, ...]]] = {}  # type -> (version, names)
         self.nonce = 0
@@ -155,8 +190,18 @@ class _Stream:
 
 
 class XdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ignore[misc]
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        tls: XdsTls | None = None,
+        clients: Mapping[str, frozenset[str]] | None = None,
+        max_streams: int = 256,
+    ) -> None:
         self.host, self.port = host, port
+        self.tls = tls
+        self.clients = dict(clients or {})  # certificate common name -> its projects
+        self.max_streams = max_streams
         self.snapshot = Snapshot({}, {})
         self.version = 0
         self._streams: set[_Stream] = set()
@@ -172,9 +217,18 @@ class XdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ignor
             stream.wake.set()
 
     async def start(self) -> None:
-        self._server = grpc.aio.server()
+        self._server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", MAX_REQUEST),
+                ("grpc.max_concurrent_streams", 16),  # per connection
+            ]
+        )
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(self, self._server)
-        port = self._server.add_insecure_port(f"{self.host}:{self.port}")
+        address = f"{self.host}:{self.port}"
+        if self.tls is not None:
+            port = self._server.add_secure_port(address, self.tls.credentials())
+        else:
+            port = self._server.add_insecure_port(address)
         if port == 0:
             raise OSError(f"--xds: cannot listen on {self.host}:{self.port}")
         self.port = port
@@ -190,7 +244,13 @@ class XdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ignor
         request_iterator: AsyncIterator[discovery_pb2.DiscoveryRequest],
         context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
     ) -> AsyncIterator[discovery_pb2.DiscoveryResponse]:
-        stream = _Stream()
+        projects = await self._projects_of(context)
+        if len(self._streams) >= self.max_streams:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"this ADS server holds {self.max_streams} streams, as many as it may",
+            )
+        stream = _Stream(projects)
         self._streams.add(stream)
         reader = asyncio.ensure_future(self._read(request_iterator, stream))
         try:
@@ -204,6 +264,24 @@ class XdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ignor
         finally:
             self._streams.discard(stream)
             reader.cancel()
+
+    async def _projects_of(
+        self,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> frozenset[str] | None:
+        """The projects this stream's Envoy may read (None: every one - no TLS)."""
+        if self.tls is None:
+            return None
+        names = list(context.auth_context().get("x509_common_name", []))
+        name = names[0].decode("utf-8", "replace") if names else ""
+        projects = self.clients.get(name)
+        if projects is None:
+            log.warning("an Envoy with certificate name %r is not an --xds-client: refused", name)
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "this certificate's name is not given any project (--xds-client NAME=PROJECT)",
+            )
+        return projects
 
     async def _read(
         self, requests: AsyncIterator[discovery_pb2.DiscoveryRequest], stream: _Stream
@@ -219,7 +297,12 @@ class XdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ignor
                     request.version_info,
                     request.error_detail.message[:300],
                 )
-            stream.names[request.type_url] = tuple(sorted(request.resource_names))
+            names = request.resource_names
+            if len(names) > MAX_NAMES:
+                log.warning(
+                    "an Envoy subscribed to %d names: only the first %d", len(names), MAX_NAMES
+                )
+            stream.names[request.type_url] = tuple(sorted(names[:MAX_NAMES]))
             stream.wake.set()
 
     def _due(self, stream: _Stream) -> list[discovery_pb2.DiscoveryResponse]:
@@ -231,6 +314,8 @@ class XdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ignor
                 self.snapshot.clusters if type_url == CLUSTER_TYPE else self.snapshot.assignments
             )
             chosen = sorted(table) if not names else [n for n in names if n in table]
+            if stream.projects is not None:  # (cluster names are PROJECT/NAME)
+                chosen = [n for n in chosen if n.partition("/")[0] in stream.projects]
             stream.nonce += 1
             response = discovery_pb2.DiscoveryResponse(
                 version_info=str(self.version), type_url=type_url, nonce=str(stream.nonce)

@@ -351,10 +351,10 @@ def dns_names(world: World) -> list[Issue]:
         if isinstance(res, ForwardingRule) and res.dns_name is not None:
             other = seen.setdefault(res.dns_name, doc)
             if other is not doc:
+                path = other.resource.path  # (named only inside the same project)
+                owner = str(path) if path.project == res.project else "another project's rule"
                 issues.append(
-                    doc.issue(
-                        "dnsName", f"{res.dns_name} is already the dnsName of {other.resource.path}"
-                    )
+                    doc.issue("dnsName", f"{res.dns_name} is already the dnsName of {owner}")
                 )
     return issues
 

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI
 
 from healthgate.api.app import ApiSettings, ApiState, create_app
-from healthgate.api.auth import Access
+from healthgate.api.auth import Access, is_loopback
 from healthgate.api.listener import ApiListener
 from healthgate.cluster.node import ClusterNode
 from healthgate.cluster.probing import ClusterProbing, ClusterSettings
@@ -53,7 +53,7 @@ from healthgate.dataplane.manager import (
 from healthgate.dataplane.workers import WorkerPool
 from healthgate.health.states import Record, RecordKind, RouteChange
 from healthgate.integrations.agent import AgentServer
-from healthgate.integrations.dns import DnsDirectory, DnsServer
+from healthgate.integrations.dns import DnsDirectory, DnsServer, parse_zone
 from healthgate.integrations.verdicts import agent_answer
 from healthgate.model.addresses import Reserved
 from healthgate.model.manifest import parse_manifest
@@ -71,7 +71,7 @@ from healthgate.store.etcd_client import EtcdAuth, EtcdTls, parse_endpoints
 from healthgate.store.sqlite import SqliteStore
 
 if TYPE_CHECKING:
-    from healthgate.integrations.xds import XdsServer
+    from healthgate.integrations.xds import XdsServer, XdsTls
 
 log = logging.getLogger("healthgate.serve")
 
@@ -99,6 +99,10 @@ class ServeSettings:
     dns: str | None = None  # HOST:PORT of the authoritative DNS server for rules' dnsName
     dns_zones: list[str] = field(default_factory=list)  # default: each dnsName's parent
     xds: str | None = None  # HOST:PORT of the Envoy ADS server (CDS, EDS)
+    xds_tls: XdsTls | None = None  # (and its clients' certificates: names -> projects)
+    xds_clients: dict[str, frozenset[str]] = field(default_factory=dict)
+    # the agent, DNS and xDS servers bind beyond loopback without TLS only when told so
+    insecure_bind: bool = False
     # cluster mode (SPEC §4): etcd://HOST:PORT[,...] (None: the SQLite store at db)
     store: str | None = None
     node: str | None = None
@@ -172,6 +176,7 @@ class Server:
         if s.probe.source is not None:
             _check_local(s.probe.source)
         endpoints = parse_endpoints(s.store) if s.clustered and s.store else None
+        self._check_binds()
         self.api.bind()  # before the database is touched, and before any listener
         await self._load(endpoints)
         await self._join_cluster()
@@ -269,6 +274,36 @@ class Server:
             self.node = ClusterNode(self.store, source.cluster, source, self.recorder)
             await self.node.start()  # members and opinions known before probing starts
 
+    def _check_binds(self) -> None:
+        """The agent, DNS and xDS servers answer whoever reaches them: beyond
+        loopback only with TLS (xDS) or when told so (--insecure-bind)."""
+        s = self.settings
+        for option, value, tls in (
+            ("--agent", s.agent, False),
+            ("--dns", s.dns, False),
+            ("--xds", s.xds, s.xds_tls is not None),
+        ):
+            if not value or tls or s.insecure_bind:
+                continue
+            host, _ = parse_listen(value, option)
+            if not is_loopback(host):
+                remedy = (
+                    "give --xds-tls-cert/--xds-tls-key/--xds-client-ca, or "
+                    if option == "--xds"
+                    else ""
+                )
+                raise ValueError(
+                    f"{option} {value} is not a loopback address: whoever reaches it reads every "
+                    f"project's routes; {remedy}--insecure-bind to bind it anyway"
+                )
+        if s.dns and not self.access.open:
+            for zone in s.dns_zones or ["(none given)"]:
+                if "=" not in zone:
+                    raise ValueError(
+                        "--dns with --tokens: every --dns-zone names the project it belongs to, "
+                        f"ZONE=PROJECT (got {zone})"
+                    )
+
     async def _start_integrations(self) -> None:
         """HAProxy's agent, the DNS server and Envoy's ADS, each if asked for."""
         s = self.settings
@@ -322,7 +357,13 @@ class Server:
         assert self.control and self.health and self.recorder and self.store and self.dataplane
         s = self.settings
         dataplane = self.dataplane
-        state = ApiState(self.control, self.health, self.recorder, self.store, self.access, s.api)
+        owned = tuple(
+            (zone, project) for zone, project in map(parse_zone, s.dns_zones) if project is not None
+        )
+        api_settings = replace(s.api, dns_zones=owned) if owned else s.api
+        state = ApiState(
+            self.control, self.health, self.recorder, self.store, self.access, api_settings
+        )
         self.api_state = state
         state.public_healthz = s.public_healthz
         if self.agent is not None:
@@ -349,7 +390,8 @@ class Server:
         from healthgate.integrations.xds import XdsServer, build_snapshot
 
         host, port = parse_listen(address, "--xds")
-        self.xds = xds = XdsServer(host, port)
+        s = self.settings
+        self.xds = xds = XdsServer(host, port, s.xds_tls, s.xds_clients)
         world: list[Mapping[ResourcePath, Resource]] = [control.resources]
         xds.update(build_snapshot(health.engine, world[0]))
 
