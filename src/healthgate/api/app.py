@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from healthgate import __version__
 from healthgate.api.auth import AccessError
 from healthgate.api.browsers import BrowserGuard
+from healthgate.api.capacity import RequestCapacity
 from healthgate.api.errors import error_response, refusal_response
 from healthgate.api.events import events_router
 from healthgate.api.health import health_router
@@ -139,5 +140,8 @@ def create_app(state: ApiState) -> FastAPI:
         return s.max_manifest_bytes if path in MANIFEST_PATHS else s.max_body_bytes
 
     app.add_middleware(BodyLimit, limit_for=limit_for)
+    app.add_middleware(
+        RequestCapacity, max_requests=s.max_connections, reserved=s.reserved_for_health
+    )
     app.add_middleware(BrowserGuard, allowed_hosts=s.allowed_hosts)  # (the outermost)
     return app

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Header, Query
 from starlette.responses import StreamingResponse
 
-from healthgate.api.auth import Principal
+from healthgate.api.auth import AccessError, Principal
 from healthgate.api.state import ApiState, Auth
 from healthgate.controlplane.recorder import CLOSING
 from healthgate.store.base import LogQuery, record_matches
@@ -30,6 +30,7 @@ StateQ = Annotated[
 
 def events_router(state: ApiState) -> APIRouter:
     router = APIRouter(tags=["events"])
+    streams = EventStreams(state)
 
     def log_query(
         project: str,
@@ -97,16 +98,13 @@ def events_router(state: ApiState) -> APIRouter:
         state_: StateQ = None,
         after: Annotated[int | None, Query(ge=0, le=2**62)] = None,
         last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
-        access_token: Annotated[
-            str | None,
-            Query(max_length=512, description="for EventSource, which cannot send headers"),
-        ] = None,
         tail: Annotated[
             int | None,
             Query(ge=0, le=10000, description="first replay about this many recent records"),
         ] = None,
     ) -> StreamingResponse:
-        who = state.principal(authorization or (f"Bearer {access_token}" if access_token else None))
+        who = state.principal(authorization)  # (never a token in a URL: SPEC §7)
+        streams.room(who)
         if tail is not None and after is None and not last_event_id:
             after = max(
                 0, state.recorder.last_id - tail
@@ -120,12 +118,52 @@ def events_router(state: ApiState) -> APIRouter:
             start = state.recorder.last_id  # from now on
         q = log_query(project, who, resource, kind, state_, None, None, start, 1000)
         return StreamingResponse(
-            stream(q),
+            streams.counted(who, q),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
-    async def stream(q: LogQuery) -> AsyncIterator[bytes]:
+    return router
+
+
+class EventStreams:
+    """The live streams: their bodies, and how many each principal holds
+    (SPEC §7: capped per principal, so one viewer cannot take the API)."""
+
+    def __init__(self, state: ApiState) -> None:
+        self.state = state
+        self.open: dict[tuple[str, str], int] = {}  # (project, role) -> live streams
+
+    def room(self, who: Principal) -> None:
+        """429 when ``who`` holds as many streams as it may."""
+        cap = self.state.settings.max_streams_per_principal
+        if self.open.get((who.project, who.role), 0) >= cap:
+            raise AccessError(
+                429,
+                f"this token ({who.role} of {who.project}) has {cap} event streams open, "
+                "as many as it may",
+            )
+
+    async def counted(self, who: Principal, q: LogQuery) -> AsyncIterator[bytes]:
+        """A stream counted while it lives (the route refused one over the
+        cap; one that got past it in the same instant ends here)."""
+        key, open_ = (who.project, who.role), self.open
+        if open_.get(key, 0) >= self.state.settings.max_streams_per_principal:
+            yield b'event: error\ndata: {"message": "too many event streams for this token"}\n\n'
+            return
+        open_[key] = open_.get(key, 0) + 1
+        try:
+            async for chunk in self.stream(q):
+                yield chunk
+        finally:
+            left = open_[key] - 1
+            if left:
+                open_[key] = left
+            else:
+                del open_[key]
+
+    async def stream(self, q: LogQuery) -> AsyncIterator[bytes]:
+        state = self.state
         queue = state.recorder.subscribe()
         last = q.after_id
         try:
@@ -157,8 +195,6 @@ def events_router(state: ApiState) -> APIRouter:
                 yield sse(event_id, record)
         finally:
             state.recorder.unsubscribe(queue)
-
-    return router
 
 
 def sse(event_id: int, record: Mapping[str, Any]) -> bytes:

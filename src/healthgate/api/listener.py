@@ -26,6 +26,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from healthgate.api.app import ApiSettings
+from healthgate.api.capacity import SourceConnections
 
 
 class _H11WithHeadTimeout(H11Protocol):
@@ -35,9 +36,19 @@ class _H11WithHeadTimeout(H11Protocol):
     otherwise hold one of the API's connections for ever)."""
 
     HEAD_TIMEOUT = 10.0
+    SOURCES: SourceConnections | None = None  # (set per server: see ApiListener.serve)
     _head_timer: asyncio.TimerHandle | None = None
+    _source: str | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        sources = self.SOURCES
+        if sources is not None:
+            peer = transport.get_extra_info("peername")
+            source = str(peer[0]) if peer else ""
+            if not sources.admit(source):
+                transport.close()  # one address may not hold every connection
+                return
+            self._source = source
         super().connection_made(transport)
         self._arm_head_timer()
 
@@ -62,9 +73,14 @@ class _H11WithHeadTimeout(H11Protocol):
             self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._source is not None and self.SOURCES is not None:
+            self.SOURCES.release(self._source)
+            self._source = None
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+        if getattr(self, "transport", None) is None:
+            return  # (refused before it was made)
         super().connection_lost(exc)
 
 
@@ -86,6 +102,7 @@ class ApiListener:
         self.sock: socket.socket | None = None
         self._server: _QuietUvicorn | None = None
         self._task: asyncio.Task[None] | None = None
+        self.sources = SourceConnections(settings.max_per_source)
 
     def bind(self) -> None:
         """Take the address now (OSError naming ``--listen`` when it is taken)."""
@@ -115,10 +132,15 @@ class ApiListener:
             lifespan="off",
             loop="none",
             timeout_graceful_shutdown=2,
-            http=type("H11Protocol", (_H11WithHeadTimeout,), {"HEAD_TIMEOUT": s.head_timeout}),
+            http=type(
+                "H11Protocol",
+                (_H11WithHeadTimeout,),
+                {"HEAD_TIMEOUT": s.head_timeout, "SOURCES": self.sources},
+            ),
             h11_max_incomplete_event_size=s.max_head_bytes,
             timeout_keep_alive=5,
-            limit_concurrency=s.max_connections,
+            # (the API's own middleware keeps room for health answers within it)
+            limit_concurrency=s.max_connections + s.reserved_for_health,
         )
         self._server = server = _QuietUvicorn(config)
         self._task = task = asyncio.create_task(server.serve(sockets=[self.sock]), name="api")

@@ -49,6 +49,9 @@ class ApiSettings:
     max_head_bytes: int = 64 * 1024  # a request's line and headers
     head_timeout: float = 10.0  # ... which must arrive whole within this
     max_connections: int = 1024  # connections and requests at once; 503 beyond
+    reserved_for_health: int = 64  # ... and this many more for the health answers
+    max_per_source: int = 256  # connections of one client address
+    max_streams_per_principal: int = 32  # live event streams of one token
     # names (besides IP addresses and localhost) a request's Host may give
     # (api/browsers.py: DNS rebinding finds nothing)
     allowed_hosts: tuple[str, ...] = ()

@@ -1,9 +1,15 @@
 // healthgate dashboard: reads only the public REST API, as the caller.
-// Open /ui/ (or /ui/?token=TOKEN when the API needs a bearer token).
+// Open /ui/ (or /ui/#token=TOKEN when the API needs a bearer token: the
+// fragment never reaches a server or its logs, and is taken off the address
+// bar at once; the token is kept for this tab only, in sessionStorage).
 "use strict";
 
-const params = new URLSearchParams(location.search);
-const token = params.get("token");
+const fragment = new URLSearchParams(location.hash.slice(1));
+if (fragment.get("token")) {
+  sessionStorage.setItem("healthgate-token", fragment.get("token"));
+  history.replaceState(null, "", location.pathname + location.search);
+}
+const token = sessionStorage.getItem("healthgate-token");
 const headers = token ? { Authorization: "Bearer " + token } : {};
 let demo = false;
 let rates = {};
@@ -137,26 +143,62 @@ async function refresh() {
   }
 }
 
+// The transition log, live: the event stream read with fetch (so that the
+// token goes in a header, never in a URL), resumed from the last id seen.
 function watch(project) {
   if (streams[project]) return;
-  const q = "?tail=200" + (token ? "&access_token=" + encodeURIComponent(token) : "");
-  const es = new EventSource(`/v1/projects/${project}/events/stream${q}`);
-  streams[project] = es;
-  es.addEventListener("transition", ev => {
-    const d = JSON.parse(ev.data);
-    const li = document.createElement("li");
-    const name = d.name || last(d.frontend);
-    const t = new Date(d.time * 1000).toLocaleTimeString();
-    li.innerHTML = `${esc(t)} <span class="kind">${esc(d.kind)}</span> ${esc(d.project)}/${esc(d.region || "global")}/${esc(name)}: ${esc(last(d.from) || "-")} → ${esc(last(d.to) || "refuse")}<div class="reason">${esc(d.reason)}</div>`;
-    // newest first, in time order across projects (each project's stream
-    // replays its own history, so arrivals interleave)
-    li.dataset.time = d.time;
-    const list = document.getElementById("timeline");
-    const after = [...list.children].find(c => Number(c.dataset.time) < d.time);
-    list.insertBefore(li, after || null);
-    while (list.children.length > 200) list.lastChild.remove();
-    soon();  // a transition: the topology changed, show it now
-  });
+  streams[project] = { last: null };
+  follow(project);
+}
+
+async function follow(project) {
+  const s = streams[project];
+  for (;;) {
+    try {
+      const h = { ...headers };
+      if (s.last !== null) h["Last-Event-ID"] = s.last;
+      const r = await fetch(`/v1/projects/${project}/events/stream` + (s.last === null ? "?tail=200" : ""), { headers: h });
+      if (!r.ok || !r.body) throw new Error(String(r.status));
+      const reader = r.body.getReader();
+      const decoder = new TextDecoder();
+      let buf = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buf += decoder.decode(value, { stream: true });
+        let end;
+        while ((end = buf.indexOf("\n\n")) >= 0) {
+          const block = buf.slice(0, end);
+          buf = buf.slice(end + 2);
+          const fields = {};
+          for (const line of block.split("\n")) {
+            const i = line.indexOf(":");
+            if (i > 0) fields[line.slice(0, i)] = line.slice(i + 1).trimStart();
+          }
+          if (fields.id) s.last = fields.id;
+          if (fields.event === "transition" && fields.data) transition(JSON.parse(fields.data));
+        }
+      }
+    } catch (e) {
+      // (the API restarting, or a network error: try again shortly)
+    }
+    await new Promise(ok => setTimeout(ok, 2000));
+  }
+}
+
+function transition(d) {
+  const li = document.createElement("li");
+  const name = d.name || last(d.frontend);
+  const t = new Date(d.time * 1000).toLocaleTimeString();
+  li.innerHTML = `${esc(t)} <span class="kind">${esc(d.kind)}</span> ${esc(d.project)}/${esc(d.region || "global")}/${esc(name)}: ${esc(last(d.from) || "-")} → ${esc(last(d.to) || "refuse")}<div class="reason">${esc(d.reason)}</div>`;
+  // newest first, in time order across projects (each project's stream
+  // replays its own history, so arrivals interleave)
+  li.dataset.time = d.time;
+  const list = document.getElementById("timeline");
+  const after = [...list.children].find(c => Number(c.dataset.time) < d.time);
+  list.insertBefore(li, after || null);
+  while (list.children.length > 200) list.lastChild.remove();
+  soon();  // a transition: the topology changed, show it now
 }
 
 // The topology is read again when a transition arrives (debounced) and every
