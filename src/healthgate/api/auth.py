@@ -86,21 +86,39 @@ class AccessError(Exception):
 
 
 class Access:
-    def __init__(self, tokens: list[TokenEntry] | None, open_access: bool) -> None:
+    def __init__(
+        self, tokens: list[TokenEntry] | None, open_access: bool, path: str | None = None
+    ) -> None:
         self.tokens = tokens or []
         self.open = open_access
+        self.path = path  # the tokens file, read again on SIGHUP
 
     @classmethod
     def for_listen(cls, host: str, tokens_file: str | None) -> Access:
         tokens = load_tokens(tokens_file) if tokens_file else None
         if tokens:
-            return cls(tokens, open_access=False)
+            return cls(tokens, open_access=False, path=tokens_file)
         if not is_loopback(host):
             raise ValueError(
                 f"--listen {host} is not a loopback address: give --tokens FILE "
                 "(bearer tokens bound to a project and role) to serve beyond this machine"
             )
         return cls(None, open_access=True)
+
+    def reload(self) -> str:
+        """Read the tokens file again (SIGHUP): the new tokens take effect
+        for the next request; a file that does not parse changes nothing.
+        What was done, for the log (never a token's value)."""
+        if self.path is None:
+            return "no tokens file to reload (serve was started without --tokens)"
+        try:
+            tokens = load_tokens(self.path)
+        except (ValueError, OSError) as exc:
+            return f"tokens file not reloaded, the old tokens stay: {exc}"
+        if not tokens:
+            return "tokens file not reloaded: it holds no token (the old tokens stay)"
+        self.tokens = tokens
+        return f"tokens reloaded from {self.path}: {len(tokens)} tokens"
 
     def authenticate(self, authorization: str | None) -> Principal:
         if self.open:
@@ -126,11 +144,29 @@ def is_loopback(host: str) -> bool:
 
 
 def load_tokens(path: str | Path) -> list[TokenEntry]:
-    """A YAML list of ``{token, project, role}``."""
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or []
+    """A YAML list of ``{token, project, role}``. Errors name the entry and
+    the field, never a value (a malformed file used to print the token);
+    a file readable by its group or by everyone is warned about."""
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text) or []
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "somewhere"
+        problem = getattr(exc, "problem", None) or "not YAML"
+        raise ValueError(f"{path}: not valid YAML at {where}: {problem}") from None
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a list of {{token, project, role}}")
-    try:
-        return [TokenEntry.model_validate(item) for item in data]
-    except ValidationError as exc:
-        raise ValueError(f"{path}: {exc}") from None
+    out = []
+    for i, item in enumerate(data):
+        try:
+            out.append(TokenEntry.model_validate(item))
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'entry'}: {e['msg']}" for e in exc.errors()
+            )
+            raise ValueError(f"{path}: entry {i}: {problems}") from None
+    from healthgate.secrets import warn_if_readable
+
+    warn_if_readable(str(path), "the tokens file")
+    return out

@@ -68,12 +68,28 @@ def collection_of(kind: str) -> str:
     raise CliError(f"unknown kind {kind!r} (one of {known}, or a collection name)", EXIT_USAGE)
 
 
+def token_of(args: argparse.Namespace) -> str | None:
+    """The bearer token: from --token-file (or $HEALTHGATE_TOKEN_FILE), else
+    --token or $HEALTHGATE_TOKEN (an argument is visible to every local
+    user in the process list: a file is the better place)."""
+    from healthgate.secrets import read_secret
+
+    path = getattr(args, "token_file", None) or os.environ.get("HEALTHGATE_TOKEN_FILE")
+    if path:
+        try:
+            return read_secret(path, "--token-file")
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+    token: str | None = getattr(args, "token", None) or os.environ.get("HEALTHGATE_TOKEN")
+    return token
+
+
 class Api:
     def __init__(self, args: argparse.Namespace) -> None:
         self.base = (args.server or os.environ.get("HEALTHGATE_SERVER") or DEFAULT_SERVER).rstrip(
             "/"
         )
-        token = args.token or os.environ.get("HEALTHGATE_TOKEN")
+        token = token_of(args)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.client = httpx.Client(
             base_url=self.base, headers=headers, timeout=httpx.Timeout(30.0, connect=5.0)
@@ -507,7 +523,16 @@ def add_client_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", help=f"API URL (default: $HEALTHGATE_SERVER or {DEFAULT_SERVER})")
     p.add_argument("--project", help="project (default: $HEALTHGATE_PROJECT)")
     p.add_argument("--region", help="region, or 'global' (default: $HEALTHGATE_REGION)")
-    p.add_argument("--token", help="bearer token (default: $HEALTHGATE_TOKEN)")
+    p.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="read the bearer token from FILE (default: $HEALTHGATE_TOKEN_FILE)",
+    )
+    p.add_argument(
+        "--token",
+        help="bearer token (default: $HEALTHGATE_TOKEN); visible to every local user in the "
+        "process list: prefer --token-file",
+    )
 
 
 def run_client(func: Any, args: argparse.Namespace) -> int:

@@ -21,8 +21,10 @@ the cluster, flushes the transition log and closes the store.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
+import signal
 import socket
 import sys
 import time
@@ -178,6 +180,8 @@ class Server:
         endpoints = parse_endpoints(s.store) if s.clustered and s.store else None
         self._check_binds()
         self.api.bind()  # before the database is touched, and before any listener
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.reload_tokens)
         await self._load(endpoints)
         await self._join_cluster()
         await self._start_integrations()
@@ -202,6 +206,10 @@ class Server:
             first_round_seconds(self.control.resources.values()), _collect_and_freeze
         )
         log.info("healthgate serving on %s (store %s)", self.url, s.store_name())
+
+    def reload_tokens(self) -> None:
+        """SIGHUP: the tokens file read again (api/auth.py)."""
+        log.warning("received SIGHUP: %s", self.access.reload())
 
     def reserved_addresses(self) -> tuple[Reserved, ...]:
         """The addresses serve itself uses: no forwarding rule may take one."""

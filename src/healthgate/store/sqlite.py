@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -97,9 +98,17 @@ class StoreLocked(StoreError):
 
 
 def _lock_file(db_path: str) -> int:
-    """Take the exclusive lock beside the database; return its descriptor."""
+    """Take the exclusive lock beside the database; return its descriptor.
+    Opened without following a symlink (another user's link there would
+    make this process write its pid wherever the link points) and created
+    0600."""
     lock_path = db_path + ".lock"
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StoreError(f"{lock_path} is a symbolic link: refused (remove it)") from None
+        raise
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -112,6 +121,15 @@ def _lock_file(db_path: str) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     return fd
+
+
+def _create_private(path: str) -> None:
+    """A new database file is created 0600 (its WAL and shared-memory files
+    take the same mode): the resources, states and log are no one else's."""
+    if path == ":memory:" or os.path.exists(path):
+        return
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
 
 
 class SqliteStore:
@@ -127,6 +145,7 @@ class SqliteStore:
         self.history = history  # revisions of change history kept for watches
         self._lock_fd = _lock_file(self.path) if exclusive else -1
         self._lock = threading.RLock()
+        _create_private(self.path)
         try:
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
