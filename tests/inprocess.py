@@ -40,6 +40,7 @@ class InProcessApi:
         self.access = Access(entries, open_access=not entries)
         self._tasks: list[asyncio.Task[Any]] = []
         self.client: httpx.AsyncClient | None = None
+        self.state: ApiState | None = None
 
     async def __aenter__(self) -> InProcessApi:
         await self.control.load()
@@ -49,6 +50,7 @@ class InProcessApi:
             self.control, self.health, self.recorder, self.store, self.access, self.settings
         )
         state.ready = True
+        self.state = state
         state.public_healthz = self.public_healthz
         self.client = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=create_app(state)), base_url="http://127.0.0.1:7400"

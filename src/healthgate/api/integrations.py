@@ -4,6 +4,8 @@ for a consumer front end."""
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from typing import Annotated
 
 from fastapi import APIRouter, Query
@@ -21,6 +23,36 @@ AgentQ = Annotated[
     str | None,
     Query(max_length=300, description="the agent's HOST:PORT (default: this server's --agent)"),
 ]
+
+
+_HOSTNAME = re.compile(
+    r"(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*"
+    r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+)
+
+
+def agent_address(agent: str) -> tuple[str, int]:
+    """``?agent=HOST:PORT`` checked before it goes into HAProxy's
+    configuration: an IP address or a DNS name, nothing else (a space or a
+    newline would add directives of the caller's choosing)."""
+    host, sep, port = agent.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    valid_port = sep and port.isdigit() and 0 < int(port) < 65536
+    if valid_port and host and (_is_ip(host) or _HOSTNAME.fullmatch(host)):
+        return host, int(port)
+    raise ControlError(
+        Refusal.INVALID,
+        "agent: expected HOST:PORT (an IP address or a DNS name, and a port 1-65535)",
+        [Issue("agent", "HOST:PORT")],
+    )
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def integrations_router(state: ApiState) -> APIRouter:
@@ -55,16 +87,9 @@ def integrations_router(state: ApiState) -> APIRouter:
         """A backend section for HAProxy: one server per region in failover
         order, driven by this server's agent-check answers."""
         state.check_read(state.principal(authorization), project)
+        address = agent_address(agent) if agent else state.agent_address
         path = state.path_of(project, GLOBAL, "forwardingRules", name)
         state.stored(path)  # (NOT_FOUND when it is not there)
-        address = state.agent_address
-        if agent:
-            host, sep, port = agent.rpartition(":")
-            if not sep or not port.isdigit() or not 0 < int(port) < 65536 or not host:
-                raise ControlError(
-                    Refusal.INVALID, "agent: expected HOST:PORT", [Issue("agent", "HOST:PORT")]
-                )
-            address = (host.strip("[]"), int(port))
         if address is None:
             raise ControlError(
                 Refusal.INVALID,

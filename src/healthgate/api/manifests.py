@@ -1,6 +1,6 @@
 """Manifests over HTTP: ``POST /v1/apply`` (atomic, or its plan with
 ``dryRun``) and ``POST /v1/delete``. The writer's role is checked before the
-body is read; parsing, checking, planning and encoding the answer run off
+body is read, and a manifest slot taken (two at once by default); parsing, checking, planning and encoding the answer run off
 the event loop (controlplane/offload.py)."""
 
 from __future__ import annotations
@@ -106,6 +106,10 @@ def manifest_router(state: ApiState) -> APIRouter:
     @router.post("/v1/apply", tags=["manifests"], openapi_extra=apply_body)
     async def apply(request: Request, authorization: Auth = None) -> Response:
         who = state.writer(authorization)
+        async with state.manifest_slot():
+            return await applied(request, who)
+
+    async def applied(request: Request, who: Principal) -> Response:
         raw = await ManifestBody.read(request)
         with collector_paused:  # (see offload.py: the big objects die inside)
             docs, dry_run = await off_loop(documents_of, raw, who)
@@ -132,7 +136,8 @@ def manifest_router(state: ApiState) -> APIRouter:
     @router.post("/v1/delete", tags=["manifests"], openapi_extra=apply_body)
     async def delete_manifest(request: Request, authorization: Auth = None) -> dict[str, Any]:
         who = state.writer(authorization)
-        docs, dry_run = await off_loop(documents_of, await ManifestBody.read(request), who)
+        async with state.manifest_slot():
+            docs, dry_run = await off_loop(documents_of, await ManifestBody.read(request), who)
         outcome = await state.control.delete([d.resource.path for d in docs], dry_run=dry_run)
         return {"dryRun": dry_run, "plan": outcome.plan.to_dict(), "revision": outcome.revision}
 

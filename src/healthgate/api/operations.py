@@ -55,11 +55,17 @@ def operations_router(state: ApiState, app: FastAPI) -> APIRouter:
     async def cluster(authorization: Auth = None) -> dict[str, Any]:
         """Cluster mode: this node, the live nodes and their regions, the
         leader, how many endpoints this node probes ("mode": "embedded" when
-        not clustered)."""
-        state.principal(authorization)
+        not clustered). The etcd member this node talks to is shown to
+        admins only; a metrics token is refused."""
+        principal = state.principal(authorization)
+        if principal.role == "metrics":
+            raise AccessError(403, "a metrics token reads /metrics only")
         if state.cluster_status is None:
             return {"mode": "embedded"}
-        return {"mode": "cluster", **state.cluster_status()}
+        status = state.cluster_status()
+        if principal.role != "admin":
+            status.pop("etcdMember", None)  # where etcd is: admins only (SPEC §7)
+        return {"mode": "cluster", **status}
 
     @router.get("/readyz", tags=["operations"], response_class=PlainTextResponse)
     async def readyz() -> Response:

@@ -4,7 +4,9 @@ they read or write this, a resource as the API shows it)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -52,6 +54,10 @@ class ApiSettings:
     reserved_for_health: int = 64  # ... and this many more for the health answers
     max_per_source: int = 256  # connections of one client address
     max_streams_per_principal: int = 32  # live event streams of one token
+    # manifests read and worked on at once (each may be 16 MiB and seconds of
+    # parsing); the others wait - before their bodies are read - this long
+    manifests_at_once: int = 2
+    manifest_wait: float = 60.0
     # names (besides IP addresses and localhost) a request's Host may give
     # (api/browsers.py: DNS rebinding finds nothing)
     allowed_hosts: tuple[str, ...] = ()
@@ -75,6 +81,29 @@ class ApiState:
     public_healthz: bool = False  # forwarding rules' healthz without a token
     agent_address: tuple[str, int] | None = None  # where HAProxy's agent-check is answered
     cluster_status: Callable[[], dict[str, Any]] | None = None  # cluster mode: this node's view
+    manifest_slots: asyncio.Semaphore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.manifest_slots = asyncio.Semaphore(self.settings.manifests_at_once)
+
+    @contextlib.asynccontextmanager
+    async def manifest_slot(self) -> AsyncIterator[None]:
+        """One of the few manifest slots, taken before the body is read (a
+        thousand 16 MiB manifests read at once would be 16 GiB); 503 after
+        ``manifest_wait`` seconds in line."""
+        try:
+            async with asyncio.timeout(self.settings.manifest_wait):
+                await self.manifest_slots.acquire()
+        except TimeoutError:
+            raise ControlError(
+                Refusal.UNAVAILABLE,
+                f"{self.settings.manifests_at_once} manifests are being applied and others "
+                "wait: try again",
+            ) from None
+        try:
+            yield
+        finally:
+            self.manifest_slots.release()
 
     def quorum(
         self, backend_service: ResourcePath, ip: str, port: int | None
