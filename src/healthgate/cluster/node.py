@@ -73,6 +73,7 @@ class ClusterNode:
         self.election = Election(self.client, ELECTION, settings.node, self._elected, self._deposed)
         self._tasks: list[asyncio.Task[Any]] = []
         self._campaign: asyncio.Task[None] | None = None
+        self._members: dict[str, str] = {}  # as the member watch has them (placed per batch)
         recorder.persist = False
         recorder.broadcast_writes = False
 
@@ -82,7 +83,9 @@ class ClusterNode:
 
     @property
     def leading(self) -> bool:
-        return self.election.leading
+        """Elected, under a session that is still alive (a node cut off from
+        etcd says it no longer leads the moment its lease may have ended)."""
+        return self.election.leading and self.session.alive
 
     async def start(self) -> None:
         """Join, read the members and opinions (so the first placement is
@@ -97,10 +100,27 @@ class ClusterNode:
         self.recorder.last_id = await asyncio.to_thread(self.store.last_log_id)
         log_rev, _ = await asyncio.to_thread(client.list_prefix, "m/log")
         spawn = self._spawn
-        spawn(follow(client, MEMBERS, rev_m, self._members_reset, self._member_event), "members")
+        self._members = dict(self.probing.members)
         spawn(
             follow(
-                client, OPINIONS, rev_o, self.probing.load_opinions, self.probing.opinion_changed
+                client,
+                MEMBERS,
+                rev_m,
+                self._members_reset,
+                self._member_event,
+                settled=self._members_settled,
+            ),
+            "members",
+        )
+        probing = self.probing
+        spawn(
+            follow(
+                client,
+                OPINIONS,
+                rev_o,
+                probing.load_opinions,
+                probing.opinion_changed,
+                settled=probing.opinions_settled,
             ),
             "opinions",
         )
@@ -132,12 +152,12 @@ class ClusterNode:
                 try:
                     await self.session.open()
                     await join(self.client, self.session, self.settings.node, self.settings.region)
-                    _, opinions = await asyncio.to_thread(self.client.list_prefix, OPINIONS)
+                    revision, opinions = await asyncio.to_thread(self.client.list_prefix, OPINIONS)
                     break
                 except StoreError as exc:
                     log.info("cannot join again yet: %s", exc)
                     await asyncio.sleep(1.0)
-            self.probing.joined(opinions)
+            self.probing.joined(opinions, revision)
             log.warning("node %s joined again (session %d)", self.settings.node, self.session.epoch)
             self._campaign = self._spawn(self.election.campaign(self.session), "election")
 
@@ -160,20 +180,26 @@ class ClusterNode:
     # ------------------------------------------------------------------ followers
 
     def _members_reset(self, kvs: list[KeyValue]) -> None:
-        self.probing.set_members(members_of(kvs))
+        self._members = members_of(kvs)
+        self.probing.set_members(dict(self._members))
 
     def _member_event(self, ev: Event) -> None:
-        members = dict(self.probing.members)
+        """One member event; placed at the end of its batch (a node's old key
+        deleted and its new one created, delivered together after a cut,
+        move nothing)."""
+        members = self._members
         if ev.deleted:
-            node = ev.kv.key[len(MEMBERS) :]
-            if members.pop(node, None) is not None:
-                log.warning("node %s left (its lease ended)", node)
+            members.pop(ev.kv.key[len(MEMBERS) :], None)
         else:
             member = member_of(ev.kv)
             if member is None:
                 return
             members[member[0]] = member[1]
-        self.probing.set_members(members)
+
+    def _members_settled(self) -> None:
+        for node in sorted(set(self.probing.members) - set(self._members)):
+            log.warning("node %s left (its lease ended)", node)
+        self.probing.set_members(dict(self._members))
 
     def _log_event(self, ev: Event) -> None:
         """A record the leader wrote, to this node's subscribers (checked:
@@ -198,13 +224,9 @@ class ClusterNode:
         # this node computed that no leader wrote (the last minute's),
         # and the stored states made whole
         clock = self.probing.clock
-        missed = self.recorder.take_over(guard, clock() - TAKE_OVER_HORIZON)
+        self.recorder.take_over(guard, clock() - TAKE_OVER_HORIZON)
         self.recorder.save(engine_states(self.probing.feed.engine))
-        log.warning(
-            "this node (%s) leads: it writes the decisions (%d transitions no leader wrote)",
-            self.settings.node,
-            missed,
-        )
+        log.warning("this node (%s) leads: it writes the decisions", self.settings.node)
 
     def _deposed(self, why: str) -> None:
         level = logging.INFO if why in ("stopping", "resigned") else logging.WARNING
@@ -225,6 +247,8 @@ class ClusterNode:
             "etcdMember": self.client.members.current(),  # the member this node talks to now
             "opinionWrites": self.writer.writes,
             "opinionsDropped": self.writer.dropped,
+            # transitions this node decided in the last minute that the log does not hold yet
+            "unwrittenRecords": self.recorder.unwritten(self.probing.clock() - TAKE_OVER_HORIZON),
             # seconds from a prober's flip to this node's route change, the last ones
             "routeLags": [round(x, 6) for x in probing.route_lags],
         }

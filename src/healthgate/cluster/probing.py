@@ -24,6 +24,7 @@ itself believed while it was not a member.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import deque
@@ -45,7 +46,7 @@ from healthgate.health.states import (
 )
 from healthgate.health.vantage import vantages_of, verdict
 from healthgate.model.names import endpoint_path
-from healthgate.model.resources import Resource
+from healthgate.model.resources import HealthCheck, Resource
 from healthgate.probes.prober import ProbeSettings
 from healthgate.probes.scheduler import SchedulerSettings
 from healthgate.probes.stats import FailureLogLimiter, ProbeTotals
@@ -68,6 +69,14 @@ class _Endpoint:
     slot: int  # in the serving engine
     region: str
     vantages: tuple[str, ...]
+    # seconds a prober needs to confirm or overturn a state: the longer
+    # threshold's probes, a timeout and an interval to spare
+    window: float
+
+
+def confirm_window(check: HealthCheck) -> float:
+    threshold = max(check.healthy_threshold, check.unhealthy_threshold)
+    return check.check_interval_sec * (threshold + 1) + check.timeout_sec
 
 
 class ClusterProbing:
@@ -97,6 +106,18 @@ class ClusterProbing:
         # while this node is not a member (its session lost): it says nothing
         # and corrects nothing; on joining again it resumes from the opinions
         self.member = True
+        # opinions are applied in etcd's order: key -> the revision held (a
+        # deletion's too), and a floor below which nothing is older news
+        self._revisions: dict[str, int] = {}
+        self._floor = 0
+        self._dirty: set[str] = set()  # endpoints whose opinions changed in this watch batch
+        # after joining again: endpoints whose stored opinions would change
+        # this node's decision, held as they are until a fresh opinion comes
+        # or their window passes (path -> until, this node's clock)
+        self._held: dict[str, float] = {}
+        # prober slots whose state was taken from a stored opinion, not yet
+        # from this node's own probes (a newer stored opinion replaces it)
+        self._borrowed: set[int] = set()
         self.route_lags: deque[float] = deque(maxlen=1000)
         self.shares: dict[str, int] = {}  # node -> endpoints it probes (by placement)
         failure_log = failure_log or FailureLogLimiter(0.0)
@@ -172,13 +193,53 @@ class ClusterProbing:
         self._decide_all()
 
     def left(self) -> None:
-        """This node's session is lost: it is no member until it joins again."""
+        """This node's session is lost: it is no member until it joins again.
+        Meanwhile it says nothing, corrects nothing, and its decisions stand
+        still (fail static): what it reads is kept, not acted on - a watch
+        that catches up after a cut replays minutes of history in a burst."""
         self.member = False
 
-    def joined(self, opinions: Iterable[KeyValue]) -> None:
-        """A member again (a new session): resume from the stored opinions."""
+    def joined(self, opinions: Iterable[KeyValue], revision: int) -> None:
+        """A member again (a new session), with the opinions listed after
+        joining, at ``revision``: what the live probers say now. Its probers
+        resume from them; anything the watch still delivers from before
+        ``revision`` is older news and dropped. An endpoint whose decision
+        these opinions would change is **held** as this node has it until a
+        fresh opinion of it arrives or its window passes: the opinions may
+        be as stale as this node's own view (formed by probers that could
+        not reach the endpoint during the cut), and taking them for a few
+        seconds only to take them back flaps the routes."""
         self.member = True
-        self.load_opinions(opinions)
+        self._floor = max(self._floor, revision)
+        self._held = {}
+        self._load(opinions)
+        now = self.clock()
+        for path, ep in self.endpoints.items():
+            if self._decision(path) is not None:
+                self._held[path] = now + ep.window
+        if self._held:
+            log.info(
+                "joined again: %d endpoints held as they were until fresh opinions come",
+                len(self._held),
+            )
+            self._release_later(max(self._held.values()) - now)
+        self._decide_all()
+
+    def _release_later(self, delay: float) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # (no loop: unit tests call release_held themselves)
+        loop.call_later(delay + 0.05, self.release_held)
+
+    def release_held(self) -> None:
+        """Decide the held endpoints whose window has passed."""
+        now = self.clock()
+        due = [path for path, until in self._held.items() if until <= now]
+        for path in due:
+            del self._held[path]
+        if due:
+            self._decide(due)
 
     def _place(self, changed: set[int]) -> None:
         """Probe what rendezvous hashing gives this node; stop probing the rest."""
@@ -195,7 +256,7 @@ class ClusterProbing:
             vantages = vantages_of(region, t.check.vantage_regions)
             main = engine.slot_of(t.backend_service, t.ip, t.port)
             if main is not None:
-                endpoints[path] = _Endpoint(main, region, vantages)
+                endpoints[path] = _Endpoint(main, region, vantages, confirm_window(t.check))
             if self.members and region not in self.regions:
                 orphans.add(region)
             owners = probers(path, region, vantages, self.regions) if self.members else {}
@@ -247,8 +308,10 @@ class ClusterProbing:
             op = stored.get(vantage)
             if op is not None and op.state is not HealthState.UNKNOWN:
                 self.prober.table.set_state(op.since, slot, op.state, "resumed")
+                self._borrowed.add(slot)
                 return
         self.prober.table.set_state(self.clock(), slot, HealthState.UNKNOWN, "taken over")
+        self._borrowed.discard(slot)
 
     # ------------------------------------------------------------------ probing
 
@@ -277,7 +340,9 @@ class ClusterProbing:
     def _flipped(self, records: list[Record]) -> None:
         for r in records:
             if isinstance(r, Transition) and r.kind is RecordKind.ENDPOINT:
-                for vantage in self._mine_by_path.get(r.path, (0, ()))[1]:
+                slot, vantages = self._mine_by_path.get(r.path, (-1, frozenset()))
+                self._borrowed.discard(slot)  # (its own probes' state from now on)
+                for vantage in vantages:
                     self._say(r.path, vantage, r.current, r.time, r.reason)
 
     def _say(self, path: str, vantage: str, state: HealthState, since: float, why: str) -> None:
@@ -304,19 +369,32 @@ class ClusterProbing:
     # ------------------------------------------------------------------ deciding
 
     def load_opinions(self, kvs: Iterable[KeyValue]) -> None:
+        """Every opinion, as listed (a watch's start, or its restart)."""
+        self._load(kvs)
+        self._decide_all()
+
+    def _load(self, kvs: Iterable[KeyValue]) -> None:
         self.opinions = {}
+        self._revisions = {}
         for kv in kvs:
             path, vantage, op = parse_opinion(kv)
             if op is not None:
                 self.opinions.setdefault(path, {})[vantage] = op
+                self._revisions[kv.key] = kv.mod_revision
         for slot, (path, vantages) in self.mine.items():
             self._take_over(slot, path, vantages)
-        self._decide_all()
 
     def opinion_changed(self, ev: Event) -> None:
+        """One opinion event (the decision waits for the end of its watch
+        batch: :meth:`opinions_settled`)."""
+        key = ev.kv.key
+        revision = ev.revision if ev.deleted else ev.kv.mod_revision
+        if revision <= max(self._floor, self._revisions.get(key, 0)):
+            return  # older than what this node holds (listed on joining)
         path, vantage, op = parse_opinion(ev.kv)
         if not path:
             return
+        self._revisions[key] = revision
         if ev.deleted:
             self.opinions.get(path, {}).pop(vantage, None)
         else:
@@ -324,7 +402,17 @@ class ClusterProbing:
                 return
             self.opinions.setdefault(path, {})[vantage] = op
             self._correct(path, vantage, op)
-        self._decide([path])
+        self._held.pop(path, None)  # (a fresh opinion: held no longer)
+        self._dirty.add(path)
+
+    def opinions_settled(self) -> None:
+        """The end of a watch batch: decide what its events changed, once -
+        a watch that catches up delivers a burst of history, and deciding
+        after each event would replay every step of it (a route flapping
+        within milliseconds)."""
+        dirty, self._dirty = self._dirty, set()
+        if dirty:
+            self._decide(dirty)
 
     def _correct(self, path: str, vantage: str, op: Opinion) -> None:
         """The prober of an endpoint is the authority on its opinion: a stored
@@ -337,6 +425,11 @@ class ClusterProbing:
         if vantage not in vantages or not self.member:
             return
         state = self.prober.table.state(slot)
+        if state is not HealthState.UNKNOWN and state is not op.state and slot in self._borrowed:
+            # its state was the stored opinion, not its own probes': the newer
+            # stored one replaces it (its own thresholds may overturn it later)
+            self.prober.table.set_state(op.since, slot, op.state, "resumed")
+            return
         if state is not HealthState.UNKNOWN and state is not op.state:
             log.info(
                 "correcting the stored opinion of %s (%s): %s, not %s",
@@ -357,6 +450,8 @@ class ClusterProbing:
         ep = self.endpoints.get(path)
         if ep is None:
             return None
+        if path in self._held and self._held[path] > self.clock():
+            return None
         ops = self.opinions.get(path, {})
         live = self._live(ep)
         previous = self.feed.engine.table.state(ep.slot)
@@ -371,6 +466,8 @@ class ClusterProbing:
         return Decided(path, state, when, reason)
 
     def _decide(self, paths: Iterable[str]) -> None:
+        if not self.member:
+            return  # (fail static: decided all at once on joining again)
         decided = [d for d in map(self._decision, paths) if d is not None]
         if not decided:
             return

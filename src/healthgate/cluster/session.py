@@ -9,10 +9,13 @@ A session is **lost** (:attr:`Session.lost` set, :attr:`Session.alive`
 false) as soon as either
 
 * etcd says the lease expired, or
-* this process has not refreshed it for a whole TTL - etcd may have let it
-  go already (or may not, on a leader change it extends every lease), but
-  a node that cannot know must act as if it had: it stops leading and
-  stops writing opinions *at once*, rather than when etcd answers again.
+* the lease's deadline passes unrefreshed: a TTL from when the last
+  refresh that etcd granted was sent (etcd may have let it go already - or
+  may not: on a leader change it extends every lease - but a node that
+  cannot know must act as if it had). A timer fires at that very moment:
+  the node stops leading and stops writing opinions *at once*, rather than
+  when a refresh fails or etcd answers again; :attr:`alive` compares the
+  clock with the deadline itself, so nothing reads a stale "alive".
 
 ``epoch`` counts the sessions this process has opened: whatever was formed
 under an older epoch (an opinion queued while cut off) belongs to a lost
@@ -42,20 +45,40 @@ class Session:
         self.id = 0  # the lease
         self.epoch = 0  # sessions opened by this process so far
         self.lost = asyncio.Event()
+        self.expires = 0.0  # (loop time) when the lease may have ended, unless refreshed
         self._refresh_task: asyncio.Task[None] | None = None
+        self._deadline: asyncio.TimerHandle | None = None
 
     @property
     def alive(self) -> bool:
-        return self.id != 0 and not self.lost.is_set()
+        return (
+            self.id != 0
+            and not self.lost.is_set()
+            and asyncio.get_running_loop().time() < self.expires
+        )
 
     async def open(self) -> int:
         """A new lease, kept alive from now on; the new epoch."""
         await self._stop_refreshing()
+        sent = asyncio.get_running_loop().time()
         self.id = await asyncio.to_thread(self.client.grant, self.ttl)
         self.epoch += 1
         self.lost.clear()
+        self._extend(sent + self.ttl)
         self._refresh_task = asyncio.create_task(self._refresh(), name="etcd-session")
         return self.epoch
+
+    def _extend(self, until: float) -> None:
+        """The lease lives until ``until`` (loop time) unless refreshed: past
+        it, the session is lost at that very moment - not when a refresh
+        fails or etcd answers again (the deadline counts from when the
+        refresh that etcd granted was *sent*: etcd's own count began no
+        earlier)."""
+        self.expires = until
+        if self._deadline is not None:
+            self._deadline.cancel()
+        loop = asyncio.get_running_loop()
+        self._deadline = loop.call_at(until, self._lose, f"not refreshed for {self.ttl} s")
 
     def _lose(self, why: str) -> None:
         if not self.lost.is_set():
@@ -64,10 +87,10 @@ class Session:
 
     async def _refresh(self) -> None:
         loop = asyncio.get_running_loop()
-        ok_at = loop.time()
         failing = False
-        while True:
+        while not self.lost.is_set():
             await asyncio.sleep(self.ttl / 3)
+            sent = loop.time()
             try:
                 left = await asyncio.to_thread(
                     self.client.keep_alive_once, self.id, max(0.2, self.ttl / 4)
@@ -76,20 +99,22 @@ class Session:
                 if not failing:
                     log.info("lease %x not refreshed (%s); retrying", self.id, exc)
                     failing = True
-                if loop.time() - ok_at >= self.ttl:
-                    self._lose(f"not refreshed for {self.ttl} s ({exc})")
-                    return
-                continue
+                continue  # (the deadline loses the session if this goes on)
             if left <= 0:
                 self._lose("etcd says it expired")
                 return
+            if self.lost.is_set():
+                return  # (refreshed too late: the deadline passed meanwhile)
             if failing:
                 log.info("lease %x refreshed again", self.id)
                 failing = False
-            ok_at = loop.time()
+            self._extend(sent + left)
 
     async def _stop_refreshing(self) -> None:
         task, self._refresh_task = self._refresh_task, None
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)

@@ -24,13 +24,14 @@ from typing import Any
 
 from healthgate.controlplane.saved_states import encode_record_states
 from healthgate.health.states import Record, timestamp
-from healthgate.store.base import Guard, NotLeader, Store, StoreError
+from healthgate.store.base import Guard, LogQuery, NotLeader, Store, StoreError
 
 log = logging.getLogger("healthgate.recorder")
 transition_log = logging.getLogger("healthgate.transitions")
 
 Event = tuple[int, dict[str, Any]]
-CLOSING: Event = (-1, {})  # sent to every subscriber when the server stops
+CLOSING: Event = (-1, {})
+CATCH_UP_SCAN = 10_000  # log entries a new leader reads back to find what was not written  # sent to every subscriber when the server stops
 
 
 iso = timestamp  # (kept under its old name for the API's renderings)
@@ -73,6 +74,7 @@ class TransitionRecorder:
         # only after seeing it there is not taken for unwritten
         self._unconfirmed: dict[tuple[str, str, float], dict[str, Any]] = {}
         self._confirmed: dict[tuple[str, str, float], None] = {}
+        self._catch_up: float | None = None  # a new leader's horizon, until it has caught up
 
     # -- inputs (called on the event loop, never block)
 
@@ -84,13 +86,13 @@ class TransitionRecorder:
             # counted by their new mode: a label holds one kind of value
             key = (d["kind"], str(d["mode"] if d["kind"] == "Route" else d["to"]))
             self.counts[key] = self.counts.get(key, 0) + 1
+        if not self.broadcast_writes:  # a cluster node: unconfirmed until read in the log
+            for d in dicts:
+                identity = _identity(d)
+                if identity not in self._confirmed:
+                    self._unconfirmed[identity] = d
+            _bound(self._unconfirmed)
         if not self.persist:
-            if not self.broadcast_writes:  # a cluster node
-                for d in dicts:
-                    identity = _identity(d)
-                    if identity not in self._confirmed:
-                        self._unconfirmed[identity] = d
-                _bound(self._unconfirmed)
             return
         self._pending.extend(dicts)
         self._pending_states.update(encode_record_states(records))
@@ -100,22 +102,56 @@ class TransitionRecorder:
         """This node is no longer the leader: what is pending is not its to write."""
         self.persist = False
         self.guard = None
-        self._pending.clear()
+        self._catch_up = None
+        self._pending.clear()  # (a cluster node keeps them among the unconfirmed)
         self._pending_states.clear()
         self._pending_deletes.clear()
 
-    def take_over(self, guard: Guard, horizon: float) -> int:
+    def take_over(self, guard: Guard, horizon: float) -> None:
         """This node was elected (``guard`` goes with each of its writes):
-        write what it computed since ``horizon`` (a time) that no leader
-        wrote. Returns how many."""
+        before anything else it writes what it computed since ``horizon`` (a
+        time) and has not seen in the log - checked against the log itself
+        first, so that a record the previous leader wrote is never written
+        twice, whether or not this node's watch has delivered it yet."""
         self.persist = True
         self.guard = guard
-        missed = [d for d in self._unconfirmed.values() if float(d["time"]) >= horizon]
-        self._unconfirmed.clear()
-        missed.sort(key=lambda d: float(d["time"]))
-        self._pending[:0] = missed
+        self._catch_up = horizon
         self._kick()
-        return len(missed)
+
+    def unwritten(self, horizon: float) -> int:
+        """Cluster mode: records this node computed since ``horizon`` and has
+        not seen in the log yet (0 once the log holds everything it decided)."""
+        return sum(1 for d in self._unconfirmed.values() if float(d["time"]) >= horizon)
+
+    def _missed(self, horizon: float) -> list[dict[str, Any]]:
+        """(In a worker thread.) The unconfirmed records since ``horizon`` that
+        the log does not hold, oldest first."""
+        candidates = [d for d in list(self._unconfirmed.values()) if float(d["time"]) >= horizon]
+        if not candidates:
+            return []
+        last = self.store.last_log_id()
+        query = LogQuery(since=horizon, after_id=max(0, last - CATCH_UP_SCAN), limit=CATCH_UP_SCAN)
+        logged = {_identity(dict(e.record)) for e in self.store.query_log(query)}
+        missed = [d for d in candidates if _identity(d) not in logged]
+        return sorted(missed, key=lambda d: float(d["time"]))
+
+    async def _catch_up_now(self) -> bool:
+        """A new leader's first write: what no leader wrote (False: retry later)."""
+        horizon = self._catch_up
+        if horizon is None:
+            return True
+        try:
+            missed = await asyncio.to_thread(self._missed, horizon)
+        except StoreError as exc:
+            log.warning("cannot read the log to catch up (%s); retrying in 1 s", exc)
+            return False
+        self._catch_up = None
+        queued = {_identity(d) for d in self._pending}
+        missed = [d for d in missed if _identity(d) not in queued]
+        if missed:
+            log.warning("writing %d transitions that no leader wrote", len(missed))
+        self._pending[:0] = missed
+        return True
 
     def save(self, states: dict[str, Any]) -> None:
         """Persist these states with the next batch (a new leader's full picture)."""
@@ -146,6 +182,10 @@ class TransitionRecorder:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            while self._catch_up is not None and self.persist:
+                if await self._catch_up_now():
+                    break
+                await asyncio.sleep(1.0)
             while self._pending or self._pending_states or self._pending_deletes:
                 batch, self._pending = self._pending, []
                 states, self._pending_states = self._pending_states, {}

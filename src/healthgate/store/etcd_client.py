@@ -533,8 +533,11 @@ async def follow(
     reset: Callable[[list[KeyValue]], None],
     apply: Callable[[Event], None],
     retry: float = 1.0,
+    settled: Callable[[], None] | None = None,
 ) -> None:
-    """Follow a prefix for ever: each event into ``apply``; when the watch
+    """Follow a prefix for ever: each event into ``apply`` (and, with
+    ``settled``, a call after each batch of events etcd sent together - a
+    watch catching up after a cut delivers history in bursts); when the watch
     cannot resume (compacted) or anything fails, the prefix is listed again
     into ``reset``. A bad key or value is the caller's to skip (``apply``
     and ``reset`` must not raise for one); should they raise anyway, it is
@@ -549,6 +552,11 @@ async def follow(
                     except Exception:
                         log.exception("skipping an event of %s at revision %d", prefix, ev.revision)
                 revision = batch[-1].revision
+                if settled is not None:
+                    try:
+                        settled()
+                    except Exception:
+                        log.exception("after the events of %s at revision %d", prefix, revision)
         except Compacted:
             log.info("watch of %s compacted past %d: listing again", prefix, revision)
         except asyncio.CancelledError:

@@ -1,0 +1,181 @@
+"""A cluster node that loses its session and joins again (SPEC §4,
+"Partitions"), without etcd: ClusterProbing fed opinion events by hand, in
+virtual time, and the recorder of a newly elected leader on the memory store.
+
+* while not a member its decisions stand still (what it reads is kept);
+* joining again, the opinions listed then are the truth, an older event the
+  watch still delivers is dropped, and an endpoint whose decision would
+  change is held until a fresh opinion comes or its window passes;
+* a prober state taken from a stored opinion gives way to a newer stored
+  one, where a state of its own probes corrects it;
+* a new leader writes what no leader wrote - and nothing the log holds."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, cast
+
+from healthgate.cluster.opinions import OpinionWriter, opinion_key
+from healthgate.cluster.probing import ClusterProbing, ClusterSettings
+from healthgate.controlplane.health_service import HealthService
+from healthgate.controlplane.probing import Feed
+from healthgate.controlplane.recorder import TransitionRecorder
+from healthgate.health.states import HealthState, Outcome, ProbeResult
+from healthgate.probes.stats import FailureLogLimiter
+from healthgate.store.base import LogQuery
+from healthgate.store.etcd_client import Event, KeyValue
+from healthgate.store.memory import MemoryStore
+from tests.e2e.harness import e2e_world
+from tests.helpers import run_async
+from tests.unit.test_cluster_takeover import Said, resources
+
+US, EU = "us-east1", "europe-west1"
+H, U = HealthState.HEALTHY, HealthState.UNHEALTHY
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def node(clock: Clock) -> tuple[HealthService, ClusterProbing, Said]:
+    made: list[ClusterProbing] = []
+
+    def source(feed: Feed, failure_log: FailureLogLimiter) -> ClusterProbing:
+        made.append(ClusterProbing(feed, ClusterSettings("a", US), clock=clock))
+        return made[0]
+
+    service = HealthService(source=source)
+    said = Said()
+    made[0].writer = cast(OpinionWriter, said)
+    service.apply(resources(e2e_world(18080, 18090, (18100, 18101))))
+    made[0].set_members({"a": US, "c": EU})
+    return service, made[0], said
+
+
+def kv(path: str, state: HealthState, since: float, revision: int, node: str = "c") -> KeyValue:
+    value = {"state": state.name, "since": since, "reason": "probed", "node": node}
+    return KeyValue(opinion_key(path, US), json.dumps(value).encode(), 1, revision, 0)
+
+
+def event(path: str, state: HealthState, since: float, revision: int) -> Event:
+    return Event(revision, kv(path, state, since, revision), False)
+
+
+def us_paths(probing: ClusterProbing) -> list[str]:
+    return sorted(p for p in probing.endpoints if f"/{US}/" in p)
+
+
+def serving(probing: ClusterProbing, path: str) -> HealthState:
+    return probing.feed.engine.table.state(probing.endpoints[path].slot)
+
+
+def say_all(probing: ClusterProbing, state: HealthState, since: float, first: int) -> None:
+    for i, path in enumerate(us_paths(probing)):
+        probing.opinion_changed(event(path, state, since, first + i))
+    probing.opinions_settled()
+
+
+def test_decisions_stand_still_while_not_a_member_and_are_held_on_joining() -> None:
+    clock = Clock()
+    _, probing, _ = node(clock)
+    paths = us_paths(probing)
+    say_all(probing, H, 990.0, 10)
+    assert {serving(probing, p) for p in paths} == {H}
+    probing.left()
+    # the watch catches up after a cut: the opinions of probers that could not reach them
+    say_all(probing, U, 995.0, 20)
+    assert {serving(probing, p) for p in paths} == {H}  # fail static
+    # joined again: the listed opinions say UNHEALTHY - held, not taken at once
+    snapshot = [kv(p, U, 995.0, 20 + i) for i, p in enumerate(paths)]
+    probing.joined(snapshot, revision=30)
+    assert {serving(probing, p) for p in paths} == {H}
+    # an event from before the list, delivered late by the watch, is older news
+    probing.opinion_changed(event(paths[0], H, 999.0, 25))
+    probing.opinions_settled()
+    assert probing.opinions[paths[0]][US].state is U
+    # a fresh opinion ends the hold of its endpoint (here: it agrees, nothing moves)
+    probing.opinion_changed(event(paths[0], H, 1_001.0, 31))
+    probing.opinions_settled()
+    assert serving(probing, paths[0]) is H
+    # the others' window passes without a fresh word: the stored opinions decide
+    clock.now += 5.0  # (e2e checks: 1 s interval, thresholds 2, 1 s timeout: a 4 s window)
+    probing.release_held()
+    assert serving(probing, paths[0]) is H
+    assert {serving(probing, p) for p in paths[1:]} == {U}
+
+
+def test_a_hold_is_only_for_decisions_that_would_change() -> None:
+    clock = Clock()
+    _, probing, _ = node(clock)
+    paths = us_paths(probing)
+    say_all(probing, H, 990.0, 10)
+    probing.left()
+    probing.joined([kv(p, H, 990.0, 10 + i) for i, p in enumerate(paths)], revision=20)
+    assert {serving(probing, p) for p in paths} == {H}
+    assert not probing._held
+
+
+def test_a_borrowed_state_gives_way_to_a_newer_opinion_an_own_state_corrects_it() -> None:
+    clock = Clock()
+    _, probing, said = node(clock)
+    probing.set_members({"a": US})  # a probes us-east1's endpoints for its region
+    mine = {path: slot for slot, (path, _) in probing.mine.items() if f"/{US}/" in path}
+    assert mine
+    path, slot = next(iter(mine.items()))
+    probing.load_opinions([kv(path, H, 990.0, 10)])  # taken over: HEALTHY, borrowed
+    said.queued.clear()
+    # a newer stored opinion (a late write of the previous prober): adopted, not fought
+    probing.opinion_changed(event(path, U, 995.0, 11))
+    probing.opinions_settled()
+    assert probing.prober.table.state(slot) is U
+    assert said.queued == {}
+    # its own probes flip it: from now on the prober is the authority
+    for _ in range(2):
+        probing._on_results(clock(), [(slot, ProbeResult(Outcome.OK, 0.001))])
+    assert probing.prober.table.state(slot) is H
+    said.queued.clear()
+    probing.opinion_changed(event(path, U, 996.0, 12))  # someone else's stale word
+    probing.opinions_settled()
+    assert probing.prober.table.state(slot) is H
+    assert said.queued[opinion_key(path, US)]["state"] == "HEALTHY"  # corrected
+
+
+def record(path: str, to: str, when: float) -> dict[str, Any]:
+    return {"time": when, "kind": "Endpoint", "path": path, "from": "HEALTHY", "to": to}
+
+
+def test_a_new_leader_writes_what_no_leader_wrote_and_nothing_twice() -> None:
+    async def go() -> None:
+        store = MemoryStore()
+        recorder = TransitionRecorder(store)
+        recorder.persist = False
+        recorder.broadcast_writes = False
+        task = asyncio.create_task(recorder.run())
+        try:
+            a, b = record("x/endpoints/1", "UNHEALTHY", 100.0), record("x/endpoints/2", "U", 101.0)
+            # this node computed both; the previous leader wrote the first,
+            # and this node's watch has not delivered it yet
+            recorder._unconfirmed = {("x/endpoints/1", "UNHEALTHY", 100.0): a}
+            recorder._unconfirmed[("x/endpoints/2", "U", 101.0)] = b
+            store.append_log([a])
+            assert recorder.unwritten(0.0) == 2
+            recorder.take_over(guard=None, horizon=50.0)  # type: ignore[arg-type]
+            await asyncio.sleep(0.05)
+            await recorder.flush()
+            logged = [dict(e.record) for e in store.query_log(LogQuery())]
+            assert [(r["path"], r["time"]) for r in logged] == [
+                ("x/endpoints/1", 100.0),
+                ("x/endpoints/2", 101.0),
+            ]
+            for i, r in enumerate(logged, 1):  # the watch delivers both
+                recorder.publish((i, r))
+            assert recorder.unwritten(0.0) == 0
+        finally:
+            task.cancel()
+
+    run_async(go(), timeout=10)
