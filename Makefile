@@ -44,8 +44,10 @@ unit: $(STAMP)
 
 # Programs the tests start for real, from Debian (never a downloaded binary):
 # chromium (the dashboard's browser tests), haproxy (the agent-check integration),
-# dig (the DNS integration), etcd (the etcd store and cluster mode)
-TEST_PROGRAMS := chromium:chromium haproxy:haproxy dig:bind9-dnsutils etcd:etcd-server
+# dig (the DNS integration), etcd (the etcd store and cluster mode), nft and ip
+# (the partition tests: regions as network namespaces, links cut with nftables)
+TEST_PROGRAMS := chromium:chromium haproxy:haproxy dig:bind9-dnsutils etcd:etcd-server \
+                 nft:nftables ip:iproute2
 programs:
 	@missing=""; for pair in $(TEST_PROGRAMS); do \
 	  cmd=$${pair%%:*}; pkg=$${pair##*:}; \
