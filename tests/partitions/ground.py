@@ -45,6 +45,20 @@ TOKEN = "partition-ground-admin-token"
 API_PORT, FRONT_PORT, ENDPOINT_PORT = 7400, 8088, 8080
 ETCD_WRITE_WAIT = 15.0  # a write through a cut-off node: refused within this
 BACKEND = Path(__file__).with_name("backend.py")
+# one HTTP request from the client's namespace (argv: address, port): the body's first line
+CLIENT = """
+import socket, sys
+try:
+    s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3)
+    s.settimeout(3)
+    s.sendall(b"GET / HTTP/1.1\\r\\nHost: front\\r\\nConnection: close\\r\\n\\r\\n")
+    data = b""
+    while len(data) < 65536 and (chunk := s.recv(4096)):
+        data += chunk
+    print(data.split(b"\\r\\n\\r\\n", 1)[-1].decode(errors="replace").splitlines()[0])
+except (OSError, IndexError):
+    pass
+"""
 
 
 def node_address(i: int) -> str:
@@ -455,6 +469,21 @@ class Ground:
         except TimeoutError as exc:
             raise TimeoutError(f"{exc}\n{self.describe()}") from None
 
+    def served_by(self, front: str) -> str | None:
+        """From the client's namespace, one request through ``front``'s front
+        end: the region that answered (None: no answer within 3 s)."""
+        address = node_address([s for s, _ in REGIONS].index(front))
+        try:
+            done = subprocess.run(
+                ["ip", "netns", "exec", self.lab.places["client"].ns, sys.executable, "-c",
+                 CLIENT, address, str(FRONT_PORT)],
+                capture_output=True, text=True, timeout=10, check=False,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return None
+        words = done.stdout.split()
+        return words[0].removeprefix("region=") if words else None
+
     def try_write(self, node: Node) -> int:
         """The status of a small write through ``node`` (a cut-off node must refuse)."""
         doc = {
@@ -490,10 +519,13 @@ class Ground:
         return None if state is None else str(state)
 
     def move_etcd_leader(self, short: str) -> None:
-        """Make ``short``'s etcd member the raft leader (etcd's MoveLeader)."""
+        """Make ``short``'s etcd member the raft leader (etcd's MoveLeader),
+        then wait a lease TTL: the new leader extended every lease by an
+        election timeout, and a scenario timing leases starts from refreshed ones."""
         assert self.etcd is not None
         i = [s for s, _ in REGIONS].index(short)
-        self.etcd.move_leader(self.etcd.members[i])
+        if self.etcd.move_leader(self.etcd.members[i]):
+            time.sleep(self.lease_ttl)
 
     # ------------------------------------------------------------------ cuts
 

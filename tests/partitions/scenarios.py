@@ -137,7 +137,10 @@ def region_cut_off(ground: Ground, short: str = "us", etcd_leader_inside: bool =
             out.cut_to_route[n.name] = (at or time.monotonic()) - cut
         out.notes["cut_off_route"] = cut_off.route()
         out.notes["cut_off_write"] = ground.try_write(cut_off)
+        # a client outside the cut region, through another region's front end
+        out.notes["served_during_cut"] = ground.served_by("eu")
         heal_wall = _heal(ground, out, watch)
+        out.notes["served_after_heal"] = ground.served_by("eu")
         # the cut-off node kept its route; the others moved once each way
         _count_flaps(out, watch, cut, {n.name: 2 for n in others})
         after = out.notes["healed_at"]
@@ -280,6 +283,7 @@ def writer_cut(ground: Ground) -> Outcome:
     ground.move_etcd_leader(next(s for s, _ in REGIONS if s != leader_name))
     with ground.watching() as watch:
         cut = time.monotonic()
+        out.notes["cut_wall"] = time.time()
         ground.lab.isolate([leader.place])
         times = _first_times(
             {

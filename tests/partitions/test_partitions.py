@@ -68,6 +68,9 @@ def test_a_region_cut_off_fails_over_and_heals_without_a_flap(
     assert knew is not None and knew <= TTL + (ETCD_ELECTION if inside else 1.0), out.notes
     assert out.notes["cut_off_route"] == "us"
     assert out.notes["cut_off_write"] == 503
+    # a client elsewhere, through europe-west1's front end: served there, then back
+    assert out.notes["served_during_cut"] == "europe-west1", out.notes
+    assert out.notes["served_after_heal"] == "us-east1", out.notes
     # healed: every node back on us-east1, each route changed at most once
     assert all(n <= 1 for n in out.notes["changes_after_heal"].values()), out.notes
 
