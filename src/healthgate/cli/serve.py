@@ -8,6 +8,8 @@ import os
 import sys
 from typing import Any
 
+from healthgate import logs
+
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 
 
@@ -65,7 +67,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from healthgate.runtime.server import ServeSettings, run_server
     from healthgate.store.base import StoreError
 
-    configure_logging(args.log_level)
+    logs.configure(args.log_level, args.log_format)
     db, store = args.db, None
     if args.store:
         if args.store.startswith("sqlite:"):
@@ -171,7 +173,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     from healthgate.runtime.demo import DemoError, DemoSettings, human_transitions, run_demo
 
-    configure_logging("warning")
+    logs.configure("warning")
     human_transitions()
     try:
         uvloop.run(
@@ -243,23 +245,6 @@ def xds_security(args: argparse.Namespace) -> tuple[Any, dict[str, frozenset[str
         raise ValueError("--xds-client needs TLS: --xds-tls-cert, --xds-tls-key, --xds-client-ca")
     tls = XdsTls(*files) if all(files) else None
     return tls, clients
-
-
-def configure_logging(level: str) -> None:
-    """Transitions as JSON lines on stdout; everything else as text on stderr."""
-    import logging
-
-    root = logging.getLogger()
-    root.setLevel(level.upper())
-    err = logging.StreamHandler(sys.stderr)
-    err.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root.addHandler(err)
-    transitions = logging.getLogger("healthgate.transitions")
-    transitions.propagate = False
-    transitions.setLevel(logging.INFO)
-    out = logging.StreamHandler(sys.stdout)
-    out.setFormatter(logging.Formatter("%(message)s"))
-    transitions.addHandler(out)
 
 
 def add_serve_command(sub: Any) -> None:
@@ -342,6 +327,13 @@ def _api_options(p: argparse.ArgumentParser) -> None:
         help="serve forwarding rules' .../healthz without a token (for load balancers' checks)",
     )
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    g.add_argument(
+        "--log-format",
+        default="text",
+        choices=list(logs.FORMATS),
+        help="text (default), or json: one object per line (time, level, logger, message, "
+        "and a transition's fields), for log shippers",
+    )
     g.add_argument(
         "--log-retention",
         type=int,

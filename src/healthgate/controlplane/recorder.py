@@ -81,7 +81,7 @@ class TransitionRecorder:
     def on_records(self, records: Sequence[Record]) -> None:
         dicts = [r.to_dict() for r in records]
         for d in dicts:
-            transition_log.info(log_line(d))
+            transition_log.info(log_line(d), extra={"transition": d})
             # (kind, new state); a route's "to" is a NEG path, so routes are
             # counted by their new mode: a label holds one kind of value
             key = (d["kind"], str(d["mode"] if d["kind"] == "Route" else d["to"]))

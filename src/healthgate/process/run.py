@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import signal
 import sys
 
+from healthgate.logs import configure_worker
 from healthgate.process.limits import raise_open_file_limit
 
 # module -> the label of its workers in their log lines
@@ -34,9 +36,9 @@ def main() -> None:
             "usage: python -m healthgate.process.run MODULE INDEX LOG_LEVEL (started by serve)"
         )
     module, index, level = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    logging.basicConfig(
-        level=level.upper(),
-        format=f"%(asctime)s {WORKER_MODULES[module]}[{index}] %(levelname)s %(name)s: %(message)s",
+    configure_worker(level, f"{WORKER_MODULES[module]}[{index}]")
+    logging.getLogger("healthgate.process").debug(
+        "worker process %d running %s", os.getpid(), module
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the serving process decides when we stop
     raise_open_file_limit()
