@@ -45,16 +45,26 @@ unit: $(STAMP)
 # Programs the tests start for real, from Debian (never a downloaded binary):
 # chromium (the dashboard's browser tests), haproxy (the agent-check integration),
 # dig (the DNS integration), etcd (the etcd store and cluster mode), nft and ip
-# (the partition tests: regions as network namespaces, links cut with nftables)
+# (the partition tests: regions as network namespaces, links cut with nftables),
+# promtool and prometheus (the shipped alerts, and a real Prometheus scraping serve)
+# (prometheus without its recommended node exporter: the tests start their own
+# Prometheus, and a machine that runs systemd would start both as services)
 TEST_PROGRAMS := chromium:chromium haproxy:haproxy dig:bind9-dnsutils etcd:etcd-server \
                  nft:nftables ip:iproute2
+BARE_PROGRAMS := promtool:prometheus
 programs:
-	@missing=""; for pair in $(TEST_PROGRAMS); do \
+	@missing=""; bare=""; for pair in $(TEST_PROGRAMS); do \
 	  cmd=$${pair%%:*}; pkg=$${pair##*:}; \
 	  command -v $$cmd >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \
+	for pair in $(BARE_PROGRAMS); do \
+	  cmd=$${pair%%:*}; pkg=$${pair##*:}; \
+	  command -v $$cmd >/dev/null 2>&1 || bare="$$bare $$pkg"; done; \
+	if [ -n "$$missing$$bare" ]; then \
+	  echo "installing Debian's$$missing$$bare for the tests"; apt-get update -qq; fi; \
 	if [ -n "$$missing" ]; then \
-	  echo "installing Debian's$$missing for the tests"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi; \
+	if [ -n "$$bare" ]; then \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$bare >/dev/null; fi
 
 browser: programs
 

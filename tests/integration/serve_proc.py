@@ -16,8 +16,11 @@ from tests.integration.servers import free_port
 
 
 class ServeProcess:
-    def __init__(self, db: Path, *extra: str, port: int | None = None) -> None:
+    def __init__(
+        self, db: Path, *extra: str, port: int | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.db = db
+        self.env = env or {}
         self.port = port or free_port()
         self.extra = list(extra)
         self.url = f"http://127.0.0.1:{self.port}"
@@ -43,7 +46,7 @@ class ServeProcess:
                 cmd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
             )
         if wait:
             self.wait_ready()

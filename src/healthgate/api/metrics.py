@@ -8,7 +8,7 @@ and transition kinds too, and per-endpoint series stop at
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -81,14 +81,7 @@ class EngineCollector(Collector):
                 )
         yield state_gauge
 
-        routes = GaugeMetricFamily(
-            "healthgate_route_info",
-            "Where each consumer front end sends new traffic (1 per front end)",
-            labels=["frontend", "target", "mode"],
-        )
-        for route in engine.route_table().routes.values():
-            routes.add_metric([route.frontend, route.target or "", route.mode], 1)
-        yield routes
+        yield from self._routes()
 
         transitions = CounterMetricFamily(
             "healthgate_transitions",
@@ -153,6 +146,27 @@ class EngineCollector(Collector):
         lag.add_metric([], cumulative, stats.lag_sum)
         yield lag
 
+    def _routes(self) -> Iterator[Metric]:
+        engine = self.health.engine
+        routes = GaugeMetricFamily(
+            "healthgate_route_info",
+            "Where each consumer front end sends new traffic (1 per front end)",
+            labels=["frontend", "target", "mode"],
+        )
+        failed_over = GaugeMetricFamily(
+            "healthgate_route_failed_over",
+            "1 while a consumer front end sends new traffic anywhere but its first NEG in "
+            "failover order (failed over, or refusing), else 0",
+            labels=["frontend"],
+        )
+        for route in engine.route_table().routes.values():
+            routes.add_metric([route.frontend, route.target or "", route.mode], 1)
+            order = engine.graph.failover_order(route.frontend)
+            first = order[0][0].path if order else None
+            failed_over.add_metric([route.frontend], 0 if route.target == first else 1)
+        yield routes
+        yield failed_over
+
 
 def endpoint_series(health: HealthService) -> str:
     """``healthgate_endpoint_probe_success``, one series per probed endpoint
@@ -209,3 +223,36 @@ def render_metrics(
         text: bytes = openmetrics_latest(registry)  # type: ignore[no-untyped-call]
         return text.decode().removesuffix("# EOF\n")
     return generate_latest(registry).decode()
+
+
+class ClusterCollector(Collector):
+    """Cluster mode: this node's view of the cluster (what the shipped alerts
+    watch: a node missing, a node cut off from etcd, records not written)."""
+
+    def __init__(self, status: Callable[[], dict[str, object]]) -> None:
+        self.status = status
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.status()
+        members = s.get("members")
+        yield GaugeMetricFamily(
+            "healthgate_cluster_members",
+            "Live nodes of the cluster as this node sees them",
+            value=len(members) if isinstance(members, dict) else 0,
+        )
+        yield GaugeMetricFamily(
+            "healthgate_cluster_member",
+            "1 while this node is a member (its etcd session alive), 0 while cut off from etcd",
+            value=1 if s.get("member") else 0,
+        )
+        yield GaugeMetricFamily(
+            "healthgate_cluster_leader",
+            "1 while this node is the elected writer of the log",
+            value=1 if s.get("leading") else 0,
+        )
+        unwritten = s.get("unwrittenRecords")
+        yield GaugeMetricFamily(
+            "healthgate_cluster_unwritten_records",
+            "Transitions this node decided in the last minute that the log does not hold yet",
+            value=unwritten if isinstance(unwritten, int) else 0,
+        )

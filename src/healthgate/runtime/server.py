@@ -38,6 +38,7 @@ from fastapi import FastAPI
 from healthgate.api.app import ApiSettings, ApiState, create_app
 from healthgate.api.auth import Access, is_loopback
 from healthgate.api.listener import ApiListener
+from healthgate.api.metrics import ClusterCollector
 from healthgate.cluster.node import ClusterNode
 from healthgate.cluster.probing import ClusterProbing, ClusterSettings
 from healthgate.controlplane.errors import ControlError, Refusal
@@ -67,9 +68,10 @@ from healthgate.probes.scheduler import SchedulerSettings
 from healthgate.probes.stats import FailureLogLimiter
 from healthgate.process.limits import raise_open_file_limit
 from healthgate.runtime.lifecycle import Stopper, StopStep, run_steps
+from healthgate.runtime.systemd import Notifier, install_debug_block
 from healthgate.store.base import Store
 from healthgate.store.etcd import EtcdStore
-from healthgate.store.etcd_client import EtcdAuth, EtcdTls, parse_endpoints
+from healthgate.store.etcd_client import EtcdAuth, EtcdSettings, EtcdTls, parse_endpoints
 from healthgate.store.sqlite import SqliteStore
 
 if TYPE_CHECKING:
@@ -153,6 +155,7 @@ class Server:
         self._settle: asyncio.TimerHandle | None = None  # the second freeze (see start)
         self.on_started: list[Callable[[], Any]] = []
         self.configure_app: list[Callable[[FastAPI], None]] = []  # extra routes (the demo's)
+        self.notifier = Notifier.from_env()  # systemd's Type=notify (a no-op without it)
 
     @property
     def host(self) -> str:
@@ -209,7 +212,10 @@ class Server:
 
     def reload_tokens(self) -> None:
         """SIGHUP: the tokens file read again (api/auth.py)."""
-        log.warning("received SIGHUP: %s", self.access.reload())
+        self.notifier.reloading()
+        outcome = self.access.reload()
+        log.warning("received SIGHUP: %s", outcome)
+        self.notifier.reloaded(f"serving on {self.url}; {outcome}")
 
     def reserved_addresses(self) -> tuple[Reserved, ...]:
         """The addresses serve itself uses: no forwarding rule may take one."""
@@ -256,7 +262,9 @@ class Server:
         s = self.settings
         store: Store
         if etcd is not None:
-            self.store = store = EtcdStore(etcd, tls=s.etcd_tls, auth=s.etcd_auth)
+            self.store = store = EtcdStore(
+                etcd, settings=EtcdSettings.for_lease(s.lease_ttl), tls=s.etcd_tls, auth=s.etcd_auth
+            )
         else:
             Path(s.db).parent.mkdir(parents=True, exist_ok=True)
             self.store = store = SqliteStore(s.db)
@@ -378,6 +386,7 @@ class Server:
             state.agent_address = (self.agent.host, self.agent.port)
         if self.node is not None:
             state.cluster_status = self.node.status
+            state.collectors.append(ClusterCollector(self.node.status))
         state.collectors.append(DataPlaneCollector(dataplane))
         if isinstance(dataplane, WorkerPool):
             state.collectors.append(dataplane)
@@ -548,4 +557,18 @@ def _collect_and_freeze() -> None:
 async def run_server(settings: ServeSettings) -> None:
     """``healthgate serve``: start, serve until SIGINT / SIGTERM, stop."""
     server = Server(settings)
-    await Stopper("serve").run(server.start, server.stop)
+    notifier = server.notifier
+
+    async def start() -> None:
+        await server.start()
+        install_debug_block()
+        notifier.ready(f"serving on {server.url} (store {settings.store_name()})")
+
+    async def stop() -> None:
+        notifier.stopping()
+        try:
+            await server.stop()
+        finally:
+            notifier.close()
+
+    await Stopper("serve").run(start, stop)
