@@ -9,17 +9,15 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
 from healthgate.cli.render import table
+from healthgate.client import DEFAULT_SERVER, Client, HealthgateError, Unreachable
 from healthgate.model.names import COLLECTION_TO_KIND, KIND_TO_COLLECTION, ResourcePath
 
-DEFAULT_SERVER = "http://127.0.0.1:7400"
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 
 ALIASES = {
@@ -53,10 +51,6 @@ class CliError(Exception):
         super().__init__(message)
 
 
-class Unreachable(CliError):
-    """Nothing answers at the server's address (it may come back)."""
-
-
 def collection_of(kind: str) -> str:
     k = kind.strip().lower()
     for name in (*KIND_TO_COLLECTION, *COLLECTION_TO_KIND):
@@ -68,97 +62,13 @@ def collection_of(kind: str) -> str:
     raise CliError(f"unknown kind {kind!r} (one of {known}, or a collection name)", EXIT_USAGE)
 
 
-def token_of(args: argparse.Namespace) -> str | None:
-    """The bearer token: from --token-file (or $HEALTHGATE_TOKEN_FILE), else
-    --token or $HEALTHGATE_TOKEN (an argument is visible to every local
-    user in the process list: a file is the better place)."""
-    from healthgate.secrets import read_secret
-
-    path = getattr(args, "token_file", None) or os.environ.get("HEALTHGATE_TOKEN_FILE")
-    if path:
-        try:
-            return read_secret(path, "--token-file")
-        except ValueError as exc:
-            raise CliError(str(exc)) from None
-    token: str | None = getattr(args, "token", None) or os.environ.get("HEALTHGATE_TOKEN")
-    return token
-
-
-class Api:
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.base = (args.server or os.environ.get("HEALTHGATE_SERVER") or DEFAULT_SERVER).rstrip(
-            "/"
-        )
-        token = token_of(args)
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.client = httpx.Client(
-            base_url=self.base, headers=headers, timeout=httpx.Timeout(30.0, connect=5.0)
-        )
-
-    def request(self, method: str, path: str, **kw: Any) -> Any:
-        resp = self.response(method, path, **kw)
-        try:
-            return resp.json()
-        except ValueError:
-            kind = resp.headers.get("content-type", "no content type")
-            raise CliError(
-                f"{self.base} is not a healthgate API: it answered {method} {path} with "
-                f"HTTP {resp.status_code} ({kind}); check --server or HEALTHGATE_SERVER"
-            ) from None
-
-    def response(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        try:
-            resp = self.client.request(method, path, **kw)
-        except httpx.ConnectError:
-            raise Unreachable(
-                f"cannot reach healthgate at {self.base}: is `healthgate serve` running? (--server, HEALTHGATE_SERVER)"
-            ) from None
-        except httpx.HTTPError as exc:
-            raise CliError(f"{self.base}: {exc}") from None
-        if resp.status_code >= 400:
-            raise CliError(format_error(resp))
-        return resp
-
-    def stream(
-        self, path: str, params: dict[str, Any], last_id: int | None
-    ) -> Iterator[tuple[int, dict[str, Any]]]:
-        headers = {"Last-Event-ID": str(last_id)} if last_id is not None else {}
-        try:
-            with self.client.stream(
-                "GET",
-                path,
-                params=params,
-                headers=headers,
-                timeout=httpx.Timeout(None, connect=5.0),
-            ) as resp:
-                if resp.status_code >= 400:
-                    resp.read()
-                    raise CliError(format_error(resp))
-                event_id, data = None, None
-                for line in resp.iter_lines():
-                    if line.startswith("id: "):
-                        event_id = int(line[4:])
-                    elif line.startswith("data: "):
-                        data = line[6:]
-                    elif line == "" and event_id is not None and data is not None:
-                        yield event_id, json.loads(data)
-                        event_id, data = None, None
-        except httpx.ConnectError:
-            raise Unreachable(f"cannot reach healthgate at {self.base}") from None
-
-
-def format_error(resp: httpx.Response) -> str:
-    try:
-        err = resp.json()["error"]
-    except (ValueError, KeyError, TypeError):
-        return f"HTTP {resp.status_code}: {resp.text[:500]}"
-    lines = [f"error {err['code']} {err['status']}: {err['message']}"]
-    for d in err.get("details") or []:
-        where = f"document {d['document']}, " if d.get("document") else ""
-        res = f"{d['resource']}: " if d.get("resource") else ""
-        field = f"field {d['field']}: " if d.get("field") else ""
-        lines.append(f"  - {where}{res}{field}{d.get('description', '')}")
-    return "\n".join(lines)
+def Api(args: argparse.Namespace) -> Client:
+    """The library's client (healthgate/client.py) for the CLI's options."""
+    return Client(
+        args.server,
+        token=getattr(args, "token", None),
+        token_file=getattr(args, "token_file", None),
+    )
 
 
 def project_of(args: argparse.Namespace) -> str:
@@ -168,9 +78,14 @@ def project_of(args: argparse.Namespace) -> str:
     return str(project)
 
 
+def region_of(args: argparse.Namespace) -> str | None:
+    region: str | None = args.region or os.environ.get("HEALTHGATE_REGION")
+    return region
+
+
 def collection_url(args: argparse.Namespace, collection: str) -> str:
     project = project_of(args)
-    region = args.region or os.environ.get("HEALTHGATE_REGION")
+    region = region_of(args)
     if region and region != "global":
         return f"/v1/projects/{project}/regions/{region}/{collection}"
     if collection in REGIONAL_ONLY:
@@ -208,13 +123,13 @@ def read_manifest_arg(path: str) -> str:
 
 def cmd_apply(args: argparse.Namespace) -> int:
     text = read_manifest_arg(args.file)
-    out = Api(args).request("POST", "/v1/apply", json={"manifest": text, "dryRun": args.dry_run})
-    print_plan(out, "would be" if args.dry_run else "")
+    with Api(args) as api:
+        result = api.apply(text, dry_run=args.dry_run)
+    print_plan(result.plan, "would be" if args.dry_run else "")
     return EXIT_OK
 
 
-def print_plan(out: dict[str, Any], mood: str) -> None:
-    plan = out["plan"]
+def print_plan(plan: dict[str, Any], mood: str) -> None:
     diff = plan.get("diff") or {}
     for sign, key in (("+", "create"), ("~", "update"), ("-", "delete")):
         for path in plan.get(key, []):
@@ -239,14 +154,14 @@ def cmd_delete(args: argparse.Namespace) -> int:
     api = Api(args)
     if args.file:
         text = read_manifest_arg(args.file)
-        out = api.request("POST", "/v1/delete", json={"manifest": text, "dryRun": args.dry_run})
-        print_plan(out, "would be" if args.dry_run else "")
+        result = api.delete_manifest(text, dry_run=args.dry_run)
+        print_plan(result.plan, "would be" if args.dry_run else "")
         return EXIT_OK
     if not (args.kind and args.name):
         raise CliError("give -f FILE, or KIND NAME", EXIT_USAGE)
-    url = f"{collection_url(args, collection_of(args.kind))}/{args.name}"
-    out = api.request("DELETE", url)
-    print(f"- {out['deleted']}")
+    collection = collection_of(args.kind)
+    collection_url(args, collection)  # (the CLI's checks: --project, a regional kind's --region)
+    print(f"- {api.delete(project_of(args), collection, args.name, region_of(args))}")
     return EXIT_OK
 
 
@@ -285,22 +200,18 @@ def cmd_get(args: argparse.Namespace) -> int:
 
 def get_once(args: argparse.Namespace) -> int:
     api = Api(args)
-    url = collection_url(args, collection_of(args.kind))
+    collection = collection_of(args.kind)
+    collection_url(args, collection)  # (the CLI's checks: --project, a regional kind's --region)
+    project, region = project_of(args), region_of(args)
     if args.name:
-        item = api.request("GET", f"{url}/{args.name}")
+        item = api.get(project, collection, args.name, region)
         if args.output in ("table", "wide"):
             items = [item]
         else:
             emit(item, args.output)
             return EXIT_OK
     else:
-        items, token = [], None
-        while True:
-            page = api.request("GET", url, params={"pageToken": token} if token else None)
-            items += page["items"]
-            token = page.get("nextPageToken")
-            if not token:
-                break
+        items = list(api.list(project, collection, region))
         if args.output not in ("table", "wide"):
             emit({"items": items}, args.output)
             return EXIT_OK
@@ -325,10 +236,7 @@ def cmd_health(args: argparse.Namespace) -> int:
     region = args.region or os.environ.get("HEALTHGATE_REGION")
     if not region:
         raise CliError("--region is required for a regional backend service", EXIT_USAGE)
-    out = api.request(
-        "GET",
-        f"/v1/projects/{project_of(args)}/regions/{region}/backendServices/{args.backend_service}/health",
-    )
+    out = api.health(project_of(args), region, args.backend_service)
     if args.output != "table":
         emit(out, args.output)
         return EXIT_OK
@@ -355,15 +263,15 @@ def cmd_describe(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _get(api: Api, path: str) -> dict[str, Any] | None:
+def _get(api: Client, path: str) -> dict[str, Any] | None:
     try:
         result: dict[str, Any] = api.request("GET", "/v1/" + path)
         return result
-    except CliError:
+    except HealthgateError:
         return None
 
 
-def reason_tree(api: Api, item: dict[str, Any], depth: int = 0) -> list[str]:
+def reason_tree(api: Client, item: dict[str, Any], depth: int = 0) -> list[str]:
     """From a front end, PSC NEG, forwarding rule or composite down to each endpoint's last probe."""
     pad = "  " * depth
     kind = item["kind"]
@@ -427,42 +335,32 @@ def _resolve(ref: str, referrer: ResourcePath, collection: str) -> str:
 def cmd_events(args: argparse.Namespace) -> int:
     api = Api(args)
     project = project_of(args)
-    params: dict[str, Any] = {}
-    for key in ("kind", "resource", "state"):
-        if getattr(args, key):
-            params[key] = getattr(args, key)
-    if args.since:
-        params["since"] = time.time() - parse_duration(args.since)
+    kind, resource, state = (getattr(args, key) or None for key in ("kind", "resource", "state"))
+    since = time.time() - parse_duration(args.since) if args.since else None
     if not args.follow:
-        params["limit"] = args.limit
-        out = api.request("GET", f"/v1/projects/{project}/events", params=params)
-        for item in out["items"]:
-            print_event(item, args.output)
+        for event in api.events(project, kind, resource, state, since=since, limit=args.limit):
+            print_event({"id": event.id, **event.record}, args.output)
         return EXIT_OK
     last: int | None = None
-    if params.get("since"):
-        out = api.request(
-            "GET", f"/v1/projects/{project}/events", params={**params, "limit": 10000}
-        )
-        for item in out["items"]:
-            print_event(item, args.output)
-        last = out["last"]
-    params.pop("since", None)
-    delay = 0.5
-    while True:  # reconnect after a dropped stream, resuming by id, with backoff
-        try:
-            for event_id, record in api.stream(
-                f"/v1/projects/{project}/events/stream", params, last
-            ):
-                last = event_id
-                delay = 0.5
-                print_event({"id": event_id, **record}, args.output)
-        except Unreachable as exc:
-            print(f"{exc}; retrying in {delay:g} s", file=sys.stderr, flush=True)
-        except httpx.HTTPError as exc:  # the server went away mid-stream
-            print(f"stream ended ({type(exc).__name__}); reconnecting", file=sys.stderr)
-        time.sleep(delay)
-        delay = min(delay * 2, 10.0)
+    if since is not None:
+        for event in api.events(project, kind, resource, state, since=since, limit=10000):
+            print_event({"id": event.id, **event.record}, args.output)
+            last = event.id
+        if last is None:  # (nothing since then: follow from the end of the log)
+            last = int(
+                api.request("GET", f"/v1/projects/{project}/events", params={"limit": 1})["last"]
+            )
+
+    def retrying(why: Exception | None, delay: float) -> None:
+        if isinstance(why, Unreachable):
+            print(f"{why}; retrying in {delay:g} s", file=sys.stderr, flush=True)
+        else:  # the server went away mid-stream
+            name = type(why).__name__ if why else "closed"
+            print(f"stream ended ({name}); reconnecting", file=sys.stderr, flush=True)
+
+    for event in api.watch_events(project, last, kind, resource, state, on_retry=retrying):
+        print_event({"id": event.id, **event.record}, args.output)
+    return EXIT_OK
 
 
 def parse_duration(text: str) -> float:
@@ -492,11 +390,8 @@ def print_event(item: dict[str, Any], output: str) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """A configuration for another data plane that follows healthgate."""
-    api = Api(args)
-    project = project_of(args)
-    params = {"agent": args.agent} if args.agent else {}
-    path = f"/v1/projects/{project}/global/forwardingRules/{args.frontend}/{args.target}"
-    print(api.response("GET", path, params=params).text, end="")
+    text = Api(args).export(project_of(args), args.frontend, args.target, args.agent)
+    print(text, end="")
     return EXIT_OK
 
 
@@ -542,5 +437,8 @@ def run_client(func: Any, args: argparse.Namespace) -> int:
     except CliError as exc:
         print(str(exc), file=sys.stderr)
         return exc.code
+    except HealthgateError as exc:  # (the server refused, or nothing answered)
+        print(exc.describe(), file=sys.stderr)
+        return EXIT_REFUSED
     except KeyboardInterrupt:
         return EXIT_OK
