@@ -34,6 +34,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel, Field
 
 from healthgate.api.errors import error_response
+from healthgate.client import DEFAULT_SERVER
 from healthgate.fixtures.etcd_local import EtcdCluster
 from healthgate.fixtures.regions import MODES, RegionBackends
 from healthgate.integrations.haproxy import haproxy_backend
@@ -532,7 +533,7 @@ def peers_text(s: DemoSettings) -> str:
     return "".join(line + "\n" for line in lines) + ("\n" if lines else "")
 
 
-def cluster_text(nodes: dict[str, tuple[str, subprocess.Popen[bytes]]]) -> str:
+def cluster_text(nodes: dict[str, tuple[str, subprocess.Popen[bytes]]], url: str) -> str:
     if not nodes:
         return ""
     lines = [
@@ -542,7 +543,7 @@ def cluster_text(nodes: dict[str, tuple[str, subprocess.Popen[bytes]]]) -> str:
             for name, (url, proc) in nodes.items()
         ),
         "Try: kill -9 one of those pids and watch its endpoints move to the other nodes;",
-        "     curl -s localhost:7400/v1/cluster   (who leads, who probes what)",
+        f"     curl -s {url}/v1/cluster   (who leads, who probes what)",
     ]
     return "\n".join(lines) + "\n\n"
 
@@ -554,6 +555,8 @@ def print_intro(
     nodes: dict[str, tuple[str, subprocess.Popen[bytes]]] | None = None,
 ) -> None:
     hg = command_name()
+    # the CLI's commands find the API by themselves only at its default address
+    server = "" if url == DEFAULT_SERVER else f" --server {url}"
     print(
         f"""
 healthgate demo is running.
@@ -564,13 +567,13 @@ healthgate demo is running.
 
 Try, in another terminal:
   curl -s http://127.0.0.1:{s.front_port}/                    # answered by us-east1, the local region
-  {hg} demo break us-east1 --mode hang     # or refuse, 503; --endpoints N for some
-  {hg} get fr --project web                # where the front end routes now
-  {hg} describe neg shop-us-east1 --project web --region us-east1
-  {hg} events --project shop --follow
-  {hg} demo heal us-east1
+  {hg} demo break us-east1 --mode hang{server}     # or refuse, 503; --endpoints N for some
+  {hg} get fr --project web{server}                # where the front end routes now
+  {hg} describe neg shop-us-east1 --project web --region us-east1{server}
+  {hg} events --project shop --follow{server}
+  {hg} demo heal us-east1{server}
 
-{peers_text(s)}{cluster_text(nodes or {})}Ctrl-C stops everything.
+{peers_text(s)}{cluster_text(nodes or {}, url)}Ctrl-C stops everything.
 """,
         flush=True,
     )

@@ -265,6 +265,7 @@ class Server:
             self.store = store = EtcdStore(
                 etcd, settings=EtcdSettings.for_lease(s.lease_ttl), tls=s.etcd_tls, auth=s.etcd_auth
             )
+            await asyncio.to_thread(store.open_schema)  # (a newer layout: refused before any write)
         else:
             Path(s.db).parent.mkdir(parents=True, exist_ok=True)
             self.store = store = SqliteStore(s.db)

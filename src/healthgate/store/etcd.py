@@ -86,6 +86,15 @@ def _json_object(raw: bytes) -> dict[str, Any]:
     return value
 
 
+# The key layout's version (``m/schema``): 1 the first layout (unmarked),
+# 2 the same keys, marked. A layout change bumps it and adds a migration here.
+SCHEMA_VERSION = 2
+
+
+class SchemaError(StoreError):
+    """etcd holds a newer healthgate's key layout."""
+
+
 class EtcdStore:
     """The whole store contract on etcd. Synchronous methods (called from
     threads, as the SQLite store's are); the watch is an asyncio stream."""
@@ -117,6 +126,38 @@ class EtcdStore:
         self._log_meta = self.client.key("m/log")
         self._compacted_at = 0
         self._skipped: set[str] = set()  # bad keys already logged
+
+    # ------------------------------------------------------------------ the layout
+
+    def open_schema(self) -> int:
+        """Check the key layout's version (``m/schema``) before anything is
+        written: a newer one is refused; an unmarked one - the first
+        layout, whose keys are today's - is marked (every node of a cluster
+        may do it, once: the key is created only if absent). Returns the
+        version found (0: none)."""
+        key = self.client.key("m/schema")
+        kvs = self.client.range(key).kvs
+        if kvs:
+            try:
+                version = int(kvs[0].value)
+            except ValueError:
+                raise SchemaError(f"etcd key m/schema holds {kvs[0].value[:40]!r}") from None
+            if version > SCHEMA_VERSION:
+                raise SchemaError(
+                    f"etcd under {self.client.ns} was written by a newer healthgate "
+                    f"(key layout {version}; this one reads up to {SCHEMA_VERSION}): run that "
+                    "version on every node (docs/operations.md, 'Upgrading')"
+                )
+            return version
+        had_resources = bool(
+            self.client.range(
+                self.client.key("r/"), prefix_end(self.client.key("r/")), count_only=True
+            ).count
+        )
+        created, _ = self.client.create("m/schema", str(SCHEMA_VERSION).encode(), 0)
+        if created and had_resources:
+            log.warning("etcd key layout 1 marked as %d (the keys are unchanged)", SCHEMA_VERSION)
+        return 0
 
     # ------------------------------------------------------------------ reading safely
 

@@ -23,6 +23,7 @@ import contextlib
 import errno
 import fcntl
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -45,6 +46,8 @@ from healthgate.store.base import (
 )
 from healthgate.store.txn import check_txn
 from healthgate.store.watch import WatchHub
+
+log = logging.getLogger("healthgate.store")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -75,7 +78,21 @@ CREATE TABLE IF NOT EXISTS log (
     record TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS log_project ON log (project, id);
+CREATE INDEX IF NOT EXISTS log_project_kind ON log (project, kind, id);
 """
+
+# The layout's version, in SQLite's own ``PRAGMA user_version``:
+#   1  the layout of the first releases (unmarked: user_version 0, tables present)
+#   2  + an index of the log by (project, kind, id): ``events --kind`` no longer
+#        scans a project's whole log
+SCHEMA_VERSION = 2
+MIGRATIONS: dict[int, str] = {
+    1: "CREATE INDEX IF NOT EXISTS log_project_kind ON log (project, kind, id);",
+}
+
+
+class SchemaError(StoreError):
+    """The database was written by a newer healthgate."""
 
 
 def _open_failure(path: str, exc: sqlite3.DatabaseError) -> str:
@@ -148,14 +165,58 @@ class SqliteStore:
         _create_private(self.path)
         try:
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._refuse_newer()  # (before even the journal mode is set)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA busy_timeout=5000")
-            self._db.executescript(SCHEMA)
+            self._open_schema()
         except sqlite3.DatabaseError as exc:
             self._release_lock()
             raise StoreError(_open_failure(self.path, exc)) from None
+        except StoreError:
+            self._db.close()
+            self._release_lock()
+            raise
         self._hub = WatchHub()
+
+    # ------------------------------------------------------------------ the layout
+
+    def _refuse_newer(self) -> None:
+        version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            raise SchemaError(
+                f"{self.path} was written by a newer healthgate (database layout {version}; "
+                f"this one reads up to {SCHEMA_VERSION}): run that version, or restore the "
+                "backup taken when it upgraded the database (docs/operations.md, 'Upgrading')"
+            )
+
+    def _open_schema(self) -> None:
+        """Create the layout, or migrate an older one (after a backup beside
+        it); a newer one was refused before anything was written."""
+        version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+        existing = self._db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='documents'"
+        ).fetchone()
+        if existing is None:  # a new database
+            self._db.executescript(SCHEMA)
+            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            return
+        version = version or 1  # (the first layout carried no version)
+        if version == SCHEMA_VERSION:
+            return
+        backup = f"{self.path}.layout{version}.bak"
+        if self.path != ":memory:":
+            with contextlib.closing(sqlite3.connect(backup)) as copy:
+                self._db.backup(copy)
+            os.chmod(backup, 0o600)
+        for step in range(version, SCHEMA_VERSION):
+            self._db.executescript(
+                f"BEGIN; {MIGRATIONS[step]} PRAGMA user_version={step + 1}; COMMIT;"
+            )
+        log.warning(
+            "%s: database layout %d migrated to %d (the layout-%d copy is %s)",
+            self.path, version, SCHEMA_VERSION, version, backup,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ resources
 
