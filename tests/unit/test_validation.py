@@ -60,6 +60,10 @@ def second_composite(d: list[dict[str, Any]]) -> None:
     d.append(c)
 
 
+def tcp_with_contains(d: list[dict[str, Any]]) -> None:
+    hc(d).update(type="TCP", requestPath="/", responseContains="ready")
+
+
 def tcp_with_path(d: list[dict[str, Any]]) -> None:
     h = hc(d)
     h["type"] = "TCP"
@@ -125,6 +129,15 @@ RULES: list[tuple[str, Mutation, str, str]] = [
     ("requestPath bad char", set_(hc, "requestPath", "/a b"), "requestPath", "made of letters"),
     ("requestPath bad char 2", set_(hc, "requestPath", '/a"b'), "requestPath", "made of letters"),
     ("requestPath on TCP", tcp_with_path, "requestPath", "only HTTP and HTTPS"),
+    ("responseContains on TCP", tcp_with_contains, "responseContains", "only HTTP and HTTPS"),
+    ("responseContains empty", set_(hc, "responseContains", ""), "responseContains", "at least 1"),
+    (
+        "responseContains too long",
+        set_(hc, "responseContains", "é" * 600),
+        "responseContains",
+        "1,024 bytes",
+    ),
+    ("invert not a boolean", set_(hc, "invert", "sometimes"), "invert", "boolean"),
     (
         "status codes",
         set_(hc, "expectedStatusCodes", ["2xx"]),

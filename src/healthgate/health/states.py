@@ -58,6 +58,8 @@ class Outcome(IntEnum):
     # had no file descriptor left): counts as no result at all
     SUSPECT = 8
     NOT_CHECKED = 9  # health check disabled
+    CONTENT = 10  # the body lacked responseContains
+    INVERTED = 11  # an inverted check's probe succeeded: a failure
 
 
 class ProbeResult(NamedTuple):
@@ -74,7 +76,13 @@ class ProbeResult(NamedTuple):
         ms = f"{self.latency * 1000:.0f} ms"
         match self.outcome:
             case Outcome.OK:
+                if self.detail:  # (an inverted check's failed probe)
+                    return f"{self.detail}, in {ms}"
                 return f"HTTP {self.status} in {ms}" if self.status else f"success in {ms}"
+            case Outcome.CONTENT:
+                return f"HTTP {self.status}, {self.detail}"
+            case Outcome.INVERTED:
+                return f"{self.detail} (the check is inverted: a success is a failure)"
             case Outcome.TIMEOUT:
                 return f"timeout after {self.latency:g} s"
             case Outcome.REFUSED:
@@ -98,6 +106,17 @@ class ProbeResult(NamedTuple):
 # the detail of a probe the prober could not make for want of a descriptor (EMFILE)
 NO_DESCRIPTOR = "the prober had no file descriptor left (its open-file limit)"
 _OWN_LIMITS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+def inverted(result: ProbeResult) -> ProbeResult:
+    """An inverted check's view of a probe: success and failure swap (no
+    result stays no result)."""
+    outcome = result.outcome
+    if outcome is Outcome.SUSPECT or outcome is Outcome.NOT_CHECKED:
+        return result
+    if outcome is Outcome.OK:
+        return ProbeResult(Outcome.INVERTED, result.latency, result.status, result.describe())
+    return ProbeResult(Outcome.OK, result.latency, 0, f"inverted: {result.describe()}")
 
 
 def local_failure(exc: OSError, latency: float) -> ProbeResult | None:

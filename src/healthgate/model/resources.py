@@ -60,6 +60,12 @@ class HealthCheck(Resource):
     # too, and an endpoint is UNHEALTHY only when a quorum of the live
     # vantages says so; empty: the endpoint's own region decides alone
     vantage_regions: list[str] = Field(default_factory=list, max_length=10)
+    # HTTP(S): text that must appear in the first 5,120 bytes of the body
+    # (as Route 53 searches), in UTF-8
+    response_contains: str | None = Field(None, min_length=1, max_length=1024)
+    # every probe's success and failure swap ("healthy while the maintenance
+    # page is NOT up"); a probe that could not be made stays no result
+    invert: bool = False
 
     @field_validator("vantage_regions")
     @classmethod
@@ -118,6 +124,12 @@ class HealthCheck(Resource):
             )
         if self.grpc_service_name is not None and self.type != "GRPC":
             raise ValueError(f"grpcServiceName: only GRPC checks have one, not {self.type}")
+        if self.response_contains is not None and not http:
+            raise ValueError(
+                f"responseContains: only HTTP and HTTPS checks read a body, not {self.type}"
+            )
+        if self.response_contains is not None and len(self.response_contains.encode()) > 1024:
+            raise ValueError("responseContains: at most 1,024 bytes of UTF-8")
         return self
 
     def status_ranges(self) -> tuple[tuple[int, int], ...]:

@@ -71,7 +71,7 @@ from collections.abc import Callable, Hashable
 from typing import Final, cast
 
 from healthgate.health.states import Outcome, ProbeResult, local_failure
-from healthgate.probes.http import HttpHead, build_request, parse_head
+from healthgate.probes.http import HttpHead, build_request, parse_head, scan_body
 from healthgate.probes.prober import ProbeSettings, verdict
 from healthgate.probes.spec import ProbeSpec
 from healthgate.probes.syn import SynPacket, SynSocket
@@ -438,31 +438,41 @@ class BatchProber:
         return done
 
     def _event(self, p: _Probe, ev: int, now: float) -> ProbeResult | None:
-        sock = p.sock
-        assert sock is not None
         if p.state == _CONNECTING:
-            if ev & _EPOLLDOWN:
-                err = sock.getsockopt(_SOL_SOCKET, _SO_ERROR)
-                self._finish(p, False)
-                if err:
-                    return errno_result(err, now - p.start)
-                return ProbeResult(Outcome.RESET, now - p.start, 0, "connection closed")
-            if p.spec.type == "TCP":
-                self._finish(p, False)
-                return ProbeResult(_OK, now - p.start)
-            try:
-                sent = sock.send(p.pending)
-            except OSError as exc:
-                if exc.errno in _NOT_YET:
-                    return None
-                self._finish(p, False)
-                return errno_result(exc.errno or 0, now - p.start)
-            p.pending = p.pending[sent:]
-            if not p.pending:
-                p.state = _SENT
-            return None
+            return self._connected(p, ev, now)
         if not ev & _READABLE:
             return None  # only the ACK of the request freed send space
+        return self._read(p, ev, now)
+
+    def _connected(self, p: _Probe, ev: int, now: float) -> ProbeResult | None:
+        """The connect finished (or failed): TCP is done, HTTP sends its request."""
+        sock = p.sock
+        assert sock is not None
+        if ev & _EPOLLDOWN:
+            err = sock.getsockopt(_SOL_SOCKET, _SO_ERROR)
+            self._finish(p, False)
+            if err:
+                return errno_result(err, now - p.start)
+            return ProbeResult(Outcome.RESET, now - p.start, 0, "connection closed")
+        if p.spec.type == "TCP":
+            self._finish(p, False)
+            return ProbeResult(_OK, now - p.start)
+        try:
+            sent = sock.send(p.pending)
+        except OSError as exc:
+            if exc.errno in _NOT_YET:
+                return None
+            self._finish(p, False)
+            return errno_result(exc.errno or 0, now - p.start)
+        p.pending = p.pending[sent:]
+        if not p.pending:
+            p.state = _SENT
+        return None
+
+    def _read(self, p: _Probe, ev: int, now: float) -> ProbeResult | None:
+        """The answer, as it arrives: the head (and, for responseContains, the body)."""
+        sock = p.sock
+        assert sock is not None
         max_head = self.settings.max_head_bytes
         while True:  # edge-triggered: read until the head is complete or nothing is left
             try:
@@ -478,11 +488,22 @@ class BatchProber:
                 if p.reused and not p.buf:
                     return self._retry(p, now)
                 self._finish(p, False)
+                end = p.buf.find(b"\r\n\r\n") if p.spec.contains else -1
+                if end >= 0:  # (a body that ends with the connection: search what came)
+                    head = self._body(p, end, eof=True)
+                    assert head is not None
+                    return verdict(p.spec, head, now - p.start)
                 error = "connection closed mid-response" if p.buf else "closed"
                 return verdict(p.spec, HttpHead(error=error), now - p.start)
             buf = p.buf = p.buf + data
             end = buf.find(b"\r\n\r\n")
             if end >= 0:
+                if p.spec.contains:  # responseContains: the body decides
+                    body_head = self._body(p, end, eof=False)
+                    if body_head is None:
+                        continue  # (more of the body to read)
+                    head = body_head
+                    break
                 head = parse_head(buf, end, self.settings.max_body_bytes)
                 break
             if len(buf) > max_head:
@@ -491,6 +512,18 @@ class BatchProber:
         keep = self.settings.keepalive and head.reusable and not ev & select.EPOLLRDHUP
         self._finish(p, keep)
         return verdict(p.spec, head, now - p.start)
+
+    def _body(self, p: _Probe, end: int, eof: bool) -> HttpHead | None:
+        """A responseContains check's verdict once its body has said enough
+        (None: read on; http.py's scan_body says how much)."""
+        head = parse_head(p.buf, end, self.settings.max_body_bytes)
+        if head.error:
+            return head
+        found = scan_body(p.buf, end, head.status, p.spec.contains, eof)
+        if found is None:
+            return None
+        head.found = found
+        return head
 
     def _retry(self, p: _Probe, now: float) -> ProbeResult | None:
         """A kept connection was closed before any byte of the answer: the

@@ -1,7 +1,9 @@
 """A minimal HTTP/1.1 response-head reader for health probes.
 
 It writes one ``GET`` and reads the status line and headers, bounded by
-``max_head`` bytes, then reports. It never reads a body it does not need: a
+``max_head`` bytes, then reports - or, for a check with ``responseContains``,
+reads on until it has the body's first 5,120 bytes (or the whole body, if
+shorter; chunked bodies are de-chunked), at most 40 KiB of it on the wire. It never reads a body it does not need: a
 server that streams endless headers is cut off at ``max_head``; a huge body is
 never read at all (on a fresh connection the probe closes right after the
 head). For kept-alive connections a response is reusable only when its whole
@@ -42,17 +44,69 @@ def build_request(path: str, host: str, keepalive: bool) -> bytes:
 class HttpHead:
     """What was read: a status, or why there is none."""
 
-    __slots__ = ("error", "reusable", "status")
+    __slots__ = ("error", "found", "reusable", "status")
 
     def __init__(self, status: int = 0, error: str = "", reusable: bool = False) -> None:
         self.status = status
         self.error = error  # "", "reset", "closed", or a malformed-response reason
         self.reusable = reusable
+        self.found = False  # responseContains: was it in the body's first 5,120 bytes?
 
 
 _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) (\d{3})")
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*(\d+)[ \t]*\r\n", re.IGNORECASE)
 _NOT_REUSABLE = re.compile(rb"\r\n(?:connection:[ \t]*close|transfer-encoding:)", re.IGNORECASE)
+
+
+BODY_SEARCHED: Final = 5120  # bytes of a body searched for responseContains (Route 53's)
+# what a body may take on the wire to yield those bytes (chunk framing included)
+BODY_READ_LIMIT: Final = 8 * BODY_SEARCHED
+_CHUNKED = re.compile(rb"\r\ntransfer-encoding:[^\r\n]*chunked", re.IGNORECASE)
+_CHUNK_SIZE = re.compile(rb"([0-9a-fA-F]{1,8})[^\r\n]{0,256}\r\n")
+
+
+def _dechunk(buf: bytes | bytearray, at: int) -> tuple[bytes, bool]:
+    """The data of a chunked body from ``at`` (at most BODY_SEARCHED bytes),
+    and whether it is complete (the last chunk read, or enough data)."""
+    out = bytearray()
+    while len(out) < BODY_SEARCHED:
+        m = _CHUNK_SIZE.match(buf, at)
+        if m is None:
+            # an unfinished size line waits for more; anything else is the end of what we read
+            return bytes(out), len(buf) - at > 266 or b"\r\n" in buf[at : at + 266]
+        size = int(m.group(1), 16)
+        if size == 0:
+            return bytes(out), True
+        start = m.end()
+        out += buf[start : start + size]
+        if len(buf) < start + size + 2:
+            return bytes(out[:BODY_SEARCHED]), len(out) >= BODY_SEARCHED
+        at = start + size + 2
+    return bytes(out[:BODY_SEARCHED]), True
+
+
+def scan_body(
+    buf: bytes | bytearray, end: int, status: int, needle: bytes, eof: bool
+) -> bool | None:
+    """Is ``needle`` in the first 5,120 bytes of the body of the response
+    whose head ends at ``end``? None: not known yet (read more). The body is
+    delimited as HTTP/1.1 says - ``Content-Length``, chunked, or the close
+    (``eof``); what was read so far is searched when the response ends."""
+    start = end + 4
+    if status in (204, 304) or 100 <= status < 200:
+        return False  # (no body)
+    if _CHUNKED.search(buf, 0, end + 2):
+        body, complete = _dechunk(buf, start)
+    else:
+        length = _CONTENT_LENGTH.search(buf, 0, end + 2)
+        want = min(int(length.group(1)), BODY_SEARCHED) if length else BODY_SEARCHED
+        body = bytes(buf[start : start + want])
+        complete = len(body) >= want
+    if needle in body:
+        return True
+    if complete or eof or len(buf) - start > BODY_READ_LIMIT:
+        return False
+    return None
 
 
 def parse_head(buf: bytes | bytearray, end: int, max_body: int) -> HttpHead:
@@ -77,12 +131,24 @@ def parse_head(buf: bytes | bytearray, end: int, max_body: int) -> HttpHead:
 
 
 class HttpProbeProtocol(asyncio.Protocol):
-    __slots__ = ("buf", "closed", "fut", "got_bytes", "max_body", "max_head", "transport")
+    __slots__ = (
+        "buf",
+        "closed",
+        "contains",
+        "fut",
+        "got_bytes",
+        "max_body",
+        "max_head",
+        "transport",
+    )
 
-    def __init__(self, fut: asyncio.Future[HttpHead], max_head: int, max_body: int) -> None:
+    def __init__(
+        self, fut: asyncio.Future[HttpHead], max_head: int, max_body: int, contains: bytes = b""
+    ) -> None:
         self.fut = fut
         self.max_head = max_head
         self.max_body = max_body
+        self.contains = contains  # responseContains: the head alone does not decide
         self.buf = bytearray()
         self.transport: asyncio.Transport | None = None
         self.closed = False
@@ -115,13 +181,31 @@ class HttpProbeProtocol(asyncio.Protocol):
             if len(buf) > self.max_head:
                 fut.set_result(HttpHead(error=f"response head larger than {self.max_head} bytes"))
             return
+        if self.contains:
+            self._decide_body(end, eof=False)
+            return
         fut.set_result(parse_head(buf, end, self.max_body))
+
+    def _decide_body(self, end: int, eof: bool) -> None:
+        head = parse_head(self.buf, end, self.max_body)
+        if head.error:
+            self.fut.set_result(head)
+            return
+        found = scan_body(self.buf, end, head.status, self.contains, eof)
+        if found is None:
+            return  # (more of the body to read)
+        head.found = found
+        self.fut.set_result(head)
 
     def eof_received(self) -> bool | None:
         return False  # close our side too
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if not self.fut.done() and self.contains and exc is None:
+            end = self.buf.find(b"\r\n\r\n")
+            if end >= 0:  # a body that ends with the connection: search what came
+                self._decide_body(end, eof=True)
         if not self.fut.done():
             if isinstance(exc, ConnectionResetError):
                 self.fut.set_result(HttpHead(error="reset"))
@@ -149,8 +233,9 @@ class TlsHttpProbeProtocol(HttpProbeProtocol):
         server_hostname: str | None,
         session: ssl.SSLSession | None,
         request: bytes,
+        contains: bytes = b"",
     ) -> None:
-        super().__init__(fut, max_head, max_body)
+        super().__init__(fut, max_head, max_body, contains)
         self._in = ssl.MemoryBIO()
         self._out = ssl.MemoryBIO()
         self.tls = context.wrap_bio(
@@ -215,6 +300,10 @@ class TlsHttpProbeProtocol(HttpProbeProtocol):
                 break
             except ssl.SSLZeroReturnError:  # close_notify: as the end of the stream
                 self.closed = True
+                if self.contains and not self.fut.done():
+                    end = self.buf.find(b"\r\n\r\n")
+                    if end >= 0:  # (a body that ends with the connection)
+                        self._decide_body(end, eof=True)
                 if self.transport is not None:
                     self.transport.close()
                 break

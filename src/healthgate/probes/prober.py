@@ -71,6 +71,8 @@ def verdict(spec: ProbeSpec, head: HttpHead, latency: float) -> ProbeResult:
     error = head.error
     if not error:  # (the usual case first: this runs per probe)
         if spec.expects(head.status):
+            if spec.contains and not head.found:
+                return ProbeResult(Outcome.CONTENT, latency, head.status, _missing(spec.contains))
             return ProbeResult(_OK, latency, head.status)
         return ProbeResult(_STATUS, latency, head.status, "not in expectedStatusCodes")
     if error == "reset":
@@ -78,6 +80,12 @@ def verdict(spec: ProbeSpec, head: HttpHead, latency: float) -> ProbeResult:
     if error == "closed":
         return ProbeResult(Outcome.RESET, latency, 0, "closed without an answer")
     return ProbeResult(Outcome.MALFORMED, latency, 0, error)
+
+
+def _missing(needle: bytes) -> str:
+    text = needle.decode(errors="replace")
+    shown = repr(text if len(text) <= 60 else text[:57] + "...")
+    return f"{shown} not in the first 5,120 bytes of the body (responseContains)"
 
 
 class _TcpConnectProtocol(asyncio.Protocol):
@@ -202,6 +210,7 @@ class Prober:
             transport, proto = idle
             if not proto.closed and not transport.is_closing():
                 fut: asyncio.Future[HttpHead] = loop.create_future()
+                proto.contains = spec.contains
                 proto.restart(fut, request)
                 try:
                     head = await fut
@@ -224,7 +233,7 @@ class Prober:
             hostname = spec.host
             transport, proto = await loop.create_connection(
                 lambda: TlsHttpProbeProtocol(
-                    fut, max_head, max_body, tls, hostname, session, request
+                    fut, max_head, max_body, tls, hostname, session, request, spec.contains
                 ),
                 spec.ip,
                 spec.port,
@@ -232,7 +241,7 @@ class Prober:
             )
         else:
             transport, proto = await loop.create_connection(
-                lambda: HttpProbeProtocol(fut, max_head, max_body),
+                lambda: HttpProbeProtocol(fut, max_head, max_body, spec.contains),
                 spec.ip,
                 spec.port,
                 local_addr=self._local(spec.ip),

@@ -74,7 +74,7 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
-from healthgate.health.states import Outcome, ProbeResult
+from healthgate.health.states import Outcome, ProbeResult, inverted
 from healthgate.probes.batch import BatchProber
 from healthgate.probes.clock import Clock, LoopClock, TimerHandle
 from healthgate.probes.prober import Prober
@@ -469,6 +469,8 @@ class ProbeScheduler:
                 out.append(
                     (key, ProbeResult(Outcome.SUSPECT, result.latency, 0, "prober overloaded"))
                 )
+            elif entry.spec.invert:  # (an inverted check: success and failure swap)
+                out.append((key, inverted(result)))
             else:
                 out.append((key, result))
             self._arm(key, entry, self._next_due(entry, end))

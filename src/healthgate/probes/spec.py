@@ -18,6 +18,8 @@ class ProbeSpec:
     path: str = "/"
     status_ranges: tuple[tuple[int, int], ...] = ((200, 200),)
     grpc_service: str = ""
+    contains: bytes = b""  # HTTP(S): must be in the first 5,120 bytes of the body
+    invert: bool = False  # success and failure swap
 
     @classmethod
     def from_check(cls, check: HealthCheck, ip: str, serving_port: int | None) -> ProbeSpec:
@@ -34,6 +36,8 @@ class ProbeSpec:
             path=check.request_path,
             status_ranges=check.status_ranges(),
             grpc_service=check.grpc_service_name or "",
+            contains=(check.response_contains or "").encode(),
+            invert=check.invert,
         )
 
     def expects(self, status: int) -> bool:
