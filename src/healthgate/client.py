@@ -398,6 +398,56 @@ class Client:
         except httpx.ConnectError:
             raise Unreachable(f"cannot reach healthgate at {self.server}") from None
 
+    # ------------------------------------------------------------------ shifts
+
+    def shift_away(
+        self,
+        project: str,
+        away_from: str,
+        expires_in: float,
+        comment: str,
+        force: bool = False,
+        name: str | None = None,
+    ) -> dict[str, Any]:
+        """Move traffic away from a region (or a PSC NEG or service attachment
+        path) for ``expires_in`` seconds (60 to 259,200); refused (409) when
+        it would leave a front end with nothing, unless an admin ``force``s it."""
+        body: dict[str, Any] = {
+            "awayFrom": away_from,
+            "expiresInSec": int(expires_in),
+            "comment": comment,
+        }
+        if force:
+            body["force"] = True
+        if name:
+            body["name"] = name
+        result: dict[str, Any] = self.request("POST", f"/v1/projects/{project}/shifts", json=body)
+        return result
+
+    def shifts(self, project: str, include_ended: bool = False) -> builtins.list[dict[str, Any]]:
+        """The project's active shifts (with ``include_ended``, the ones that
+        ended in the last hour too)."""
+        params = {"all": "true"} if include_ended else None
+        out = self.request("GET", f"/v1/projects/{project}/shifts", params=params)
+        items: builtins.list[dict[str, Any]] = out["items"]
+        return items
+
+    def extend_shift(
+        self, project: str, name: str, expires_in: float, comment: str | None = None
+    ) -> dict[str, Any]:
+        """A shift's end moved to ``expires_in`` seconds from now (at most 72 h)."""
+        body: dict[str, Any] = {"expiresInSec": int(expires_in)}
+        if comment:
+            body["comment"] = comment
+        result: dict[str, Any] = self.request(
+            "PATCH", f"/v1/projects/{project}/shifts/{name}", json=body
+        )
+        return result
+
+    def end_shift(self, project: str, name: str) -> None:
+        """End a shift now: traffic may come back."""
+        self.request("DELETE", f"/v1/projects/{project}/shifts/{name}")
+
     # ------------------------------------------------------------------ the rest
 
     def cluster(self) -> dict[str, Any]:

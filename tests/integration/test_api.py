@@ -241,7 +241,9 @@ def test_health_events_and_states(api: httpx.Client) -> None:
         what="consumer events",
     )
     consumer_events = api.get(f"/v1/projects/{consumer}/events").json()["items"]
+    # (and the Change records of its own writes)
     assert consumer_events and {e["kind"] for e in consumer_events} <= {
+        "Change",
         "NetworkEndpointGroup",
         "Route",
     }
@@ -406,7 +408,8 @@ def test_access_rules_for_each_role(secured: ServeProcess) -> None:
         ).json()
         assert "healthState" in neg["status"]
         events = consumer.get("/v1/projects/webx/events").json()["items"]
-        assert {e["kind"] for e in events} <= {"NetworkEndpointGroup", "Route"}
+        assert {e["kind"] for e in events} <= {"Change", "NetworkEndpointGroup", "Route"}
+        assert all(e["project"] == "webx" for e in events if e["kind"] == "Change")
     with secured.client(TOKENS["viewer"][0]) as viewer:
         assert viewer.get("/v1/projects/shopx/regions/us-east1/healthChecks").status_code == 200
         assert viewer.get("/v1/projects/shopx/events").status_code == 200

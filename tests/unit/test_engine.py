@@ -7,7 +7,7 @@ import pytest
 from healthgate.health import graph as graph_module
 from healthgate.health import policy as policy_module
 from healthgate.health.engine import HealthEngine
-from healthgate.health.states import HealthState, Outcome, ProbeResult, RouteChange
+from healthgate.health.states import HealthState, Outcome, ProbeResult, RouteChange, Transition
 from healthgate.model.names import ResourcePath
 from tests.helpers import OK, TIMEOUT, example_dicts, feed, find, non_endpoint, resources
 
@@ -171,9 +171,11 @@ def test_disabled_check_counts_endpoints_healthy_not_checked() -> None:
     find(dicts, "HealthCheck", "http-8080", "europe-west1")["enabled"] = True
     result = engine.apply(resources(dicts), 10.0)
     assert len(result.added) == 2
-    assert [(r.kind, r.current) for r in result.records if r.kind == "Endpoint"] == [
-        ("Endpoint", U)
-    ] * 2
+    assert [
+        (r.kind, r.current)
+        for r in result.records
+        if isinstance(r, Transition) and r.kind == "Endpoint"
+    ] == [("Endpoint", U)] * 2
 
 
 def test_adding_an_endpoint_touches_only_that_endpoint() -> None:

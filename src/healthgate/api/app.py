@@ -36,6 +36,7 @@ from healthgate.api.manifests import MANIFEST_PATHS, manifest_router
 from healthgate.api.operations import operations_router
 from healthgate.api.resources import resource_router
 from healthgate.api.schema import install as install_schema
+from healthgate.api.shifts import shifts_router
 from healthgate.api.state import ApiSettings, ApiState
 from healthgate.api.topology import topology_router
 from healthgate.controlplane.errors import ControlError
@@ -132,6 +133,7 @@ def create_app(state: ApiState) -> FastAPI:
     app.include_router(resource_router(state))
     app.include_router(events_router(state))
     app.include_router(manifest_router(state))
+    app.include_router(shifts_router(state))
     app.include_router(operations_router(state, app))
 
     s = state.settings

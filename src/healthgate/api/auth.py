@@ -23,6 +23,7 @@ published service's state, not the producer's internals.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from healthgate.health.states import RecordKind
 
 Role = Literal["admin", "producer", "consumer", "viewer", "metrics"]
-CONSUMER_EVENT_KINDS: tuple[str, ...] = (RecordKind.NEG, RecordKind.ROUTE)
+CONSUMER_EVENT_KINDS: tuple[str, ...] = (RecordKind.NEG, RecordKind.ROUTE, RecordKind.CHANGE)
 
 
 class TokenEntry(BaseModel):
@@ -43,12 +44,22 @@ class TokenEntry(BaseModel):
     token: str = Field(min_length=16)
     project: str
     role: Role
+    # who this is, in Change records and shifts (``actor``); without one, the
+    # role and the first 8 hex digits of the token's SHA-256 (not a secret)
+    name: str | None = Field(None, min_length=1, max_length=63, pattern=r"^[A-Za-z0-9._@+-]+$")
+
+    @property
+    def actor(self) -> str:
+        if self.name:
+            return self.name
+        return f"{self.role}-{hashlib.sha256(self.token.encode()).hexdigest()[:8]}"
 
 
 @dataclass(frozen=True, slots=True)
 class Principal:
     project: str  # "*" for every project
     role: Role
+    name: str = "local"  # the actor of its writes (``local``: no tokens, on loopback)
 
     def can_read(self, project: str) -> bool:
         return self.role != "metrics" and self.project in ("*", project)
@@ -130,7 +141,7 @@ class Access:
         presented = authorization[7:].strip().encode("utf-8", "surrogateescape")
         for entry in self.tokens:
             if hmac.compare_digest(entry.token.encode(), presented):
-                return Principal(entry.project, entry.role)
+                return Principal(entry.project, entry.role, entry.actor)
         raise AccessError(401, "unknown bearer token")
 
 
@@ -144,7 +155,7 @@ def is_loopback(host: str) -> bool:
 
 
 def load_tokens(path: str | Path) -> list[TokenEntry]:
-    """A YAML list of ``{token, project, role}``. Errors name the entry and
+    """A YAML list of ``{token, project, role, name}``. Errors name the entry and
     the field, never a value (a malformed file used to print the token);
     a file readable by its group or by everyone is warned about."""
     text = Path(path).read_text(encoding="utf-8")

@@ -21,6 +21,7 @@ REFUSAL_HTTP: dict[Refusal, tuple[int, str]] = {
     Refusal.CONFLICT: (409, "ALREADY_EXISTS"),
     Refusal.IN_USE: (409, "FAILED_PRECONDITION"),
     Refusal.PRECONDITION_FAILED: (412, "FAILED_PRECONDITION"),
+    Refusal.UNSAFE: (409, "FAILED_PRECONDITION"),
     Refusal.UNAVAILABLE: (503, "UNAVAILABLE"),
 }
 

@@ -19,13 +19,18 @@ from healthgate.store.base import LogQuery, record_matches
 
 # an unknown kind or state is a 400 naming the field, not an empty list
 EventKind = Literal[
-    "Endpoint", "HealthSource", "CompositeHealthCheck", "NetworkEndpointGroup", "Route"
+    "Endpoint", "HealthSource", "CompositeHealthCheck", "NetworkEndpointGroup", "Route", "Change"
 ]
-KindQ = Annotated[EventKind | None, Query(description="only transitions of this kind")]
+KindQ = Annotated[EventKind | None, Query(description="only records of this kind")]
 StateQ = Annotated[
-    Literal["HEALTHY", "UNHEALTHY", "UNKNOWN"] | None,
-    Query(alias="state", description="only transitions to this state"),
-]
+    Literal[
+        "HEALTHY", "UNHEALTHY", "UNKNOWN",
+        # a Change record's action
+        "apply", "delete", "create", "replace", "shift", "shift-extend", "shift-end",
+    ]
+    | None,
+    Query(alias="state", description="only transitions to this state (or Changes of this action)"),
+]  # fmt: skip
 
 
 def events_router(state: ApiState) -> APIRouter:

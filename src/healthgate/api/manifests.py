@@ -119,6 +119,8 @@ def manifest_router(state: ApiState) -> APIRouter:
                 if exc.kind is Refusal.INVALID and exc.details:
                     exc.details = await off_loop(located, raw, exc.details)
                 raise
+            if not dry_run:
+                await state.audit(who, "apply", outcome.plan)
             plan = await off_loop(outcome.plan.to_dict)  # (thousands of paths and warnings)
             body = {
                 "dryRun": dry_run,
@@ -139,6 +141,8 @@ def manifest_router(state: ApiState) -> APIRouter:
         async with state.manifest_slot():
             docs, dry_run = await off_loop(documents_of, await ManifestBody.read(request), who)
         outcome = await state.control.delete([d.resource.path for d in docs], dry_run=dry_run)
+        if not dry_run:
+            await state.audit(who, "delete", outcome.plan)
         return {"dryRun": dry_run, "plan": outcome.plan.to_dict(), "revision": outcome.revision}
 
     return router

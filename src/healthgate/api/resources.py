@@ -133,6 +133,7 @@ def _register(
         doc, _ = state.body_to_document(body, path)
         state.check_document(who, doc)
         outcome = await state.control.apply([doc], create_only=True)
+        await state.audit(who, "create", outcome.plan)
         return JSONResponse(state.present(outcome.stored[path]), status_code=201)
 
     async def get_resource(
@@ -157,6 +158,7 @@ def _register(
         outcome = await state.control.apply(
             [doc], fingerprints={path: fp} if fp else None, replace_only=True
         )
+        await state.audit(who, "replace", outcome.plan)
         # (as written; NOT_FOUND if another writer deleted it right after)
         return state.present(outcome.stored.get(path) or state.stored(path))
 
@@ -172,7 +174,8 @@ def _register(
         path = path_of(where, collection, name)
         state.check_write(who, state.stored(path).resource)
         fp = fingerprint or if_match
-        await state.control.delete([path], fingerprints={path: fp} if fp else None)
+        outcome = await state.control.delete([path], fingerprints={path: fp} if fp else None)
+        await state.audit(who, "delete", outcome.plan)
         return {"deleted": str(path)}
 
     routes: list[tuple[str, str, Callable[..., Awaitable[Any]], int]] = [

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -14,6 +15,7 @@ from fastapi import Header, Query
 from prometheus_client.registry import Collector
 
 from healthgate.api.auth import Access, AccessError, Principal
+from healthgate.controlplane.changes import of_plan
 from healthgate.controlplane.errors import ControlError, Refusal
 from healthgate.controlplane.health_service import HealthService
 from healthgate.controlplane.recorder import TransitionRecorder, iso
@@ -25,11 +27,13 @@ from healthgate.controlplane.resources import (
 )
 from healthgate.model.addresses import AddressPolicy
 from healthgate.model.names import GLOBAL, NAME_RULE, ResourcePath, endpoint_path, is_valid_name
+from healthgate.model.plan import Plan
 from healthgate.model.resources import (
     BackendService,
     ForwardingRule,
     NetworkEndpointGroup,
     Resource,
+    Shift,
 )
 from healthgate.model.validation import Document, Issue
 from healthgate.store.base import Store
@@ -111,6 +115,12 @@ class ApiState:
         """Cluster mode: an endpoint's quorum reason and its vantages' opinions."""
         return self.health.vantages(endpoint_path(backend_service, ip, port))
 
+    async def audit(self, who: Principal, action: str, plan: Plan) -> None:
+        """The Change records of an accepted write (controlplane/changes.py),
+        stored before the API answers."""
+        if plan.changes:
+            await self.recorder.append_changes(of_plan(who.name, action, time.time(), plan))
+
     def principal(self, authorization: str | None) -> Principal:
         return self.access.authenticate(authorization)
 
@@ -140,6 +150,13 @@ class ApiState:
         """May ``who`` write this document: its kind and project (403), and,
         unless an admin, its addresses (SPEC §7's address policy: 400 naming
         each field and the rule; model/addresses.py)."""
+        if isinstance(doc.resource, Shift):  # (they always expire: made through their own API)
+            raise ControlError(
+                Refusal.INVALID,
+                f"document {doc.index}: a Shift is made through POST "
+                f"/v1/projects/{doc.resource.project}/shifts (healthgate shift away), not a manifest",
+                [doc.issue("kind", "Shift: use the shifts API")],
+            )
         self.check_write(who, doc.resource)
         if who.role == "admin":
             return

@@ -363,13 +363,13 @@ def cmd_events(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def parse_duration(text: str) -> float:
+def parse_duration(text: str, option: str = "--since") -> float:
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     if text[-1:] in units and text[:-1].replace(".", "", 1).isdigit():
         return float(text[:-1]) * units[text[-1]]
     if text.replace(".", "", 1).isdigit():
         return float(text)
-    raise CliError(f"--since expects a duration like 30s, 10m, 2h, got {text!r}", EXIT_USAGE)
+    raise CliError(f"{option} expects a duration like 30s, 10m, 2h, got {text!r}", EXIT_USAGE)
 
 
 def print_event(item: dict[str, Any], output: str) -> None:
@@ -378,6 +378,13 @@ def print_event(item: dict[str, Any], output: str) -> None:
         return
     from healthgate.controlplane.recorder import iso
 
+    if item.get("kind") == "Change":  # who changed what
+        print(
+            f"{iso(item['time'])}  Change               {item['project']:<40} "
+            f"{item.get('actor')} {item.get('action')}: {item['reason']}",
+            flush=True,
+        )
+        return
     name = item.get("name") or str(item.get("frontend", "")).rsplit("/", 1)[-1]
     where = f"{item['project']}/{item.get('region', 'global')}/{name}"
     frm = str(item["from"]).rsplit("/", 1)[-1] if item["from"] else "-"
@@ -392,6 +399,59 @@ def cmd_export(args: argparse.Namespace) -> int:
     """A configuration for another data plane that follows healthgate."""
     text = Api(args).export(project_of(args), args.frontend, args.target, args.agent)
     print(text, end="")
+    return EXIT_OK
+
+
+def cmd_shift(args: argparse.Namespace) -> int:
+    """``healthgate shift away|list|extend|end``: manual moves that expire (SPEC §6)."""
+    api = Api(args)
+    project = project_of(args)
+    if args.action == "away":
+        if not args.target or not args.for_ or not args.comment:
+            raise CliError(
+                "healthgate shift away REGION|PATH --for DURATION --comment TEXT", EXIT_USAGE
+            )
+        out = api.shift_away(
+            project,
+            args.target,
+            parse_duration(args.for_, "--for"),
+            args.comment,
+            force=args.force,
+            name=args.name,
+        )
+        print(f"{out['name']}: away from {out['awayFrom']} until {out['expireTime']}")
+        for neg in out["affects"]:
+            print(f"  takes no traffic: {neg}")
+        if out["affectsOtherProjects"]:
+            print(f"  and {out['affectsOtherProjects']} PSC NEGs of other projects")
+        return EXIT_OK
+    if args.action == "list":
+        rows = [
+            [
+                s["name"],
+                s["awayFrom"],
+                s["expireTime"] if s["active"] else "ended",
+                f"{s['secondsLeft'] // 60} min" if s["active"] else "-",
+                s["actor"],
+                s["comment"],
+            ]
+            for s in api.shifts(project, include_ended=args.all)
+        ]
+        headers = ["NAME", "AWAY FROM", "UNTIL", "LEFT", "BY", "COMMENT"]
+        print(table(headers, rows) if rows else "no shifts")
+        return EXIT_OK
+    if not args.target:
+        raise CliError(f"healthgate shift {args.action} NAME", EXIT_USAGE)
+    if args.action == "extend":
+        if not args.for_:
+            raise CliError("healthgate shift extend NAME --for DURATION", EXIT_USAGE)
+        out = api.extend_shift(
+            project, args.target, parse_duration(args.for_, "--for"), args.comment
+        )
+        print(f"{out['name']}: now until {out['expireTime']}")
+        return EXIT_OK
+    api.end_shift(project, args.target)
+    print(f"{args.target}: ended")
     return EXIT_OK
 
 

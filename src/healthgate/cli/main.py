@@ -203,6 +203,28 @@ def add_client_commands(sub: Any) -> None:
     p.add_argument("--limit", type=int, default=1000)
     client.add_client_options(p)
     p.set_defaults(func=lambda a: client.run_client(client.cmd_events, a))
+    add_shift_command(sub)
+
+
+def add_shift_command(sub: Any) -> None:
+    """``healthgate shift``: manual moves that always expire (SPEC §6)."""
+    from healthgate.cli import client
+
+    p = sub.add_parser(
+        "shift",
+        help="move traffic away by hand, for a while: away REGION|PATH --for 2h --comment TEXT; "
+        "list; extend NAME --for 1h; end NAME",
+    )
+    p.add_argument("action", choices=["away", "list", "extend", "end"])
+    p.add_argument("target", nargs="?", help="away: a region or a PSC NEG / attachment path; "
+                   "extend, end: the shift's name")  # fmt: skip
+    p.add_argument("--for", dest="for_", metavar="DURATION", help="how long (60s to 72h)")
+    p.add_argument("--comment", help="why (shown in every reason it causes)")
+    p.add_argument("--name", help="away: the shift's name (default: generated)")
+    p.add_argument("--force", action="store_true", help="an admin's override of the safety rule")
+    p.add_argument("--all", action="store_true", help="list: the ones ended in the last hour too")
+    client.add_client_options(p)
+    p.set_defaults(func=lambda a: client.run_client(client.cmd_shift, a))
 
 
 def completion_script(parser: argparse.ArgumentParser) -> str:

@@ -19,6 +19,7 @@ class Refusal(Enum):
     CONFLICT = "conflict"  # it exists already
     IN_USE = "in use"  # others refer to what would be deleted
     PRECONDITION_FAILED = "precondition failed"  # a stale fingerprint
+    UNSAFE = "unsafe"  # a shift the safety rule refuses, or a change to one that has ended
     UNAVAILABLE = "unavailable"  # the store cannot take writes now
 
 

@@ -11,6 +11,7 @@ table the engine publishes is read by the data plane.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -48,6 +49,7 @@ class HealthService:
         # probe failures, logged at most this rate (all sources and workers together)
         self.failure_log = FailureLogLimiter(failure_log_rate)
         self.feed = Feed(self.engine, self.emit)
+        self._expiry: asyncio.TimerHandle | None = None  # the next shift to run out
         if source is None:
             self.source: ProbeSource = InProcessProbing(
                 self.feed, probe_settings, scheduler_settings, self.failure_log
@@ -72,6 +74,8 @@ class HealthService:
         await self.source.start()
 
     async def close(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
         await self.source.close()
 
     def apply(self, resources: Iterable[Resource]) -> ApplyResult:
@@ -79,7 +83,27 @@ class HealthService:
         result = self.engine.apply(world, self.clock())
         self.emit(result.records)
         self.source.apply(world, result)
+        self._schedule_expiry()
         return result
+
+    def _schedule_expiry(self) -> None:
+        """A timer for the next shift to run out (SPEC §6: shifts end by themselves)."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        when = self.engine.next_shift_expiry(self.clock())
+        if when is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # (no loop: a test drives the engine itself)
+        self._expiry = loop.call_later(max(0.0, when - self.clock()) + 0.001, self._expire)
+
+    def _expire(self) -> None:
+        self._expiry = None
+        self.emit(self.engine.expire_shifts(self.clock()))
+        self._schedule_expiry()
 
     def route_table(self) -> RouteTable:
         return self.engine.route_table()

@@ -28,6 +28,7 @@ from healthgate.store.base import Guard, LogQuery, NotLeader, Store, StoreError
 
 log = logging.getLogger("healthgate.recorder")
 transition_log = logging.getLogger("healthgate.transitions")
+audit_log = logging.getLogger("healthgate.changes")  # who changed what (controlplane/changes.py)
 
 Event = tuple[int, dict[str, Any]]
 CLOSING: Event = (-1, {})
@@ -75,6 +76,8 @@ class TransitionRecorder:
         self._unconfirmed: dict[tuple[str, str, float], dict[str, Any]] = {}
         self._confirmed: dict[tuple[str, str, float], None] = {}
         self._catch_up: float | None = None  # a new leader's horizon, until it has caught up
+        # Change records waiting for the writer (embedded mode: one writer, ids in order)
+        self._changes: list[tuple[list[dict[str, Any]], asyncio.Future[None]]] = []
 
     # -- inputs (called on the event loop, never block)
 
@@ -97,6 +100,41 @@ class TransitionRecorder:
         self._pending.extend(dicts)
         self._pending_states.update(encode_record_states(records))
         self._kick()
+
+    async def append_changes(self, records: list[dict[str, Any]]) -> None:
+        """Change records (controlplane/changes.py), stored before this
+        returns: through the writer in embedded mode (so that the log's ids
+        and what subscribers receive stay in order), straight to the store
+        in cluster mode - any node may append to the log; every node's log
+        follower publishes it."""
+        if not records:
+            return
+        for d in records:
+            audit_log.info(log_line(d), extra={"transition": d})
+        if self.broadcast_writes:
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._changes.append((records, done))
+            self._kick()
+            await done
+            return
+        await asyncio.to_thread(self.store.append_log, records, None)
+
+    async def _write_changes(self) -> None:
+        changes, self._changes = self._changes, []
+        records = [r for batch, _ in changes for r in batch]
+        try:
+            ids = await asyncio.to_thread(self.store.append_log, records, None)
+        except Exception as exc:
+            for _, done in changes:
+                if not done.done():
+                    done.set_exception(exc)
+            return
+        self.last_id = max(self.last_id, *ids)
+        for event_id, record in zip(ids, records, strict=True):
+            self._broadcast((event_id, record))
+        for _, done in changes:
+            if not done.done():
+                done.set_result(None)
 
     def stop_persisting(self) -> None:
         """This node is no longer the leader: what is pending is not its to write."""
@@ -186,7 +224,9 @@ class TransitionRecorder:
                 if await self._catch_up_now():
                     break
                 await asyncio.sleep(1.0)
-            while self._pending or self._pending_states or self._pending_deletes:
+            while self._pending or self._pending_states or self._pending_deletes or self._changes:
+                if self._changes:
+                    await self._write_changes()
                 batch, self._pending = self._pending, []
                 states, self._pending_states = self._pending_states, {}
                 deletes, self._pending_deletes = self._pending_deletes, []

@@ -24,6 +24,8 @@ def encode_record_states(records: Sequence[Any]) -> dict[str, Any]:
     puts: dict[str, Any] = {}
     for r in records:
         d = r.to_dict()
+        if d["kind"] == "Change":
+            continue  # (a shift that ended: no state to resume)
         if d["kind"] == "Route":
             puts["route/" + d["frontend"]] = {
                 "target": d["to"],

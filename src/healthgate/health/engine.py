@@ -95,6 +95,17 @@ class HealthEngine:
         self._applies += 1  # (whatever changed, readers re-derive)
         return result
 
+    def expire_shifts(self, now: float) -> list[Record]:
+        """Shifts that ran out by ``now``: their end and the routes that
+        change, each recorded at the shift's own ``expireTime``."""
+        records: list[Record] = []
+        self.graph.expire_shifts(now, records)
+        return records
+
+    def next_shift_expiry(self, now: float) -> float | None:
+        """When the next active shift runs out (None: none is active)."""
+        return self.graph.next_shift_expiry(now)
+
     def restore(
         self,
         now: float,

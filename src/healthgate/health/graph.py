@@ -21,6 +21,7 @@ from types import MappingProxyType
 from healthgate.health.composite import combine
 from healthgate.health.policy import PolicyParams, evaluate
 from healthgate.health.routing import Candidate, choose, order
+from healthgate.health.shifts import ShiftEffect, active_effects, ended, next_expiry, shifts_of
 from healthgate.health.states import (
     HealthState,
     Record,
@@ -39,6 +40,7 @@ from healthgate.model.resources import (
     NetworkEndpointGroup,
     Resource,
     ServiceAttachment,
+    Shift,
 )
 
 UNKNOWN = HealthState.UNKNOWN
@@ -81,6 +83,10 @@ class HealthGraph:
         self._attachments_by_fr: dict[str, list[_Node]] = {}
         self._negs_by_attachment: dict[str, list[_Node]] = {}
         self._routes_by_neg: dict[str, list[_Node]] = {}
+
+        self._shifts: list[Shift] = []  # every Shift resource, active or not
+        self._shifted: dict[str, ShiftEffect] = {}  # PSC NEG path -> the shift keeping it out
+        self._active: set[str] = set()  # the shifts in effect (their end not yet recorded)
 
         self._route_version = 0
         self._route_table = RouteTable(0, MappingProxyType({}))
@@ -245,6 +251,7 @@ class HealthGraph:
             neg = self._negs.get(str(neg_path))
             if neg is None:
                 continue
+            shift = self._shifted.get(neg.path)
             candidates.append(
                 Candidate(
                     neg.path,
@@ -253,6 +260,7 @@ class HealthGraph:
                     b.failover_priority,
                     neg.state,
                     neg.extra is not False,
+                    shift.reason if shift is not None else "",
                 )
             )
         return candidates, bs
@@ -292,7 +300,7 @@ class HealthGraph:
         fallbacks = tuple(
             self._attachment_of(c.path)
             for c in order(candidates, fr.data_plane_region)
-            if c.accepted and c.state is not UNHEALTHY and c.path != choice.target
+            if c.accepted and c.eligible and c.path != choice.target
         )
         if prev is not None and prev.target == choice.target and prev.mode == choice.mode:
             if prev.reason != choice.reason or prev.fallbacks != fallbacks:
@@ -390,6 +398,12 @@ class HealthGraph:
             for n in self._sources_by_bs.get(p, ()):
                 dirty_sources[n.path] = n
         dirty_routes = {n.path: n for n in route_nodes_touched}
+        self._shifts = shifts_of(new)
+        self._active = {str(s.path) for s in self._shifts if s.active(now)}
+        shifted = active_effects(new, now)
+        if shifted != self._shifted:  # (a shift came, went or moved: every route may change)
+            self._shifted = shifted
+            dirty_routes.update(self._routes)
         for fr_path, node in self._routes.items():
             bs_path = node.resource.ref("backend_service")
             if bs_path in changed:
@@ -407,6 +421,26 @@ class HealthGraph:
         )
         if routes_removed:
             self._publish_routes()  # a front end is gone: no snapshot may still carry it
+
+    # ------------------------------------------------------------------ shifts
+
+    def next_shift_expiry(self, now: float) -> float | None:
+        return next_expiry(self._shifts, now)
+
+    def expire_shifts(self, now: float, records: list[Record]) -> None:
+        """Shifts that ran out by ``now``: recorded, each at its own
+        ``expireTime`` (and the routes re-evaluated at that time), so that
+        every node of a cluster computes the same records."""
+        due = sorted(
+            (s for s in self._shifts if not s.active(now) and str(s.path) in self._active),
+            key=lambda s: s.expire_time,
+        )
+        for shift in due:
+            t = shift.expire_time
+            self._active.discard(str(shift.path))
+            records.append(ended(shift))
+            self._shifted = active_effects(self._resources, t)
+            self._propagate(t, records, routes=list(self._routes.values()))
 
     def _sync_nodes(
         self,

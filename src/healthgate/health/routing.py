@@ -13,6 +13,11 @@ with one), then by locality (R's own region first), then by name. Then:
 * every NEG UNHEALTHY: FAIL_OPEN keeps using the first NEG in order,
   FAIL_CLOSED refuses new connections.
 
+A NEG shifted away (health/shifts.py) takes no traffic, as if UNHEALTHY,
+and its reason says who shifted it, until when and why - but a shift never
+sends traffic to an UNHEALTHY NEG: when every other NEG is UNHEALTHY, the
+shifted one (if it is not) keeps the traffic.
+
 A NEG whose connection the service attachment did not accept is never a
 candidate, not even for FAIL_OPEN: no traffic may flow through it.
 """
@@ -35,6 +40,16 @@ class Candidate:
     priority: int | None
     state: HealthState
     accepted: bool = True
+    shifted: str = ""  # the reason of a shift that keeps it out (health/shifts.py)
+
+    @property
+    def eligible(self) -> bool:
+        """May it take traffic: neither UNHEALTHY nor shifted away."""
+        return self.state is not HealthState.UNHEALTHY and not self.shifted
+
+    @property
+    def why_out(self) -> str:
+        return self.shifted or "UNHEALTHY"
 
     def sort_key(self, local_region: str | None) -> tuple[int, int, str, str]:
         prio = NO_PRIORITY if self.priority is None else self.priority
@@ -67,12 +82,12 @@ def choose(
     by_path = {c.path: c for c in ordered}
     cur = by_path.get(current) if current else None
 
-    if cur is not None and cur.state is not HealthState.UNHEALTHY:
+    if cur is not None and cur.eligible:
         if failback:
             for c in ordered:
                 if c.path == cur.path:
                     break
-                if c.state is HealthState.HEALTHY:
+                if c.state is HealthState.HEALTHY and not c.shifted:
                     return RouteChoice(
                         c.path,
                         RouteMode.NORMAL,
@@ -83,10 +98,11 @@ def choose(
         )
 
     for c in ordered:
-        if c.state is not HealthState.UNHEALTHY:
+        if c.eligible:
             if cur is not None:
                 why = (
-                    f"{cur.name} ({cur.region}) is UNHEALTHY: failing over to {c.name} ({c.region})"
+                    f"{cur.name} ({cur.region}) is {cur.why_out}: failing over to "
+                    f"{c.name} ({c.region})"
                 )
             elif current is not None:
                 why = f"the previous backend left the service: now {c.name} ({c.region})"
@@ -95,6 +111,17 @@ def choose(
                     f"{c.name} ({c.region}) is first by priority and locality and is {c.state.name}"
                 )
             return RouteChoice(c.path, RouteMode.NORMAL, why)
+
+    # a shift never sends traffic to an UNHEALTHY NEG: with nothing else
+    # left, the shifted one that is not UNHEALTHY keeps (or takes) it
+    for c in ordered:
+        if c.shifted and c.state is not HealthState.UNHEALTHY:
+            return RouteChoice(
+                c.path,
+                RouteMode.NORMAL,
+                f"every other backend is UNHEALTHY: {c.name} ({c.region}) takes traffic "
+                f"although {c.shifted}",
+            )
 
     if fail_open:
         first = ordered[0]

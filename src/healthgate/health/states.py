@@ -26,6 +26,7 @@ class RecordKind(StrEnum):
     COMPOSITE = "CompositeHealthCheck"
     NEG = "NetworkEndpointGroup"
     ROUTE = "Route"
+    CHANGE = "Change"  # a write accepted through the API: who changed what (not the engine's)
 
 
 class RouteMode(StrEnum):
@@ -195,4 +196,40 @@ class RouteChange:
         }
 
 
-Record = Transition | RouteChange
+@dataclass(frozen=True, slots=True)
+class ShiftEnded:
+    """A shift that ran out (health/shifts.py): a Change record at its
+    ``expireTime`` - every node of a cluster computes the same one, and the
+    elected writer stores it once."""
+
+    time: float
+    project: str
+    name: str
+    path: str  # the shift's
+    away_from: str
+    actor: str
+    comment: str
+
+    kind = RecordKind.CHANGE
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "time": self.time,
+            "timestamp": timestamp(self.time),
+            "project": self.project,
+            "region": "global",
+            "kind": RecordKind.CHANGE.value,
+            "name": "shift-end",
+            "path": self.path,
+            "from": None,
+            "to": "shift-end",
+            "reason": f"shift {self.name} away from {self.away_from} expired "
+            f"(set by {self.actor}: {self.comment})",
+            "actor": self.actor,
+            "action": "shift-end",
+            "resources": [self.path],
+            "resourceCount": 1,
+        }
+
+
+Record = Transition | RouteChange | ShiftEnded

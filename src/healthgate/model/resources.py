@@ -13,6 +13,7 @@ paths, the ``REFS`` table of reference fields) is model/resource.py.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any, Literal, Self
 
@@ -21,6 +22,7 @@ from pydantic import Field, field_validator, model_validator
 from healthgate.model.names import (
     NAME_RULE,
     ReferenceError_,
+    ResourcePath,
     brief,
     is_valid_name,
     resolve_reference,
@@ -459,6 +461,61 @@ class ServiceAttachment(Resource):
         return any(a.project_id_or_num == project for a in self.consumer_accept_lists)
 
 
+# --------------------------------------------------------------------- shifts
+
+SHIFT_MIN, SHIFT_MAX = 60, 259_200  # seconds a shift may last (1 minute to 72 hours)
+
+
+class Shift(Resource):
+    """Traffic moved away by hand, until ``expireTime`` (SPEC §6). Created
+    through ``POST /v1/projects/P/shifts`` (which sets the actor and the
+    times), never through a manifest."""
+
+    kind: Literal["Shift"]
+    # a region, or the full path of a PSC NEG or a service attachment
+    away_from: str = Field(min_length=1, max_length=300)
+    expire_time: float  # epoch seconds
+    created: float
+    actor: str = Field(min_length=1, max_length=63)
+    comment: str = Field(min_length=1, max_length=500)
+    force: bool = False  # the safety rule was overridden (by an admin)
+
+    SCOPES = frozenset({"global"})
+
+    @field_validator("away_from")
+    @classmethod
+    def _check_away_from(cls, value: str) -> str:
+        if is_valid_name(value):
+            return value  # a region
+        try:
+            path = ResourcePath.parse(value)
+        except ValueError:
+            path = None
+        if path is None or path.collection not in ("networkEndpointGroups", "serviceAttachments"):
+            raise ValueError(
+                "expected a region name, or the full path of a PSC network endpoint group or "
+                f"a service attachment; got {brief(value)}"
+            )
+        return str(path)
+
+    @field_validator("expire_time", "created")
+    @classmethod
+    def _check_time(cls, value: float) -> float:
+        if not math.isfinite(value) or not 0 < value < 4_102_444_800:
+            raise ValueError(f"expected a time in seconds since 1970, got {brief(value)}")
+        return value
+
+    @field_validator("comment")
+    @classmethod
+    def _check_comment(cls, value: str) -> str:
+        if any(ord(c) < 32 for c in value):
+            raise ValueError("one line of text: no control characters")
+        return value
+
+    def active(self, now: float) -> bool:
+        return now < self.expire_time
+
+
 AnyResource = (
     HealthCheck
     | NetworkEndpointGroup
@@ -469,6 +526,7 @@ AnyResource = (
     | CompositeHealthCheck
     | ForwardingRule
     | ServiceAttachment
+    | Shift
 )
 
 KIND_CLASSES: dict[str, type[Resource]] = {
@@ -483,5 +541,6 @@ KIND_CLASSES: dict[str, type[Resource]] = {
         CompositeHealthCheck,
         ForwardingRule,
         ServiceAttachment,
+        Shift,
     )
 }

@@ -1,0 +1,143 @@
+"""Shifts in the pure engine, in virtual time (SPEC §6): a shifted NEG takes
+no traffic, as if UNHEALTHY, with a reason naming who, until when and why;
+a producer's shift of a region moves every consumer of it; a shift never
+sends traffic to an UNHEALTHY NEG; shifts end by themselves, recorded at
+their own expireTime."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from healthgate.health.routing import Candidate, choose
+from healthgate.health.shifts import affected
+from healthgate.health.states import HealthState, RouteChange, ShiftEnded
+from healthgate.model.resources import Shift
+from tests.helpers import OK, example_dicts, feed, resources
+from tests.unit.test_engine import EU, FRONT, US, fail, route, settled
+
+H, X = HealthState.HEALTHY, HealthState.UNHEALTHY
+
+
+def shift(project: str, away: str, until: float, name: str = "s1", **kw: Any) -> dict[str, Any]:
+    return {
+        "kind": "Shift", "project": project, "name": name, "awayFrom": away,
+        "expireTime": until, "created": 1.0, "actor": "alice", "comment": "deploy 42", **kw,
+    }  # fmt: skip
+
+
+def with_shifts(*shifts: dict[str, Any]) -> list[Any]:
+    return resources([*example_dicts(), *shifts])
+
+
+@pytest.mark.parametrize(
+    ("shift_doc", "moved"),
+    [
+        (shift("web", "us-east1", 1_000.0), True),  # the consumer's NEGs in a region
+        (shift("web", US, 1_000.0), True),  # one NEG by path
+        (shift("shop", "us-east1", 1_000.0), True),  # the producer's attachment in a region
+        (
+            shift("shop", "projects/shop/regions/us-east1/serviceAttachments/web-attachment", 1e3),
+            True,
+        ),
+        (shift("shop", "europe-west1", 1_000.0), False),  # not where traffic goes
+        (shift("other", "us-east1", 1_000.0), False),  # another project's shift reaches nothing
+        (shift("web", US, 5.0), False),  # expired already
+    ],
+)
+def test_a_shift_moves_traffic_as_unhealthy_would(shift_doc: dict[str, Any], moved: bool) -> None:
+    engine = settled()
+    assert route(engine) == US
+    records = engine.apply(with_shifts(shift_doc), 10.0).records
+    assert route(engine) == (EU if moved else US)
+    routes = [r for r in records if isinstance(r, RouteChange)]
+    if moved:
+        assert "is shifted away by alice until" in routes[0].reason
+        assert "deploy 42" in routes[0].reason
+        # the NEG itself stays as healthy as it is: only its traffic moved
+        assert engine.node_status(US).state is H  # type: ignore[union-attr]
+    else:
+        assert routes == []
+
+
+def test_a_shift_ends_by_itself_recorded_at_its_expire_time() -> None:
+    engine = settled()
+    engine.apply(with_shifts(shift("web", "us-east1", 100.0)), 10.0)
+    assert route(engine) == EU and engine.next_shift_expiry(10.0) == 100.0
+    assert engine.expire_shifts(99.0) == []  # (not yet)
+    records = engine.expire_shifts(130.0)  # the timer fired late: records say 100.0
+    ends = [r for r in records if isinstance(r, ShiftEnded)]
+    assert [(e.time, e.name, e.actor) for e in ends] == [(100.0, "s1", "alice")]
+    back = [r for r in records if isinstance(r, RouteChange)]
+    assert [(r.time, r.current) for r in back] == [(100.0, US)]
+    assert "failing back" in back[0].reason
+    assert route(engine) == US and engine.next_shift_expiry(130.0) is None
+    assert engine.expire_shifts(200.0) == []  # (once)
+
+
+def test_a_longer_shift_outlives_a_shorter_one() -> None:
+    engine = settled()
+    docs = [shift("web", "us-east1", 100.0, "short"), shift("shop", "us-east1", 300.0, "long")]
+    engine.apply(with_shifts(*docs), 10.0)
+    records = engine.expire_shifts(150.0)
+    assert [r.name for r in records if isinstance(r, ShiftEnded)] == ["short"]
+    assert route(engine) == EU  # (still shifted by the longer one)
+    records = engine.expire_shifts(301.0)
+    assert route(engine) == US
+
+
+def test_a_shift_never_sends_traffic_to_an_unhealthy_neg() -> None:
+    engine = settled()
+    fail(engine, 2.0, ["127.0.2."])  # europe-west1 UNHEALTHY
+    engine.apply(with_shifts(shift("web", "us-east1", 1_000.0)), 10.0)
+    assert route(engine) == US  # the shifted one keeps it: the other is UNHEALTHY
+    reason = engine.route_table().routes[FRONT].reason
+    assert "every other backend is UNHEALTHY" in reason and "shifted away by alice" in reason
+    feed(engine, 11.0, OK, ip_prefix="127.0.2.", times=3)  # europe-west1 back: the shift applies
+    assert route(engine) == EU
+
+
+def test_removing_a_shift_brings_traffic_back() -> None:
+    engine = settled()
+    engine.apply(with_shifts(shift("web", "us-east1", 1_000.0)), 10.0)
+    assert route(engine) == EU
+    engine.apply(resources(example_dicts()), 20.0)
+    assert route(engine) == US
+
+
+def test_what_a_shift_covers() -> None:
+    world = {r.path: r for r in with_shifts()}
+    producer, consumer = resources(
+        [shift("shop", "us-east1", 1e3), shift("web", "europe-west1", 1e3, "s2")]
+    )
+    assert isinstance(producer, Shift) and isinstance(consumer, Shift)
+    assert affected(producer, world) == [US]
+    assert affected(consumer, world) == [EU]
+
+
+@pytest.mark.parametrize(
+    ("states", "shifted", "current", "target"),
+    [
+        ((H, H), (True, False), "a", "b"),  # failover away from a shifted current
+        ((H, H), (False, True), "a", "a"),
+        ((H, H), (True, False), "b", "b"),  # no failback to a shifted NEG
+        ((H, X), (True, False), "a", "a"),  # nothing else: the shifted, healthy one keeps it
+        ((X, H), (True, False), "a", "b"),
+        ((X, X), (True, False), "a", "a"),  # all UNHEALTHY: FAIL_OPEN as before
+    ],
+)
+def test_choice_table(
+    states: tuple[HealthState, HealthState],
+    shifted: tuple[bool, bool],
+    current: str,
+    target: str,
+) -> None:
+    cands = [
+        Candidate(name, name, region, prio, state, True, "shifted away by x" if s else "")
+        for name, region, prio, state, s in zip(
+            ("a", "b"), ("r1", "r2"), (0, 1), states, shifted, strict=True
+        )
+    ]
+    choice = choose(cands, None, current, failback=True, fail_open=True)
+    assert choice.target == target, choice
