@@ -74,7 +74,7 @@ class Principal:
         if not self.can_read(project) or self.role == "viewer":
             return False
         if self.role == "consumer":
-            return (is_global and kind in ("BackendService", "ForwardingRule")) or psc
+            return (is_global and kind in ("BackendService", "ForwardingRule", "Webhook")) or psc
         return True
 
     @property

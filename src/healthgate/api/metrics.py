@@ -8,6 +8,7 @@ and transition kinds too, and per-endpoint series stop at
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -22,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from healthgate.controlplane.health_service import HealthService
 from healthgate.controlplane.recorder import TransitionRecorder
+from healthgate.controlplane.webhooks import WebhookDispatcher
 from healthgate.health.states import Outcome, RecordKind
 from healthgate.probes.stats import LAG_BUCKETS, PROBE_BUCKETS
 
@@ -256,3 +258,36 @@ class ClusterCollector(Collector):
             "Transitions this node decided in the last minute that the log does not hold yet",
             value=unwritten if isinstance(unwritten, int) else 0,
         )
+
+
+class WebhookCollector(Collector):
+    """Per webhook: how far behind its deliveries are (the shipped alert
+    "webhook deliveries behind" watches the oldest undelivered record)."""
+
+    def __init__(self, dispatcher: WebhookDispatcher) -> None:
+        self.dispatcher = dispatcher
+
+    def collect(self) -> Iterator[Metric]:
+        now = time.time()
+        behind = GaugeMetricFamily(
+            "healthgate_webhook_behind_records",
+            "Records a webhook wants that are not acknowledged yet (at most 1000 counted)",
+            labels=["webhook"],
+        )
+        oldest = GaugeMetricFamily(
+            "healthgate_webhook_oldest_undelivered_seconds",
+            "Age of the oldest record a webhook has not had acknowledged (0: none)",
+            labels=["webhook"],
+        )
+        dropped = CounterMetricFamily(
+            "healthgate_webhook_dropped_records",
+            "Records given up after 24 hours of failed deliveries",
+            labels=["webhook"],
+        )
+        for path, status in sorted(self.dispatcher.statuses().items()):
+            behind.add_metric([path], status.behind)
+            oldest.add_metric([path], max(0.0, now - status.oldest) if status.oldest else 0.0)
+            dropped.add_metric([path], status.dropped)
+        yield behind
+        yield oldest
+        yield dropped

@@ -2,7 +2,7 @@
 served on both the regional and the global paths::
 
     /v1/projects/{p}/regions/{r}/{collection}[/{name}]
-    /v1/projects/{p}/global/{collection}[/{name}]        (backendServices, forwardingRules)
+    /v1/projects/{p}/global/{collection}[/{name}]        (backendServices, forwardingRules, webhooks)
 
 Each operation is written once in :func:`_register`; it is registered for
 each scope with that scope's location dependency (which reads ``region`` from
@@ -48,6 +48,7 @@ class RegionalCollection(StrEnum):
 class GlobalCollection(StrEnum):
     backendServices = "backendServices"
     forwardingRules = "forwardingRules"
+    webhooks = "webhooks"
 
 
 @dataclass(frozen=True, slots=True)

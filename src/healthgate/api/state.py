@@ -25,6 +25,7 @@ from healthgate.controlplane.resources import (
     parse_documents,
     split_output_fields,
 )
+from healthgate.controlplane.webhooks import WebhookDispatcher, present_status
 from healthgate.model.addresses import AddressPolicy
 from healthgate.model.names import GLOBAL, NAME_RULE, ResourcePath, endpoint_path, is_valid_name
 from healthgate.model.plan import Plan
@@ -36,6 +37,7 @@ from healthgate.model.resources import (
     Shift,
 )
 from healthgate.model.validation import Document, Issue
+from healthgate.model.webhooks import Webhook
 from healthgate.store.base import Store
 
 MAX_PAGE = 5000
@@ -82,6 +84,7 @@ class ApiState:
     ready: bool = False
     collectors: list[Collector] = field(default_factory=list)  # more /metrics families
     dataplane_status: Callable[[], dict[str, dict[str, object]]] | None = None
+    webhooks: WebhookDispatcher | None = None  # (deliveries: a webhook's status)
     public_healthz: bool = False  # forwarding rules' healthz without a token
     agent_address: tuple[str, int] | None = None  # where HAProxy's agent-check is answered
     cluster_status: Callable[[], dict[str, Any]] | None = None  # cluster mode: this node's view
@@ -158,6 +161,15 @@ class ApiState:
                 [doc.issue("kind", "Shift: use the shifts API")],
             )
         self.check_write(who, doc.resource)
+        if isinstance(doc.resource, Webhook) and who.event_kinds() is not None:
+            kinds = who.event_kinds() or ()
+            if not doc.resource.events or any(f.kind not in kinds for f in doc.resource.events):
+                raise ControlError(
+                    Refusal.INVALID,
+                    f"{doc.resource.path}: this token reads only records of kinds "
+                    f"{', '.join(kinds)}: its webhook must name them in events",
+                    [doc.issue("events", f"each filter's kind one of {', '.join(kinds)}")],
+                )
         if who.role == "admin":
             return
         refused = self.settings.address_policy.violations(doc.resource)
@@ -209,7 +221,7 @@ class ApiState:
 
     def present(self, stored: Stored) -> dict[str, Any]:
         res = stored.resource
-        out = res.to_wire()
+        out = res.to_public()
         out["selfLink"] = str(res.path)
         out["fingerprint"] = stored.fingerprint
         out["creationTimestamp"] = iso(stored.created)
@@ -233,6 +245,8 @@ class ApiState:
                     "unhealthy": total - healthy - unknown,
                 }
             return None
+        if isinstance(res, Webhook):
+            return present_status(res, self.webhooks)
         if isinstance(res, ForwardingRule):
             listener = self.dataplane_status().get(str(path)) if self.dataplane_status else None
             status = self._fr_status(res)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from healthgate.controlplane.saved_states import encode_record_states
@@ -58,6 +58,8 @@ class TransitionRecorder:
         self._idle = asyncio.Event()
         self._idle.set()
         self._subscribers: set[asyncio.Queue[Event | None]] = set()
+        # told (no arguments) whenever records reach the log (webhook deliveries)
+        self.wakers: list[Callable[[], None]] = []
         self.counts: dict[tuple[str, str], int] = {}
         self.last_id = 0
         self._since_trim = 0
@@ -310,6 +312,8 @@ class TransitionRecorder:
         self._broadcast(event)
 
     def _broadcast(self, event: Event) -> None:
+        for wake in self.wakers:
+            wake()
         for queue in list(self._subscribers):
             try:
                 queue.put_nowait(event)

@@ -30,6 +30,7 @@ from healthgate.model.resources import (
     NetworkEndpointGroup,
     Resource,
 )
+from healthgate.model.webhooks import Webhook
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -129,6 +130,8 @@ class AddressPolicy:
                 yield f"instances[{i}].ipAddress", inst.ip_address
         elif isinstance(res, ForwardingRule):
             yield "IPAddress", res.ip_address
+        elif isinstance(res, Webhook) and res.address is not None:
+            yield "url", res.address  # (a DNS name is checked when it is resolved)
 
     def violations(self, res: Resource) -> list[tuple[str, str]]:
         """(field, why) for every address of ``res`` the policy refuses."""

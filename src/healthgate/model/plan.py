@@ -94,7 +94,10 @@ def plan_apply(
             plan.unchanged.append(path)
         else:
             plan.update.append(path)
-            plan.changes_by_path[path] = field_diff(old.to_wire(), doc.resource.to_wire())
+            plan.changes_by_path[path] = [
+                (f, "(secret)", "(secret)") if f in old.SECRET_FIELDS else (f, a, b)
+                for f, a, b in field_diff(old.to_wire(), doc.resource.to_wire())
+            ]
         plan.result[path] = doc.resource
     # validate the new world, with the documents (for locations) first
     by_path = {d.resource.path: d for d in documents}

@@ -93,6 +93,9 @@ class Resource(Model):
     # (python attribute, wire field, target collection); attribute may name a
     # str, a list of str, or (for "backends") the list of Backend objects.
     REFS: ClassVar[tuple[tuple[str, str, str], ...]] = ()
+    # wire fields that are written but never read back (a webhook's secret):
+    # the store keeps them, answers and Change records do not show them
+    SECRET_FIELDS: ClassVar[frozenset[str]] = frozenset()
 
     @field_validator("name", "project")
     @classmethod
@@ -117,6 +120,14 @@ class Resource(Model):
             want = " or ".join(sorted(self.SCOPES))
             raise ValueError(f"region: a {self.kind} must be {want}; got {self.region!r}")
         return self
+
+    def to_public(self) -> dict[str, Any]:
+        """The wire document without its secret fields (what anyone reads back)."""
+        out = self.to_wire()
+        for name in self.SECRET_FIELDS:
+            if out.pop(name, None) is not None:
+                out[name + "Set"] = True
+        return out
 
     @cached_property
     def path(self) -> ResourcePath:

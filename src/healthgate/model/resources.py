@@ -39,6 +39,7 @@ from healthgate.model.resource import (
     Resource,
     normalise_ip,
 )
+from healthgate.model.webhooks import Webhook
 
 __all__ = ["Model", "Reference", "Resource"]
 
@@ -527,6 +528,7 @@ AnyResource = (
     | ForwardingRule
     | ServiceAttachment
     | Shift
+    | Webhook
 )
 
 KIND_CLASSES: dict[str, type[Resource]] = {
@@ -542,5 +544,6 @@ KIND_CLASSES: dict[str, type[Resource]] = {
         ForwardingRule,
         ServiceAttachment,
         Shift,
+        Webhook,
     )
 }

@@ -38,7 +38,7 @@ from fastapi import FastAPI
 from healthgate.api.app import ApiSettings, ApiState, create_app
 from healthgate.api.auth import Access, is_loopback
 from healthgate.api.listener import ApiListener
-from healthgate.api.metrics import ClusterCollector
+from healthgate.api.metrics import ClusterCollector, WebhookCollector
 from healthgate.cluster.node import ClusterNode
 from healthgate.cluster.probing import ClusterProbing, ClusterSettings
 from healthgate.controlplane.errors import ControlError, Refusal
@@ -47,6 +47,7 @@ from healthgate.controlplane.probe_workers import WorkerProbing, default_workers
 from healthgate.controlplane.probing import Feed, InProcessProbing, ProbeSource
 from healthgate.controlplane.recorder import TransitionRecorder
 from healthgate.controlplane.resources import ControlPlane
+from healthgate.controlplane.webhooks import WebhookDispatcher, WebhookSettings
 from healthgate.dataplane.manager import (
     DataPlane,
     DataPlaneCollector,
@@ -69,7 +70,7 @@ from healthgate.probes.stats import FailureLogLimiter
 from healthgate.process.limits import raise_open_file_limit
 from healthgate.runtime.lifecycle import Stopper, StopStep, run_steps
 from healthgate.runtime.systemd import Notifier, install_debug_block
-from healthgate.store.base import Store
+from healthgate.store.base import Guard, Store
 from healthgate.store.etcd import EtcdStore
 from healthgate.store.etcd_client import EtcdAuth, EtcdSettings, EtcdTls, parse_endpoints
 from healthgate.store.sqlite import SqliteStore
@@ -119,6 +120,7 @@ class ServeSettings:
     probe_workers: int | None = None
     # on stop: seconds open front-end connections get to finish before they are closed
     stop_grace: float = 2.0
+    webhooks: WebhookSettings = field(default_factory=WebhookSettings)
 
     @property
     def clustered(self) -> bool:
@@ -146,6 +148,7 @@ class Server:
         self.health: HealthService | None = None
         self.control: ControlPlane | None = None
         self.recorder: TransitionRecorder | None = None
+        self.webhooks: WebhookDispatcher | None = None
         self.api_state: ApiState | None = None
         self.dataplane: DataPlaneService | None = None
         self.agent: AgentServer | None = None
@@ -187,6 +190,7 @@ class Server:
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.reload_tokens)
         await self._load(endpoints)
         await self._join_cluster()
+        self._start_webhooks()
         await self._start_integrations()
         await self._start_dataplane()
         assert self.control is not None and self.health is not None
@@ -291,6 +295,25 @@ class Server:
             self.node = ClusterNode(self.store, source.cluster, source, self.recorder)
             await self.node.start()  # members and opinions known before probing starts
 
+    def _start_webhooks(self) -> None:
+        """Deliveries of the webhooks: here, or in a cluster on the elected writer."""
+        assert self.control is not None and self.recorder is not None and self.store is not None
+        control, recorder, node = self.control, self.recorder, self.node
+
+        def permit() -> tuple[bool, Guard | None]:
+            if node is None:
+                return True, None
+            return node.leading and recorder.guard is not None, recorder.guard
+
+        self.webhooks = dispatcher = WebhookDispatcher(
+            self.store, self.settings.api.address_policy, self.settings.webhooks, permit
+        )
+        recorder.wakers.append(dispatcher.wake)
+        watch = dispatcher.watch(lambda: control.stored)
+        control.on_change.append(watch)
+        self._tasks.append(asyncio.create_task(watch({}), name="webhooks (first look)"))
+        self._tasks.append(asyncio.create_task(dispatcher.run(), name="webhook deliveries"))
+
     def _check_binds(self) -> None:
         """The agent, DNS and xDS servers answer whoever reaches them: beyond
         loopback only with TLS (xDS) or when told so (--insecure-bind)."""
@@ -392,6 +415,9 @@ class Server:
         if isinstance(dataplane, WorkerPool):
             state.collectors.append(dataplane)
         state.dataplane_status = dataplane.status
+        state.webhooks = self.webhooks
+        if self.webhooks is not None:
+            state.collectors.append(WebhookCollector(self.webhooks))
         app = create_app(state)
         for configure in self.configure_app:
             configure(app)

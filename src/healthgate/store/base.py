@@ -196,7 +196,9 @@ class StateStore(Protocol):
     ) -> None:
         """Upsert ``puts``; delete every key starting with one of ``deletes`` (prefixes)."""
 
-    def load_states(self) -> dict[str, Any]: ...
+    def load_states(self, prefix: str = "") -> dict[str, Any]:
+        """Every stored state whose key starts with ``prefix``."""
+        ...
 
 
 class TransitionLog(Protocol):

@@ -411,8 +411,8 @@ class EtcdStore:
             if not client.txn(compares, ops[i : i + MAX_OPS]).succeeded:
                 raise NotLeader("this node's election key is gone: it is not the leader")
 
-    def load_states(self) -> dict[str, Any]:
-        _, kvs = self.client.list_prefix("s/")
+    def load_states(self, prefix: str = "") -> dict[str, Any]:
+        _, kvs = self.client.list_prefix("s/" + prefix)
         out: dict[str, Any] = {}
         for kv in kvs:
             try:

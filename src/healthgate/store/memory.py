@@ -117,9 +117,9 @@ class MemoryStore:
                 for key in [k for k in self._states if k.startswith(prefix)]:
                     del self._states[key]
 
-    def load_states(self) -> dict[str, Any]:
+    def load_states(self, prefix: str = "") -> dict[str, Any]:
         with self._lock:
-            return dict(self._states)
+            return {k: v for k, v in self._states.items() if k.startswith(prefix)}
 
     # ------------------------------------------------------------------ the log
 

@@ -338,9 +338,12 @@ class SqliteStore:
                 _rollback(db)
                 raise
 
-    def load_states(self) -> dict[str, Any]:
+    def load_states(self, prefix: str = "") -> dict[str, Any]:
         with self._lock:
-            rows = self._db.execute("SELECT key, value FROM states").fetchall()
+            rows = self._db.execute(
+                "SELECT key, value FROM states WHERE key >= ? AND key < ?",
+                (prefix, prefix + "\U0010ffff"),
+            ).fetchall()
         return {k: json.loads(v) for k, v in rows}
 
     # ------------------------------------------------------------------ the log
