@@ -16,9 +16,12 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import yaml
+from aetcd.rpc import rpc_pb2 as pb
+from aetcd.rpc import rpc_pb2_grpc as stubs
 
 from healthgate.health.placement import by_region, probers
 from tests.cluster.stack import SOURCES, ClusterStack, Node, TcpTraffic, Traffic
+from tests.integration.receiver import receiver
 from tests.integration.serve_proc import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -379,3 +382,54 @@ def test_a_second_node_with_a_taken_name_is_refused(fresh: ClusterStack) -> None
     assert code == 1 and "--node a: another live node has this name" in out
     assert "Traceback" not in out
     assert len(fresh.nodes["a"].cluster()["members"]) == 3  # the real a is untouched
+
+
+def test_a_shift_and_a_webhook_on_every_node(fresh: ClusterStack) -> None:
+    """A shift POSTed on one node moves every node's route; a node restarted
+    mid-shift (the leader, killed) obeys it at once; its expiry is recorded
+    once, by the writer; the webhook gets every record once, across the
+    change of writer."""
+    a, b = fresh.nodes["a"], fresh.nodes["b"]
+    with receiver() as rec:
+        after = fresh.last_event_id(a)
+        hook = {
+            "kind": "Webhook", "name": "oncall", "project": "web",
+            "url": f"http://127.0.0.1:{rec.port}/", "secret": "x" * 20,
+            "events": [{"kind": "Change"}, {"kind": "Route"}],
+        }  # fmt: skip
+        fresh.apply([hook], node=a)
+        resp = httpx.post(
+            b.url + "/v1/projects/web/shifts",
+            json={"awayFrom": US, "expiresInSec": 600, "comment": "bad deploy in us"},
+            timeout=10,
+        )
+        assert resp.status_code == 201, resp.text
+        name = resp.json()["name"]
+        wait_for(lambda: all(fresh.route_target(n) == EU for n in fresh.live()), 5, what="shifted")
+        reason = a.get("/v1/projects/web/global/forwardingRules/shop-frontend")["status"]["route"]
+        assert "bad deploy in us" in json.dumps(reason)
+        leader = fresh.leader()
+        leader.kill()
+        leader.start()
+        leader.wait_ready()
+        assert fresh.route_target(leader) == EU  # obeyed from the start
+        # the shift runs out (its expiry moved to 2 s from now, in etcd itself)
+        key = b"/healthgate/r/resources/projects/web/global/shifts/" + name.encode()
+        with fresh.etcd.channel(fresh.etcd.endpoints[0]) as ch:
+            kv = stubs.KVStub(ch)
+            doc = json.loads(kv.Range(pb.RangeRequest(key=key), timeout=5).kvs[0].value)
+            doc["v"]["expireTime"] = doc["u"] = time.time() + 2  # ({"v": the resource, ...})
+            kv.Put(pb.PutRequest(key=key, value=json.dumps(doc).encode()), timeout=5)
+        wait_for(lambda: all(fresh.route_target(n) == US for n in fresh.live()), 15, what="back")
+        writer = wait_for(fresh._leader_or_none, 10, what="a leader")
+        wait_for(lambda: fresh._log_quiet(writer), 10, interval=0.5, what="a quiet log")
+        records = [e for e in fresh.events(writer, after) if e["project"] == "web"]
+        ends = [e for e in records if e["kind"] == "Change" and e["to"] == "shift-end"]
+        assert len(ends) == 1, ends
+        away = [e for e in records if e["kind"] == "Route" and "shifted away" in e["reason"]]
+        assert len(away) == 1, away  # (one record, although the writer changed)
+        wanted = [e["id"] for e in records if e["kind"] in ("Change", "Route")]
+        wait_for(lambda: rec.acked() == wanted, 20, what="every record delivered once")
+        httpx.post(
+            a.url + "/v1/delete", json={"manifest": yaml.safe_dump(hook)}, timeout=10
+        ).raise_for_status()

@@ -398,12 +398,14 @@ class HealthGraph:
             for n in self._sources_by_bs.get(p, ()):
                 dirty_sources[n.path] = n
         dirty_routes = {n.path: n for n in route_nodes_touched}
+        known = {str(s.path) for s in self._shifts}
         self._shifts = shifts_of(new)
         self._active = {str(s.path) for s in self._shifts if s.active(now)}
         shifted = active_effects(new, now)
         if shifted != self._shifted:  # (a shift came, went or moved: every route may change)
             self._shifted = shifted
             dirty_routes.update(self._routes)
+            now = _shift_time(self._shifts, known, changed, now)
         for fr_path, node in self._routes.items():
             bs_path = node.resource.ref("backend_service")
             if bs_path in changed:
@@ -574,3 +576,16 @@ class HealthGraph:
         if comp is None:
             return None
         return NodeStatus(str(forwarding_rule), comp.delivered, comp.reason, comp.since)
+
+
+def _shift_time(
+    shifts: list[Shift], known: set[str], changed: set[ResourcePath], now: float
+) -> float:
+    """When routes moved by a new shift moved: the shift's own creation time
+    when it was written alone (as the shifts API writes it), so that every
+    node of a cluster records the same route change at the same time - the
+    elected writer's record and the others' are then one record (else ``now``)."""
+    if not changed or any(p.collection != "shifts" for p in changed):
+        return now
+    fresh = [s.created for s in shifts if str(s.path) not in known]
+    return min(now, max(fresh)) if fresh else now
