@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 from playwright.sync_api import expect, sync_playwright
 
 from tests.helpers import ROOT
@@ -56,8 +57,6 @@ def test_dashboard_shows_a_failover(tmp_path: Path) -> None:
     )
     ARTIFACTS.mkdir(exist_ok=True)
     try:
-        import httpx
-
         wait_for(lambda: _ready(f"http://127.0.0.1:{api}/readyz"), 30, 0.2, "demo ready")
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
@@ -88,6 +87,23 @@ def test_dashboard_shows_a_failover(tmp_path: Path) -> None:
                 page.locator(f'.card[data-region="{region}"] button[data-mode="heal"]').click()
             expect(route).to_have_text("shop-us-east1", timeout=15_000)
             expect(page.locator(".frontend.alarm")).to_have_count(0, timeout=15_000)
+            # a shift: shown with its time left, traffic moves, "End now" brings it back
+            shift = httpx.post(
+                f"http://127.0.0.1:{api}/v1/projects/web/shifts",
+                json={"awayFrom": "us-east1", "expiresInSec": 7200, "comment": "bad deploy"},
+                timeout=5,
+            )
+            assert shift.status_code == 201, shift.text
+            panel = page.locator("#shifts .shift")
+            expect(panel).to_contain_text("away from us-east1", timeout=10_000)
+            expect(panel).to_contain_text("bad deploy")
+            expect(panel.locator(".left")).to_contain_text("1 h 59 min")
+            expect(route).not_to_have_text("shop-us-east1", timeout=10_000)
+            page.screenshot(path=str(ARTIFACTS / "dashboard-shift.png"), full_page=True)
+            panel.locator("button[data-end]").click()
+            expect(panel).to_have_count(0, timeout=10_000)
+            expect(route).to_have_text("shop-us-east1", timeout=10_000)
+            expect(timeline).to_contain_text("shift-end")
             # the timeline is newest first
             times = [
                 float(t)
@@ -105,8 +121,6 @@ def test_dashboard_shows_a_failover(tmp_path: Path) -> None:
 
 
 def _ready(url: str) -> bool:
-    import httpx
-
     try:
         return httpx.get(url, timeout=1).status_code == 200
     except httpx.HTTPError:

@@ -93,9 +93,11 @@ def choose(
                         RouteMode.NORMAL,
                         f"{c.name} ({c.region}) is HEALTHY again: failing back",
                     )
-        return RouteChoice(
-            cur.path, RouteMode.NORMAL, f"{cur.name} ({cur.region}) is {cur.state.name}"
-        )
+        why = f"{cur.name} ({cur.region}) is {cur.state.name}"
+        before = [c for c in ordered[: ordered.index(cur)] if c.shifted]
+        if before:  # (why not the first: a person moved the traffic, and until when)
+            why += f"; {before[0].name} ({before[0].region}) is {before[0].shifted}"
+        return RouteChoice(cur.path, RouteMode.NORMAL, why)
 
     for c in ordered:
         if c.eligible:

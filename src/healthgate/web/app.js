@@ -119,6 +119,36 @@ async function cluster() {
       <span class="muted">probes ${esc((c.probingByNode || {})[node] ?? 0)}</span></div>`).join("");
 }
 
+// Active shifts (SPEC §6): traffic moved away by hand until a time, each
+// with who, why, the time left (counted down here between reads) and a
+// button that ends it (DELETE; the API says no if the token may not).
+let shiftList = [];
+async function shifts(projects) {
+  const lists = await Promise.all(projects.map(p =>
+    api(`/v1/projects/${p}/shifts`).then(r => r.items).catch(() => [])));
+  const read = Date.now();
+  shiftList = lists.flat().map(s => ({ ...s, until: read + s.secondsLeft * 1000 }));
+  drawShifts();
+}
+
+function left(ms) {
+  const s = Math.max(0, Math.round(ms / 1000));
+  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60);
+  return h ? `${h} h ${m} min` : m ? `${m} min ${s % 60} s` : `${s} s`;
+}
+
+function drawShifts() {
+  const now = Date.now();
+  const live = shiftList.filter(s => s.until > now);
+  document.getElementById("shifts-panel").hidden = live.length === 0;
+  document.getElementById("shifts").innerHTML = live.map(s =>
+    `<li class="shift" data-shift="${esc(s.selfLink)}"><strong>${esc(s.project)}</strong> away from
+      <strong>${esc(last(s.awayFrom))}</strong> · <span class="left">${esc(left(s.until - now))} left</span>
+      <div class="reason">${esc(s.actor)}: ${esc(s.comment)}</div>
+      <button data-end="/v1/projects/${esc(s.project)}/shifts/${esc(s.name)}" data-link="${esc(s.selfLink)}">End now</button></li>`).join("");
+}
+setInterval(drawShifts, 1000);
+
 async function refresh() {
   cluster();
   try {
@@ -128,6 +158,7 @@ async function refresh() {
     const tops = await Promise.all(projects.map(p =>
       api(`/v1/projects/${p}/topology`).catch(() => ({ frontends: [] }))));
     let html = "";
+    shifts(projects);
     tops.forEach((top, i) => {
       for (const fr of top.frontends) html += frontend(fr);
       watch(projects[i]);
@@ -210,6 +241,16 @@ function soon() {
 }
 
 document.addEventListener("click", async ev => {
+  const end = ev.target.closest("button[data-end]");
+  if (end) {
+    end.disabled = true;
+    try { await api(end.dataset.end, { method: "DELETE" }); }
+    catch (e) { end.disabled = false; end.textContent = "cannot end it: " + e.status; return; }
+    shiftList = shiftList.filter(s => s.selfLink !== end.dataset.link);
+    drawShifts();
+    refresh();
+    return;
+  }
   const b = ev.target.closest("button[data-region]");
   if (!b) return;
   const { region, mode } = b.dataset;
