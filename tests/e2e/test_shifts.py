@@ -168,6 +168,20 @@ def test_who_may_shift_what(stack: Stack) -> None:
         assert shift(consumer, "web", "asia-east1").status_code == 400  # covers nothing
         assert shift(consumer, "web", "us-east1", expiresInSec=30).status_code == 400
         assert shift(consumer, "web", "us-east1", expiresInSec=259_201).status_code == 400
+        # bad input is a 400 naming the field, never a 500 (found by the API fuzzer)
+        bad = shift(consumer, "web", "us-east1", comment="two\nlines")
+        assert bad.status_code == 400 and "comment" in bad.text, bad.text
+    with stack.api(ADMIN) as admin:
+        bad = shift(admin, "0", "us-east1")  # (not a project name)
+        assert bad.status_code == 400 and "project" in bad.text, bad.text
+        made = shift(admin, "web", "us-east1", force=True)
+        assert made.status_code == 201, made.text
+        name = made.json()["name"]
+        patch = admin.patch(f"/v1/projects/web/shifts/{name}",
+                            json={"expiresInSec": 120, "comment": "a\x01b"})  # fmt: skip
+        assert patch.status_code == 400 and "comment" in patch.text, patch.text
+        assert admin.delete(f"/v1/projects/web/shifts/{name}").is_success
+    with stack.api(CONSUMER) as consumer:
         doc = {"kind": "Shift", "project": "web", "name": "x", "awayFrom": "us-east1",
                "expireTime": 2e9, "created": 1e9, "actor": "me", "comment": "sneaky"}  # fmt: skip
         via_manifest = consumer.post("/v1/apply", json={"manifest": yaml.safe_dump(doc)})

@@ -29,7 +29,7 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.responses import JSONResponse
 
 from healthgate.api.auth import AccessError, Principal
@@ -49,6 +49,7 @@ from healthgate.model.resources import (
 )
 from healthgate.model.validation import Document, Issue
 
+_WIRE = {"away_from": "awayFrom", "comment": "comment", "project": "project"}
 MAX_ACTIVE = 100  # live shifts of one project
 KEEP_ENDED = 3600.0  # seconds an expired shift stays listed (?all=true) before it is removed
 
@@ -61,11 +62,21 @@ class ShiftRequest(BaseModel):
     force: bool = False
     name: str | None = Field(None, max_length=63)
 
+    @field_validator("comment")
+    @classmethod
+    def _check_comment(cls, value: str | None) -> str | None:
+        return _one_line(value)
+
 
 class ShiftPatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
     expiresInSec: int = Field(ge=SHIFT_MIN, le=SHIFT_MAX)
     comment: str | None = Field(None, min_length=1, max_length=500)
+
+    @field_validator("comment")
+    @classmethod
+    def _check_comment(cls, value: str | None) -> str | None:
+        return _one_line(value)
 
 
 AllQ = Annotated[bool, Query(alias="all", description="expired shifts too (kept for an hour)")]
@@ -193,17 +204,25 @@ class ShiftRules:
         name = body.name or f"shift-{secrets.token_hex(4)}"
         if not is_valid_name(name):
             raise _invalid("name", "1-63 characters, lowercase letters, digits and '-'")
-        shift = Shift(
-            kind="Shift",
-            name=name,
-            project=project,
-            away_from=self.normalise_away(project, body.awayFrom),
-            expire_time=now + body.expiresInSec,
-            created=now,
-            actor=who.name,
-            comment=body.comment,
-            force=body.force,
-        )
+        self.path(project, name)  # (the project's name checked: 400 naming it)
+        try:
+            shift = Shift(
+                kind="Shift",
+                name=name,
+                project=project,
+                away_from=self.normalise_away(project, body.awayFrom),
+                expire_time=now + body.expiresInSec,
+                created=now,
+                actor=who.name,
+                comment=body.comment,
+                force=body.force,
+            )
+        except ValidationError as exc:  # (a comment with a control character, ...)
+            issues = [
+                Issue(_WIRE.get(str(e["loc"][0]), str(e["loc"][0])) if e["loc"] else "", e["msg"])
+                for e in exc.errors(include_input=False)
+            ]
+            raise ControlError(Refusal.INVALID, "invalid shift", issues) from None
         self.check_role(who, shift)
         negs = affected(shift, self.state.control.resources)
         if not negs:
@@ -318,6 +337,12 @@ def shifts_router(state: ApiState) -> APIRouter:
         return {"ended": str(shift.path)}
 
     return router
+
+
+def _one_line(value: str | None) -> str | None:
+    if value is not None and any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ValueError("one line of text: no control characters")
+    return value
 
 
 def _invalid(field: str, message: str) -> ControlError:
