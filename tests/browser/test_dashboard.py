@@ -104,6 +104,20 @@ def test_dashboard_shows_a_failover(tmp_path: Path) -> None:
             expect(panel).to_have_count(0, timeout=10_000)
             expect(route).to_have_text("shop-us-east1", timeout=10_000)
             expect(timeline).to_contain_text("shift-end")
+            # a dialled route: the split drawn as one stacked bar
+            bs_url = f"http://127.0.0.1:{api}/v1/projects/web/global/backendServices/shop"
+            bs = httpx.get(bs_url, timeout=5).json()
+            body = {k: v for k, v in bs.items() if k not in ("selfLink", "status")}
+            body["backends"][0]["trafficDial"] = 70
+            assert httpx.put(bs_url, json=body, timeout=5).is_success
+            bar = page.locator(".frontend .split .share")
+            expect(bar).to_have_count(2, timeout=10_000)
+            expect(bar.first).to_contain_text("70% us-east1")
+            page.screenshot(path=str(ARTIFACTS / "dashboard-split.png"), full_page=True)
+            body = {k: v for k, v in httpx.get(bs_url, timeout=5).json().items() if k != "status"}
+            del body["backends"][0]["trafficDial"]
+            assert httpx.put(bs_url, json=body, timeout=5).is_success
+            expect(bar).to_have_count(0, timeout=10_000)
             # the timeline is newest first
             times = [
                 float(t)

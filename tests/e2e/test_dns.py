@@ -124,3 +124,25 @@ def test_haproxy_resolving_the_name_moves_its_traffic(tmp_path: Path) -> None:
                 f"HAProxy's traffic moved {moved:.2f} s later (TTL 1 s, hold valid 1 s)"
             )
             assert moved < 4
+
+
+def test_a_dialled_route_is_answered_by_weight(stack: tuple[Stack, int]) -> None:
+    """trafficDial 70 (SPEC §6): each answer is drawn by share."""
+    st, port = stack
+    url = "/v1/projects/web/global/backendServices/shop"
+    body = {k: v for k, v in st.api.get(url).json().items() if k != "status"}
+    body["backends"][0]["trafficDial"] = 70
+    assert st.api.put(url, json=body).is_success
+    answers: dict[str | None, int] = {}
+
+    def both() -> bool:
+        answers.clear()
+        for _ in range(150):
+            address = address_of(dig(port, NAME)[1])
+            answers[address] = answers.get(address, 0) + 1
+        return len(answers) == 2
+
+    wait_for(both, 20, interval=0.2, what="answers for both regions")
+    us = 100 * answers["127.0.1.100"] / 150
+    print(f"\nDNS with a 70/30 route: {answers} = {us:.1f}% us-east1")
+    assert abs(us - 70) <= 12, answers  # 150 draws of p = 0.7: one standard deviation is 3.7

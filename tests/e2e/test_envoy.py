@@ -120,3 +120,29 @@ def test_envoy_keeps_its_last_configuration_when_healthgate_stops(
     st.proc.stop()
     time.sleep(2.0)  # nothing to wait on: Envoy just loses its ADS stream
     assert envoy.endpoints() == {"shop-us": "UNHEALTHY", "shop-eu": "HEALTHY"}
+
+
+def test_envoy_splits_a_dialled_route_by_locality_weight(stack: tuple[Stack, Envoy]) -> None:
+    """trafficDial 70 (SPEC §6): Envoy gets the shares as locality weights
+    in one priority, and spreads new requests by them."""
+    st, envoy = stack
+    url = "/v1/projects/web/global/backendServices/shop"
+    doc = st.api.get(url).json()
+    body = {k: v for k, v in doc.items() if k != "status"}
+    body["backends"][0]["trafficDial"] = 70
+    assert st.api.put(url, json=body).is_success
+    seen: dict[str, int] = {}
+
+    def split() -> bool:
+        seen.clear()
+        with httpx.Client(timeout=5) as client:
+            for _ in range(400):
+                body = client.get(f"http://127.0.0.1:{envoy.port}/").text
+                region = body.split()[0].removeprefix("region=")
+                seen[region] = seen.get(region, 0) + 1
+        return len(seen) == 2
+
+    wait_for(split, 10, interval=0.2, what="requests in both regions through Envoy")
+    us = 100 * seen["us-east1"] / 400
+    print(f"\nEnvoy with a 70/30 route: {seen} = {us:.1f}% us-east1")
+    assert abs(us - 70) <= 8, seen  # 400 draws of p = 0.7: one standard deviation is 2.3 points

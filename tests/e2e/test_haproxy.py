@@ -156,3 +156,36 @@ def test_haproxy_keeps_its_last_state_while_healthgate_is_stopped(
     # (the servers' addresses are healthgate's own producer listeners in this
     # test, which stop with it: only HAProxy's state is the point here)
     assert hp.servers() == {"shop-us": "DOWN", "shop-eu": "UP"}
+
+
+def test_haproxy_weighs_a_dialled_route_by_the_agents_answers(
+    stack: tuple[Stack, HAProxy, int], tmp_path: Path
+) -> None:
+    """trafficDial 70 (SPEC §6), exported while split: both regions active,
+    and the agent answers ``up 70%`` / ``up 30%``."""
+    st, _, _ = stack
+    url = "/v1/projects/web/global/backendServices/shop"
+    body = {k: v for k, v in st.api.get(url).json().items() if k != "status"}
+    body["backends"][0]["trafficDial"] = 70
+    assert st.api.put(url, json=body).is_success
+    rule = f"/v1/projects/web/global/forwardingRules/{FRONT}"
+    wait_for(lambda: len(st.api.get(rule).json()["status"]["route"]["shares"]) == 2, 10,
+             what="the split")  # fmt: skip
+    section = st.api.get(f"{rule}/haproxy").text
+    servers = [line for line in section.splitlines() if line.strip().startswith("server")]
+    assert len(servers) == 2 and not any(" backup " in s for s in servers), section
+    (tmp_path / "split").mkdir()
+    with HAProxy(tmp_path / "split", section) as hp:
+        wait_for(lambda: hp.servers() == {"shop-us": "UP", "shop-eu": "UP"}, 10, what="UP")
+        seen: dict[str | None, int] = {}
+
+        def weighed() -> bool:
+            seen.clear()
+            for _ in range(300):
+                region = hp.region_served()
+                seen[region] = seen.get(region, 0) + 1
+            return abs(100 * seen.get("us-east1", 0) / 300 - 70) <= 10
+
+        # (the agent's weights arrive with its first answers: up to agent-inter)
+        wait_for(weighed, 15, interval=0.5, what="a 70/30 split through HAProxy")
+        print(f"\nHAProxy with a 70/30 route: {seen}")

@@ -276,6 +276,11 @@ class ApiState:
                     "reason": route.reason,
                     "since": iso(route.since),
                     "fallbacks": list(route.fallbacks),
+                    # the split of new traffic (SPEC §6): one share of 100 unless dialled
+                    "shares": [
+                        {"neg": s.neg, "region": s.region, "percent": s.percent, "reason": s.reason}
+                        for s in route.shares
+                    ],
                 }
             }
         dest = engine.destination_state(path)

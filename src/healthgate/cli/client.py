@@ -169,6 +169,9 @@ def state_summary(item: dict[str, Any]) -> tuple[str, str]:
     status = item.get("status") or {}
     if "route" in status:
         route = status["route"]
+        shares = route.get("shares") or []
+        if len(shares) > 1:  # (SPEC §6: "70% us-east1, 30% europe-west1")
+            return ", ".join(f"{s['percent']:g}% {s['region']}" for s in shares), route["reason"]
         target = route["target"].rsplit("/", 1)[-1] if route["target"] else "(refuse)"
         return f"-> {target}", route["reason"]
     if "healthState" in status:

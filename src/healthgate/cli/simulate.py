@@ -54,7 +54,15 @@ def to_json(result: SimulationResult, resources: Sequence[Resource], scenario: S
         "probes": result.probes,
         "windows": windows(resources, scenario),
         "finalRoutes": {
-            k: {"target": v.target, "mode": v.mode, "reason": v.reason} for k, v in routes.items()
+            k: {
+                "target": v.target,
+                "mode": v.mode,
+                "reason": v.reason,
+                "shares": [
+                    {"neg": s.neg, "region": s.region, "percent": s.percent} for s in v.shares
+                ],
+            }
+            for k, v in routes.items()
         },
     }
     return json.dumps(doc, indent=2)

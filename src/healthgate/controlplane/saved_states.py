@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from healthgate.health.engine import Route
+from healthgate.health.routing import Share
 from healthgate.health.states import HealthState, RouteMode
 from healthgate.store.base import sane_time
 
@@ -33,6 +34,9 @@ def encode_record_states(records: Sequence[Any]) -> dict[str, Any]:
                 "reason": d["reason"],
                 "since": d["time"],
                 "attachment": getattr(r, "attachment", None),
+                # a split route's shares (SPEC §6): so that a restart does not
+                # take the split for a change and record it again
+                "shares": d.get("shares", []),
             }
         elif d["kind"] == "Endpoint":
             puts["endpoint/" + d["path"]] = {"state": d["to"], "since": d["time"]}
@@ -73,6 +77,7 @@ def decode_states(
                     RouteMode(v["mode"]),
                     str(v["reason"]),
                     sane_time(v["since"]),
+                    shares=_shares(v.get("shares")),
                 )
         except (KeyError, TypeError, ValueError):
             log.warning("ignoring unreadable stored state %s", key)
@@ -97,5 +102,26 @@ def engine_states(engine: Any) -> dict[str, Any]:
             "reason": route.reason,
             "since": route.since,
             "attachment": route.attachment,
+            "shares": [
+                {"neg": s.neg, "region": s.region, "percent": s.percent}
+                for s in route.shares
+                if len(route.shares) > 1
+            ],
         }
     return puts
+
+
+def _shares(value: Any) -> tuple[Share, ...]:
+    """A stored route's shares (none: all of it to its target); checked, as
+    every value read back from a store."""
+    if not value:
+        return ()
+    if not isinstance(value, list) or len(value) > 1000:
+        raise ValueError("shares: a list")
+    out = []
+    for s in value:
+        percent = float(s["percent"])
+        if not (isinstance(s["neg"], str) and isinstance(s["region"], str) and 0 < percent <= 100):
+            raise ValueError("shares: {neg, region, percent}")
+        out.append(Share(s["neg"], s["region"], percent, ""))
+    return tuple(out)

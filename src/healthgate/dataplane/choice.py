@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
+import random
 import time
 from collections.abc import Mapping
 from enum import StrEnum
@@ -68,6 +70,9 @@ class _RouteTargets(NamedTuple):
     version: int  # valid for this route-table version
     resources: Mapping[ResourcePath, Resource]
     targets: list[Target]
+    # running sums of the shares of the first targets when the route splits
+    # its new traffic (SPEC §6), else empty
+    cumulative: tuple[float, ...] = ()
 
 
 class _FirstTries(NamedTuple):
@@ -75,6 +80,10 @@ class _FirstTries(NamedTuple):
     resources: Mapping[ResourcePath, Resource]
     addresses: list[Address]  # the first region's candidates
     turns: str | None  # the producer rule whose round robin rotates them
+    # a route that splits its traffic: each share's region (candidates,
+    # turns) and the running sums of the shares, to draw one per request
+    regions: tuple[tuple[list[Address], str | None], ...] = ()
+    cumulative: tuple[float, ...] = ()
 
 
 class HealthView(Protocol):
@@ -133,7 +142,7 @@ class UpstreamChoice:
         # the chosen region gets a few endpoints to try, the others one each
         return [
             self._region(rule, address, 3 if i == 0 else 1)
-            for i, (rule, address) in enumerate(self.targets(frontend))
+            for i, (rule, address) in enumerate(self.pick(frontend))
         ]
 
     def first_try(self, frontend: str, consumer: bool) -> tuple[Address, list[Address]] | None:
@@ -153,6 +162,10 @@ class UpstreamChoice:
         ):
             plan = self._plan(frontend, consumer)
         addresses, turns = plan.addresses, plan.turns
+        if plan.cumulative:  # (a split route: the region is drawn by share)
+            cumulative = plan.cumulative
+            i = bisect.bisect_right(cumulative, random.random() * cumulative[-1])
+            addresses, turns = plan.regions[i]
         count = len(addresses)
         if count < 2 or turns is None:
             return (addresses[0], addresses) if count else None
@@ -165,16 +178,20 @@ class UpstreamChoice:
         generation = self.engine.generation
         addresses: list[Address] = []
         turns: str | None = None
+        regions: list[tuple[list[Address], str | None]] = []
+        cumulative: tuple[float, ...] = ()
         if not consumer:
             addresses, turns = self._producer_addresses(frontend), frontend
         else:
             self.route_used()
-            targets = self.targets(frontend)
-            if targets:
-                rule, address = targets[0]
-                turns = self._served_here(rule)
-                addresses = self._producer_addresses(turns) if turns else [address]
-        plan = _FirstTries(generation, self.resources, addresses, turns)
+            route = self._route_targets(frontend)
+            for rule, address in route.targets[: max(1, len(route.cumulative))]:
+                local = self._served_here(rule)
+                regions.append((self._producer_addresses(local) if local else [address], local))
+            if regions:
+                addresses, turns = regions[0]
+                cumulative = route.cumulative
+        plan = _FirstTries(generation, self.resources, addresses, turns, tuple(regions), cumulative)
         self._plans[frontend] = plan
         return plan
 
@@ -192,7 +209,11 @@ class UpstreamChoice:
 
     def targets(self, frontend: str) -> list[Target]:
         """(producer rule, its address) per region of the route, resolved once
-        per route-table version and resource change, not per request."""
+        per route-table version and resource change, not per request: the
+        regions that take a share first (in share order), then the fallbacks."""
+        return self._route_targets(frontend).targets
+
+    def _route_targets(self, frontend: str) -> _RouteTargets:
         table = self.engine.route_table()
         cached = self._upstreams.get(frontend)
         if (
@@ -202,14 +223,35 @@ class UpstreamChoice:
         ):
             route = table.routes.get(frontend)
             targets: list[Target] = []
+            weights: list[float] = []
             if route is not None and route.attachment is not None:
-                for att in (route.attachment, *route.fallbacks):
+                shares = dict(route.split)
+                first = list(shares) or [route.attachment]
+                # then every other NEG that may take traffic (a dialled-down
+                # one too: for the retries of a request its shares could not serve)
+                rest = [a for a in (route.attachment, *route.fallbacks) if a not in first]
+                for att in (*first, *rest):
                     target = self.rule_of_attachment(att)
                     if target is not None:
                         targets.append(target)
-            cached = _RouteTargets(table.version, self.resources, targets)
+                        if att in shares:
+                            weights.append(shares[att])
+            cumulative = tuple(itertools.accumulate(weights)) if len(weights) > 1 else ()
+            cached = _RouteTargets(table.version, self.resources, targets, cumulative)
             self._upstreams[frontend] = cached
-        return cached.targets
+        return cached
+
+    def pick(self, frontend: str) -> list[Target]:
+        """:meth:`targets` for one new connection or request: when the route
+        splits its traffic (SPEC §6), the first region is drawn by share and
+        the others follow in order."""
+        cached = self._route_targets(frontend)
+        cumulative = cached.cumulative
+        if not cumulative:
+            return cached.targets
+        i = bisect.bisect_right(cumulative, random.random() * cumulative[-1])
+        targets = cached.targets
+        return targets if i == 0 else [targets[i], *targets[:i], *targets[i + 1 :]]
 
     def rule_of_attachment(self, attachment: str) -> Target | None:
         """(producer forwarding-rule path, its address) of a service attachment."""

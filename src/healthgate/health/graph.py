@@ -16,11 +16,20 @@ that changed one.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import replace
 from types import MappingProxyType
 
 from healthgate.health.composite import combine
 from healthgate.health.policy import PolicyParams, evaluate
-from healthgate.health.routing import Candidate, choose, order
+from healthgate.health.routing import (
+    Candidate,
+    Share,
+    choose,
+    distribute,
+    moved,
+    order,
+    split_text,
+)
 from healthgate.health.shifts import ShiftEffect, active_effects, ended, next_expiry, shifts_of
 from healthgate.health.states import (
     HealthState,
@@ -261,6 +270,7 @@ class HealthGraph:
                     neg.state,
                     neg.extra is not False,
                     shift.reason if shift is not None else "",
+                    100 if b.traffic_dial is None else b.traffic_dial,
                 )
             )
         return candidates, bs
@@ -297,27 +307,31 @@ class HealthGraph:
             policy.failback if policy else True,
             (policy.when_all_unhealthy == "FAIL_OPEN") if policy else True,
         )
+        shares = distribute(candidates, fr.data_plane_region, choice.target)
+        # the route's target is its first share's NEG: the choice itself,
+        # unless its trafficDial is 0 (it then takes nothing)
+        target = shares[0].neg if shares else choice.target
         fallbacks = tuple(
             self._attachment_of(c.path)
             for c in order(candidates, fr.data_plane_region)
-            if c.accepted and c.eligible and c.path != choice.target
+            if c.accepted and c.eligible and c.path != target
         )
-        if prev is not None and prev.target == choice.target and prev.mode == choice.mode:
-            if prev.reason != choice.reason or prev.fallbacks != fallbacks:
-                node.extra = Route(
-                    prev.frontend,
-                    prev.target,
-                    prev.attachment,
-                    prev.mode,
-                    choice.reason,
-                    prev.since,
-                    fallbacks,
+        single = len(shares) <= 1 and target == choice.target
+        split = () if single else tuple((self._attachment_of(s.neg), s.percent) for s in shares)
+        reason = choice.reason if single else f"{choice.reason}; shares {split_text(shares)}"
+        same = prev is not None and prev.target == target and prev.mode == choice.mode
+        if same and prev is not None and not moved(_shares_of(prev), shares):
+            # (SPEC §6: no record unless a NEG gains or loses a share, or one
+            # moves by 5 points or more)
+            if (prev.reason, prev.fallbacks, prev.shares) != (reason, fallbacks, shares):
+                node.extra = replace(
+                    prev, reason=reason, fallbacks=fallbacks, split=split, shares=shares
                 )
-                return True  # republish: readers see the current reason and retry targets
+                return True  # republish: readers see the current reason, retries and split
             return False
-        attachment = self._attachment_of(choice.target) if choice.target else None
+        attachment = self._attachment_of(target) if target else None
         node.extra = Route(
-            node.path, choice.target, attachment, choice.mode, choice.reason, now, fallbacks
+            node.path, target, attachment, choice.mode, reason, now, fallbacks, split, shares
         )
         records.append(
             RouteChange(
@@ -325,9 +339,10 @@ class HealthGraph:
                 fr.project,
                 node.path,
                 prev.target if prev else None,
-                choice.target,
+                target,
                 choice.mode,
-                choice.reason,
+                reason,
+                shares=tuple((s.neg, s.region, s.percent) for s in shares) if split else (),
             )
         )
         return True
@@ -525,9 +540,7 @@ class HealthGraph:
                 route_node.extra = route
             elif route.target in self._negs:
                 att = str(self._negs[route.target].resource.ref("psc_target_service"))
-                route_node.extra = Route(
-                    fr_path, route.target, att, route.mode, route.reason, route.since
-                )
+                route_node.extra = replace(route, frontend=fr_path, attachment=att)
         for att_node in self._attachments.values():
             self._eval_attachment(att_node)
         records: list[Record] = []
@@ -589,3 +602,11 @@ def _shift_time(
         return now
     fresh = [s.created for s in shifts if str(s.path) not in known]
     return min(now, max(fresh)) if fresh else now
+
+
+def _shares_of(route: Route) -> tuple[Share, ...]:
+    """A route's shares; one restored from the store has none written down:
+    all of it went to its target."""
+    if route.shares or route.target is None:
+        return route.shares
+    return (Share(route.target, "", 100.0, ""),)

@@ -20,6 +20,17 @@ shifted one (if it is not) keeps the traffic.
 
 A NEG whose connection the service attachment did not accept is never a
 candidate, not even for FAIL_OPEN: no traffic may flow through it.
+
+**Shares** (SPEC §6, :func:`distribute`): the route is a distribution over
+the eligible NEGs. ``remaining = 100``; in order, each eligible NEG takes
+``remaining x dial``; what is left after the last one goes back to them in
+proportion to what they took (a dial never drops traffic some NEG may
+take; when every eligible NEG's dial is 0, the first one takes it all). The
+order starts with the NEG :func:`choose` picked (with failback off, traffic
+stays where it is: that NEG stays first), then the others in failover
+order. With every dial at 100 this is exactly the single choice. Shares
+are whole basis points (0.01 %), largest remainders rounded up, so they
+always sum to exactly 100.
 """
 
 from __future__ import annotations
@@ -41,6 +52,7 @@ class Candidate:
     state: HealthState
     accepted: bool = True
     shifted: str = ""  # the reason of a shift that keeps it out (health/shifts.py)
+    dial: int = 100  # trafficDial (SPEC §6): percent of what is left that it takes
 
     @property
     def eligible(self) -> bool:
@@ -137,3 +149,80 @@ def choose(
         RouteMode.FAIL_CLOSED,
         "every backend is UNHEALTHY: whenAllUnhealthy FAIL_CLOSED refuses traffic",
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """One NEG's part of a route's new traffic."""
+
+    neg: str  # PSC NEG path
+    region: str
+    percent: float  # 0.01 steps; a route's shares sum to 100
+    reason: str
+
+
+def distribute(
+    candidates: Sequence[Candidate], local_region: str | None, primary: str | None
+) -> tuple[Share, ...]:
+    """The route's shares (see the module doc); ``primary`` is :func:`choose`'s
+    target (None: no share at all - FAIL_CLOSED or nothing to route to)."""
+    if primary is None:
+        return ()
+    ordered = [c for c in order(candidates, local_region) if c.accepted]
+    first = next((c for c in ordered if c.path == primary), None)
+    if first is None:
+        return ()
+    if not first.eligible:  # FAIL_OPEN, or the shifted NEG that is left: all of it
+        return (Share(first.path, first.region, 100.0, "the only NEG that may take traffic"),)
+    takers = [first, *(c for c in ordered if c.eligible and c.path != primary)]
+    if first.dial == 100:
+        return (Share(first.path, first.region, 100.0, f"{first.name} takes all new traffic"),)
+    remaining = 1.0
+    took, before = [], []
+    for c in takers:
+        before.append(remaining)
+        share = remaining * c.dial / 100
+        took.append(share)
+        remaining -= share
+    total = sum(took)
+    if total > 0:  # what the dials left goes back in proportion to what each took
+        took = [t + remaining * t / total for t in took]
+    else:  # every dial at 0: the first takes it all
+        took = [1.0] + [0.0] * (len(took) - 1)
+    back = f"; the {remaining * 100:.4g}% the dials left handed back" if total and remaining else ""
+    if not total:
+        why = f"{first.name}: every trafficDial is 0, and a dial never drops traffic: all of it"
+        return (Share(first.path, first.region, 100.0, why),)
+    out = []
+    for c, points, left in zip(takers, _basis_points(took), before, strict=True):
+        if points:
+            why = f"{c.name}: trafficDial {c.dial} of the {left * 100:.4g}% left{back}"
+            out.append(Share(c.path, c.region, points / 100, why))
+    return tuple(out)
+
+
+def _basis_points(fractions: Sequence[float]) -> list[int]:
+    """Fractions summing to 1 as whole basis points summing to exactly 10,000
+    (largest remainders first, ties to the earlier NEG)."""
+    raw = [f * 10_000 for f in fractions]
+    points = [int(r) for r in raw]
+    short = 10_000 - sum(points)
+    by_remainder = sorted(range(len(raw)), key=lambda i: (-(raw[i] - points[i]), i))
+    for i in by_remainder[:short]:
+        points[i] += 1
+    return points
+
+
+def moved(before: Sequence[Share], after: Sequence[Share]) -> bool:
+    """Is this a route change to record (SPEC §6): a NEG gained or lost a
+    share, or a share moved by 5 points or more?"""
+    was = {s.neg: s.percent for s in before}
+    now = {s.neg: s.percent for s in after}
+    if was.keys() != now.keys():
+        return True
+    return any(abs(now[n] - was[n]) >= 5 for n in now)
+
+
+def split_text(shares: Sequence[Share]) -> str:
+    """``70% us-east1, 30% europe-west1``."""
+    return ", ".join(f"{s.percent:g}% {s.region}" for s in shares)

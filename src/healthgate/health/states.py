@@ -176,11 +176,13 @@ class RouteChange:
     mode: RouteMode
     reason: str
     kind: RecordKind = field(default=RecordKind.ROUTE)
+    # (neg, region, percent) when new traffic is split (SPEC §6); else empty
+    shares: tuple[tuple[str, str, float], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         # the same keys as a Transition's (one shape for every record, in the
         # API and in the log), plus the route's own
-        return {
+        out = {
             "time": self.time,
             "timestamp": timestamp(self.time),
             "project": self.project,
@@ -194,6 +196,9 @@ class RouteChange:
             "frontend": self.frontend,
             "mode": self.mode,
         }
+        if self.shares:
+            out["shares"] = [{"neg": n, "region": r, "percent": p} for n, r, p in self.shares]
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from healthgate.health.routing import Share
 from healthgate.health.states import HealthState, ProbeResult, Record, RouteMode
 from healthgate.model.names import ResourcePath
 from healthgate.model.resources import HealthCheck
@@ -60,6 +61,10 @@ class Route:
     # attachments to try next, in failover order, for a request the target
     # could not serve (only NEGs that are accepted and not UNHEALTHY)
     fallbacks: tuple[str, ...] = ()
+    # the split of new traffic (SPEC §6): (attachment, share) in order, when
+    # more than one NEG takes a share; empty = all of it to ``attachment``
+    split: tuple[tuple[str, float], ...] = ()
+    shares: tuple[Share, ...] = ()  # every share, with its reason (empty: no target)
 
 
 @dataclass(frozen=True, slots=True)

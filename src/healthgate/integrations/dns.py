@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import random
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -147,6 +148,10 @@ class DnsDirectory:
         route = self.engine.route_table().routes.get(entry.frontend)
         if route is None or route.target is None or route.attachment is None:
             return None
+        if route.split:  # (SPEC §6: each answer drawn by share, as weighted records)
+            attachments = [a for a, _ in route.split]
+            drawn = random.choices(attachments, [p for _, p in route.split])[0]
+            return self._addresses.get(drawn) or self._addresses.get(route.attachment)
         return self._addresses.get(route.attachment)
 
     def exists(self, name: dns.name.Name, zone: dns.name.Name) -> bool:

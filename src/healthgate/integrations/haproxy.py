@@ -8,6 +8,12 @@ sends traffic to the active server while it is up, else to the first backup
 that is up, and back to the active one as soon as it is up again. Every
 server is driven by healthgate's agent (``serve --agent``), which answers for
 that region's PSC NEG, so HAProxy moves traffic when healthgate decides to.
+
+A route that splits its traffic when it is exported (``trafficDial``, SPEC
+§6) has every region with a share active, each ``weight 100``, and the agent
+answers ``up P%``: HAProxy weighs them by share. The exported roles are
+fixed: export again when dials are added or removed (the weights an agent
+set stay until it sets others).
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ def haproxy_backend(
         f"    mode {mode}",
     ]
     servers = 0
+    route = engine.route_table().routes.get(str(frontend))
+    shares = {s.neg for s in route.shares} if route is not None and route.split else set()
     for candidate, attachment in engine.graph.failover_order(str(frontend)):
         address = published_address(resources, attachment)
         if address is None:
@@ -55,9 +63,11 @@ def haproxy_backend(
         ip, port = address
         host = f"[{ip}]" if ":" in ip else ip
         neg = ResourcePath.parse(candidate.path)
-        backup = " backup" if servers else ""
+        # (a split route: every region with a share is active, weighted by
+        # the agent's "up P%" of this weight; the others are backups)
+        backup = " backup" if (candidate.path not in shares if shares else servers) else ""
         lines.append(
-            f"    server {candidate.name} {host}:{port}{backup} agent-check "
+            f"    server {candidate.name} {host}:{port}{backup} weight 100 agent-check "
             f"agent-addr {agent_host} agent-port {agent_port} agent-inter {agent_inter} "
             f'agent-send "{neg.project}/{neg.region}/{neg.name}\\n"'
         )

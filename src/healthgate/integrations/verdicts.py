@@ -21,6 +21,9 @@
   NEG
   ============================================  =======
 
+  A NEG of a route that splits its traffic (``trafficDial``, SPEC §6) is
+  answered with a weight: ``up 70%`` (its share) or ``up 0%`` (no share).
+
   HAProxy then sends traffic to the first server (in the exported failover
   order) that is up, and back to a preferred one as soon as it is up again
   (failback). ``failoverPolicy.failback: false`` has no HAProxy equivalent
@@ -59,8 +62,24 @@ def agent_answer(engine: HealthEngine, neg: str) -> str:
         return "maint"
     status = engine.node_status(neg)
     if status is None or status.state is not HealthState.UNHEALTHY:
-        return "up"
+        return "up" + _weight(engine, neg)
     for route in engine.route_table().routes.values():
         if route.target == neg and route.mode is RouteMode.FAIL_OPEN:
             return "up"
     return "down"
+
+
+def _weight(engine: HealthEngine, neg: str) -> str:
+    """`` P%`` for a NEG of a route that splits its traffic (SPEC §6): its
+    share, or 0 when it takes none (a dial of 0, a third region); HAProxy
+    sets the server's weight to that percentage of the exported ``weight``.
+    Nothing for a NEG of an unsplit route."""
+    for frontend, route in engine.route_table().routes.items():
+        if not route.split:
+            continue
+        for share in route.shares:
+            if share.neg == neg:
+                return f" {max(1, round(share.percent))}%"
+        if any(c.path == neg for c, _ in engine.graph.failover_order(frontend)):
+            return " 0%"
+    return ""

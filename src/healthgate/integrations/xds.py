@@ -25,6 +25,11 @@ What Envoy needs to fail over at once rather than gradually:
   sending there), FAIL_CLOSED reports every region UNHEALTHY (Envoy answers
   503, no healthy upstream).
 
+A route that splits its traffic (``trafficDial``, SPEC §6) puts the regions of
+its shares in priority 0, each locality weighted by its share in basis points
+(``locality_weighted_lb_config``), and every other region after them, one
+priority each; Envoy then spreads new requests by those weights.
+
 Failback is Envoy's own: as soon as a higher priority is healthy again it
 takes the traffic back. ``failback: false`` has no EDS equivalent
 (documented).
@@ -123,6 +128,8 @@ def _cluster(name: str) -> cluster_pb2.Cluster:
         )
     )
     cluster.common_lb_config.healthy_panic_threshold.CopyFrom(percent_pb2.Percent(value=0.0))
+    # localities weighted (a split route's shares); each carries a weight
+    cluster.common_lb_config.locality_weighted_lb_config.SetInParent()
     return cluster
 
 
@@ -131,7 +138,15 @@ def _assignment(
 ) -> endpoint_pb2.ClusterLoadAssignment:
     cla = endpoint_pb2.ClusterLoadAssignment(cluster_name=name)
     cla.policy.overprovisioning_factor.CopyFrom(wrappers_pb2.UInt32Value(value=100))
-    priority = 0
+    route = engine.route_table().routes.get(frontend)
+    # a split route (SPEC §6): its shares are one priority, weighted by share
+    # (basis points); every other region follows, one priority each
+    weights = (
+        {s.neg: round(s.percent * 100) for s in route.shares}
+        if route is not None and len(route.shares) > 1
+        else {}
+    )
+    priority = 1 if weights else 0
     for candidate, attachment in engine.graph.failover_order(frontend):
         address = published_address(resources, attachment)
         if address is None:
@@ -145,12 +160,17 @@ def _assignment(
         endpoint.endpoint.address.socket_address.CopyFrom(
             address_pb2.SocketAddress(address=ip, port_value=port)
         )
-        locality = endpoint_components_pb2.LocalityLbEndpoints(priority=priority)
+        weight = weights.get(candidate.path)
+        locality = endpoint_components_pb2.LocalityLbEndpoints(
+            priority=0 if weight else priority,
+            load_balancing_weight=wrappers_pb2.UInt32Value(value=weight or 1),
+        )
         locality.locality.region = candidate.region
         locality.locality.zone = candidate.name
         locality.lb_endpoints.append(endpoint)
         cla.endpoints.append(locality)
-        priority += 1
+        if not weight:
+            priority += 1
     return cla
 
 

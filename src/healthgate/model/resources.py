@@ -234,6 +234,8 @@ class Backend(Model):
     group: str
     capacity_scaler: float | None = Field(None, ge=0.0, le=1.0)
     failover_priority: int | None = Field(None, ge=0, le=1000)
+    # the share of what is left that this NEG takes (SPEC §6): 0-100, default 100
+    traffic_dial: int | None = Field(None, ge=0, le=100)
 
 
 class FailoverPolicy(Model):
@@ -283,6 +285,11 @@ class BackendService(Resource):
                 if b.failover_priority is not None:
                     raise ValueError(
                         f"backends[{i}].failoverPriority: only global backend services fail over"
+                    )
+                if b.traffic_dial is not None:
+                    raise ValueError(
+                        f"backends[{i}].trafficDial: only a global (consumer) backend service "
+                        "splits traffic between regions"
                     )
         return self
 

@@ -102,7 +102,16 @@ function frontend(fr) {
       → <strong id="route-${esc(fr.name)}" class="target">${esc(target ? last(target) : "refusing")}</strong>
       <span class="muted">${esc(route.mode || "")}</span></div>
     <div class="reason">why: ${esc(route.reason || "")}</div>
+    ${splitBar(route.shares || [])}
     <div class="negs">${cards}</div></div>`;
+}
+
+// A route that splits its new traffic (trafficDial, SPEC §6): one stacked
+// bar, a segment per share, the share's reason as its tooltip.
+function splitBar(shares) {
+  if (shares.length < 2) return "";
+  return `<div class="split" aria-label="traffic split">${shares.map((s, i) =>
+    `<div class="share s${i % 4}" style="width:${Number(s.percent)}%" title="${esc(s.reason)}" data-region="${esc(s.region)}">${esc(s.percent)}% ${esc(s.region)}</div>`).join("")}</div>`;
 }
 
 // Cluster mode: the live nodes, their regions, how many endpoints each
