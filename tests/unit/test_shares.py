@@ -8,6 +8,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from envoy.config.endpoint.v3 import endpoint_pb2
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -15,6 +16,8 @@ from healthgate.dataplane.choice import Balance, UpstreamChoice
 from healthgate.health.engine import HealthEngine
 from healthgate.health.routing import Candidate, Share, distribute, moved, split_text
 from healthgate.health.states import HealthState, RouteChange
+from healthgate.integrations.verdicts import agent_answer
+from healthgate.integrations.xds import build_snapshot
 from tests.helpers import OK, example_world, feed, resources
 
 H, U, K = HealthState.HEALTHY, HealthState.UNHEALTHY, HealthState.UNKNOWN
@@ -121,3 +124,23 @@ def test_the_data_planes_choice_follows_the_shares() -> None:
     engine.apply(_world(0), 20.0)  # dialled to 0: the other region first, this one its fallback
     choice.resources = engine.resources
     assert choice.targets(frontend) == [unsplit[1], unsplit[0]]
+
+
+def test_envoy_and_haproxy_get_the_shares() -> None:
+    """The xDS snapshot carries the shares as locality weights in priority 0
+    (it used to fail on the agent's weighted answer), and the agent answers
+    with each NEG's share."""
+    engine = HealthEngine()
+    engine.apply(_world(None), 0.0)
+    feed(engine, 1.0, OK, times=3)
+    engine.apply(_world(70), 10.0)
+    snapshot = build_snapshot(engine, engine.resources)
+    (raw,) = snapshot.assignments.values()
+    cla = endpoint_pb2.ClusterLoadAssignment()
+    cla.ParseFromString(raw)
+    weights = {
+        (e.locality.region, e.priority, e.load_balancing_weight.value) for e in cla.endpoints
+    }
+    assert weights == {("us-east1", 0, 7000), ("europe-west1", 0, 3000)}
+    route = next(iter(engine.route_table().routes.values()))
+    assert [agent_answer(engine, s.neg) for s in route.shares] == ["up 70%", "up 30%"]

@@ -151,7 +151,7 @@ def _assignment(
         address = published_address(resources, attachment)
         if address is None:
             continue
-        answer = agent_answer(engine, candidate.path)
+        answer = agent_answer(engine, candidate.path).split()[0]  # ("up 70%": its state)
         health = _HEALTH[answer]
         if answer == "up" and candidate.state is HealthState.UNKNOWN:
             health = health_check_pb2.UNKNOWN  # (Envoy routes to UNKNOWN as to HEALTHY)
