@@ -353,11 +353,12 @@ class Client:
         that drops (the server restarts, a cluster node dies) is resumed
         after the last event seen - on any node of a cluster - with backoff
         (``on_retry(why, delay)`` is told each time); nothing is skipped and
-        nothing repeated. ``retry=False`` raises instead."""
+        nothing repeated. ``retry=False`` raises instead. Closing the client
+        (from another thread) ends the watch at its next retry."""
         params = {k: v for k, v in (("kind", kind), ("resource", resource), ("state", state)) if v}
         last = after
         delay = 0.5
-        while True:
+        while not self.http.is_closed:
             why: Exception | None = None
             try:
                 for event in self._stream(project, params, last):
@@ -368,6 +369,10 @@ class Client:
                 if not retry:
                     raise
                 why = exc
+            except RuntimeError:  # (httpx: "the client has been closed")
+                if self.http.is_closed:
+                    return
+                raise
             if on_retry is not None:
                 on_retry(why, delay)
             time.sleep(delay)

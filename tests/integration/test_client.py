@@ -102,7 +102,9 @@ def test_a_watch_resumes_across_a_restart_without_gaps_or_repeats(tmp_path: Path
     finally:
         stop.set()
         serve.stop()
-        hg.close()
+        hg.close()  # (the watch ends at its next retry: nothing left running)
+        thread.join(5)
+        assert not thread.is_alive()
 
 
 def _drain(q: queue.Queue[Event]) -> list[Event]:
