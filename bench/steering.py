@@ -38,7 +38,7 @@ import httpx
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Proc, free_port, pinned, wait_port, wait_until
+from common import Proc, cpu_seconds, free_port, pinned, wait_port, wait_until
 from dataplane import published_region, start_nginx, wrk
 
 REGIONS = ("us-east1", "europe-west1")
@@ -148,6 +148,7 @@ def main() -> int:
             cmd = [sys.executable, "-m", "healthgate", "serve", "--db", str(work / "hg.db"),
                    "--listen", f"127.0.0.1:{api}", "-f", str(manifest), "--log-level", "warning"]  # fmt: skip
             procs.append(Proc(pinned(cmd, 1), work / "hg.log"))
+            serve_pid = procs[-1].p.pid
             for port in (l7, l4, api):
                 wait_port(port)
             serve = Serve(api)
@@ -180,16 +181,22 @@ def main() -> int:
                 print(json.dumps({name: accuracy[name]}), file=sys.stderr, flush=True)
             rps: dict[str, list[float]] = {"unsplit": [], "split 70/30": []}
             fast_share: dict[str, list[float]] = {"unsplit": [], "split 70/30": []}
+            cpu_us: dict[str, list[float]] = {"unsplit": [], "split 70/30": []}
             for _ in range(args.repeats):
                 for label, dial in (("unsplit", None), ("split 70/30", 70)):
                     serve.dial(dial)
                     before = serve.listener("front")
-                    rps[label].append(wrk(f"http://127.0.0.1:{l7}/", args.duration, args.conns)[0])
+                    cpu0 = cpu_seconds(serve_pid, children=True)
+                    rate = wrk(f"http://127.0.0.1:{l7}/", args.duration, args.conns)[0]
+                    cpu = cpu_seconds(serve_pid, children=True) - cpu0
+                    rps[label].append(rate)
+                    cpu_us[label].append(cpu / (rate * int(args.duration)) * 1e6)
                     after = serve.listener("front")
                     done = after.get("requests", 0) - before.get("requests", 0)
                     fast = after.get("fast_path", 0) - before.get("fast_path", 0)
                     fast_share[label].append(fast / done if done else 0.0)
-            out = {"accuracy": accuracy, "rps": rps, "fast_path_share": fast_share}
+            out = {"accuracy": accuracy, "rps": rps, "fast_path_share": fast_share,
+                   "serve_cpu_us_per_request": cpu_us}  # fmt: skip
         finally:
             for p in reversed(procs):
                 p.stop()
@@ -205,7 +212,11 @@ def main() -> int:
         f"split 70/30 {median['split 70/30']:,.0f}: {ratio:.3f}x"
     )
     for label, shares_ in out["fast_path_share"].items():
-        print(f"fast path, {label}: {statistics.median(shares_):.1%} of requests")
+        cpu = statistics.median(out["serve_cpu_us_per_request"][label])
+        print(
+            f"{label}: fast path {statistics.median(shares_):.1%} of requests, "
+            f"serve's CPU {cpu:.1f} us per request"
+        )
     print("goals: every data plane within ±2 points of the shares; split >= 0.97x unsplit")
     if args.json:
         Path(args.json).write_text(json.dumps({**out, "median": median, "ratio": ratio}, indent=2))
