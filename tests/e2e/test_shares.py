@@ -124,3 +124,31 @@ def test_a_dialled_route_splits_real_requests(stack: Stack) -> None:
     stack.backends.set_mode("us-east1", "refuse")
     wait_for(lambda: stack.shares() == {"europe-west1": 100.0}, 15, what="us-east1 out")
     assert stack.split(200) == Counter({"europe-west1": 200})
+
+
+def test_endpoint_weights_and_a_drain(stack: Stack) -> None:
+    """SPEC §6: a producer's endpoints take new requests in proportion to
+    ``weight``; weight 0 drains (no new request)."""
+    negs = stack.api.get("/v1/projects/shop/regions/us-east1/networkEndpointGroups").json()
+    neg = next(n for n in negs["items"] if n.get("endpoints"))
+    url = f"/v1/{neg['selfLink']}"
+    body = {k: v for k, v in neg.items() if k != "status"}
+    first, second, third = (e["ipAddress"] for e in body["endpoints"][:3])
+    for ep, weight in zip(body["endpoints"], (0, 200, 100), strict=False):
+        ep["weight"] = weight
+    resp = stack.api.put(url, json=body)
+    assert resp.is_success, resp.text
+    seen: Counter[str] = Counter()
+
+    def weighed() -> bool:
+        seen.clear()
+        with httpx.Client(timeout=5) as client:
+            for _ in range(1_500):
+                text = client.get(stack.front).text
+                seen[text.split("endpoint=")[1].split()[0]] += 1
+        return seen[first] == 0
+
+    wait_for(weighed, 10, interval=0.2, what="the drained endpoint left out")
+    share = 100 * seen[second] / (seen[second] + seen[third])
+    print(f"\nweights 0/200/100: {dict(seen)} = {share:.1f}% to the 200")
+    assert abs(share - 66.7) <= 5, seen  # (a rotation, not a draw: exact but for phase)

@@ -12,7 +12,7 @@ from envoy.config.endpoint.v3 import endpoint_pb2
 from hypothesis import given
 from hypothesis import strategies as st
 
-from healthgate.dataplane.choice import Balance, UpstreamChoice
+from healthgate.dataplane.choice import Balance, UpstreamChoice, weighted
 from healthgate.health.engine import HealthEngine
 from healthgate.health.routing import Candidate, Share, distribute, moved, split_text
 from healthgate.health.states import HealthState, RouteChange
@@ -144,3 +144,25 @@ def test_envoy_and_haproxy_get_the_shares() -> None:
     assert weights == {("us-east1", 0, 7000), ("europe-west1", 0, 3000)}
     route = next(iter(engine.route_table().routes.values()))
     assert [agent_answer(engine, s.neg) for s in route.shares] == ["up 70%", "up 30%"]
+
+
+WEIGHTS = [
+    # (weights, rotation it must give, by letter)
+    ([128, 128], "ab"),  # equal (the default): as they are
+    ([3, 1], "aaba"),  # smooth: spread out, in proportion
+    ([2, 1, 1], "abca"),
+    ([0, 5], "b"),  # weight 0 drains: no new connection
+    ([0, 0], ""),
+    ([255, 1], "255a 1b"),  # 256 slots, one for b (counted)
+]
+
+
+@pytest.mark.parametrize(("weights", "want"), WEIGHTS)
+def test_endpoint_weights_as_a_rotation(weights: list[int], want: str) -> None:
+    items = [((chr(97 + i), 1), w) for i, w in enumerate(weights)]
+    got = "".join(a for a, _ in weighted(items))
+    if " " in want:
+        counts = Counter(got)
+        assert " ".join(f"{counts[c]}{c}" for c in sorted(counts)) == want
+    else:
+        assert got == want

@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import math
 import random
 import time
 from collections.abc import Mapping
@@ -34,7 +35,13 @@ from typing import NamedTuple, Protocol
 from healthgate.health.engine import EndpointKey, RouteTable
 from healthgate.model.lookups import published_rule
 from healthgate.model.names import ResourcePath
-from healthgate.model.resources import ForwardingRule, Resource
+from healthgate.model.resources import (
+    BackendService,
+    ForwardingRule,
+    InstanceGroup,
+    NetworkEndpointGroup,
+    Resource,
+)
 
 Address = tuple[str, int]
 PROPAGATION_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -301,7 +308,13 @@ class UpstreamChoice:
         cached = self._addresses.get(frontend)
         if cached is None or cached.endpoints is not endpoints or cached.rule is not rule:
             port = rule.port
-            addresses = [(ip, p if p is not None else port) for ip, p in endpoints]
+            weights = endpoint_weights(self.resources, bs_path)
+            addresses = weighted(
+                [
+                    ((ip, p if p is not None else port), weights.get((ip, p), 128))
+                    for ip, p in endpoints
+                ]
+            )
             cached = _ProducerAddresses(endpoints, rule, addresses)
             self._addresses[frontend] = cached
         return cached.addresses
@@ -325,3 +338,56 @@ class UpstreamChoice:
         delay = max(0.0, time.time() - table.published)
         self.propagation[bisect.bisect_left(PROPAGATION_BUCKETS, delay)] += 1
         self.propagation_sum += delay
+
+
+DEFAULT_WEIGHT = 128
+MOST_SLOTS = 4096  # a weighted rotation is at most this long (weights scaled down)
+
+
+def endpoint_weights(
+    resources: Mapping[ResourcePath, Resource], backend_service: ResourcePath
+) -> dict[tuple[str, int | None], int]:
+    """(ip, port) -> weight of a backend service's endpoints and instances
+    that have one (SPEC §6; the others weigh 128)."""
+    bs = resources.get(backend_service)
+    out: dict[tuple[str, int | None], int] = {}
+    if not isinstance(bs, BackendService):
+        return out
+    for group in bs.refs("backends"):
+        res = resources.get(group)
+        if isinstance(res, NetworkEndpointGroup):
+            for ep in res.endpoints:
+                if ep.weight is not None:
+                    out[(ep.ip_address, ep.port)] = ep.weight
+        elif isinstance(res, InstanceGroup):
+            for inst in res.instances:
+                if inst.weight is not None:
+                    out[(inst.ip_address, res.serving_port)] = inst.weight
+    return out
+
+
+def weighted(items: list[tuple[Address, int]]) -> list[Address]:
+    """A rotation in which each address appears in proportion to its weight,
+    spread out (smooth weighted round robin, as nginx's); weight 0 drains -
+    the address is left out, so it gets no new connection. Equal weights:
+    the addresses as they are."""
+    live = [(a, w) for a, w in items if w > 0]
+    if len({w for _, w in live}) <= 1:
+        return [a for a, _ in live]
+    divisor = 0
+    for _, w in live:
+        divisor = math.gcd(divisor, w)
+    scaled = [(a, w // divisor) for a, w in live]
+    total = sum(w for _, w in scaled)
+    if total > MOST_SLOTS:
+        scaled = [(a, max(1, w * MOST_SLOTS // total)) for a, w in scaled]
+        total = sum(w for _, w in scaled)
+    current = [0] * len(scaled)
+    out = []
+    for _ in range(total):
+        for i, (_, w) in enumerate(scaled):
+            current[i] += w
+        best = max(range(len(scaled)), key=lambda i: current[i])
+        current[best] -= total
+        out.append(scaled[best][0])
+    return out

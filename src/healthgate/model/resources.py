@@ -149,6 +149,8 @@ class HealthCheck(Resource):
 class NetworkEndpoint(Model):
     ip_address: str
     port: Port | None = None
+    # SPEC §6: new connections in proportion (0-255; 0 drains; unset = 128)
+    weight: int | None = Field(None, ge=0, le=255)
 
     _ip = field_validator("ip_address")(classmethod(lambda cls, v: normalise_ip(v)))
 
@@ -192,6 +194,7 @@ class NetworkEndpointGroup(Resource):
 class Instance(Model):
     name: str
     ip_address: str
+    weight: int | None = Field(None, ge=0, le=255)  # (as an endpoint's)
 
     _ip = field_validator("ip_address")(classmethod(lambda cls, v: normalise_ip(v)))
 
