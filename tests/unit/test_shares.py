@@ -166,3 +166,22 @@ def test_endpoint_weights_as_a_rotation(weights: list[int], want: str) -> None:
         assert " ".join(f"{counts[c]}{c}" for c in sorted(counts)) == want
     else:
         assert got == want
+
+
+def test_a_weighted_rotation_never_retries_one_endpoint_twice() -> None:
+    engine = HealthEngine()
+    docs = example_world()
+    for d in docs:
+        if d["kind"] == "NetworkEndpointGroup" and d.get("endpoints"):
+            for ep, w in zip(d["endpoints"], (3, 1, 1), strict=False):
+                ep["weight"] = w
+    engine.apply(resources(docs), 0.0)
+    feed(engine, 1.0, OK, times=3)
+    for balance in Balance:
+        choice = UpstreamChoice(engine, balance, {})
+        choice.resources = engine.resources
+        rule = next(str(p) for p in engine.resources if p.collection == "forwardingRules"
+                    and p.project == "shop")  # fmt: skip
+        for _ in range(10):
+            tries = choice.producer_upstreams(rule, 3)
+            assert len(tries) == len(set(tries)) == 3, (balance, tries)

@@ -283,14 +283,20 @@ class UpstreamChoice:
         start = turn % count
         if self.balance is Balance.LEAST_CONNECTIONS:
             active = self.active
-            best = heapq.nsmallest(
-                n, range(count), key=lambda i: (active.get(addresses[i], 0), (i - start) % count)
-            )
-            return [addresses[i] for i in best]
+
+            def key(i: int) -> tuple[int, int]:
+                return (active.get(addresses[i], 0), (i - start) % count)
+
+            best = _distinct([addresses[i] for i in heapq.nsmallest(n, range(count), key=key)], n)
+            if len(best) < n < count:  # (a weighted rotation repeats addresses: look further)
+                best = _distinct([addresses[i] for i in sorted(range(count), key=key)], n)
+            return best
         end = start + n
         if end <= count:
-            return addresses[start:end]
-        return (addresses[start:] + addresses[:start])[:n]
+            picked = addresses[start:end]
+            if len(set(picked)) == len(picked):  # (no weights: always)
+                return picked
+        return _distinct(addresses[start:] + addresses[:start], n)
 
     def _producer_addresses(self, frontend: str) -> list[Address]:
         """The addresses of a producer rule's HEALTHY endpoints (of all of
@@ -390,4 +396,15 @@ def weighted(items: list[tuple[Address, int]]) -> list[Address]:
         best = max(range(len(scaled)), key=lambda i: current[i])
         current[best] -= total
         out.append(scaled[best][0])
+    return out
+
+
+def _distinct(addresses: list[Address], n: int) -> list[Address]:
+    """The first ``n`` different addresses (a weighted rotation repeats them)."""
+    out: list[Address] = []
+    for a in addresses:
+        if a not in out:
+            out.append(a)
+            if len(out) == n:
+                break
     return out
