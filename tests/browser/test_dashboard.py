@@ -88,6 +88,11 @@ def test_dashboard_shows_a_failover(tmp_path: Path) -> None:
             expect(route).to_have_text("shop-us-east1", timeout=15_000)
             expect(page.locator(".frontend.alarm")).to_have_count(0, timeout=15_000)
             # a shift: shown with its time left, traffic moves, "End now" brings it back
+            # (once the other regions are HEALTHY again: else the safety rule refuses it)
+            for region in ("asia-east1", "europe-west1"):
+                expect(page.locator(f'.card[data-region="{region}"]').first).to_have_class(
+                    "card HEALTHY", timeout=15_000
+                )
             shift = httpx.post(
                 f"http://127.0.0.1:{api}/v1/projects/web/shifts",
                 json={"awayFrom": "us-east1", "expiresInSec": 7200, "comment": "bad deploy"},
