@@ -94,6 +94,18 @@ class ShiftRules:
                 403, f"this token ({who.role} of {who.project}) may not shift traffic"
             )
 
+    def writable(
+        self, authorization: str | None, project: str, name: str
+    ) -> tuple[Principal, Stored, Shift]:
+        """The caller (one who may shift in ``project``) and the stored shift
+        it names (PATCH and DELETE; each then checks the caller's role)."""
+        who = self.state.writer(authorization)
+        self.may_shift(who, project)
+        stored = self.state.stored(self.path(project, name))
+        shift = stored.resource
+        assert isinstance(shift, Shift)
+        return who, stored, shift
+
     def path(self, project: str, name: str) -> ResourcePath:
         return self.state.path_of(project, GLOBAL, "shifts", name)
 
@@ -289,11 +301,7 @@ def shifts_router(state: ApiState) -> APIRouter:
     async def extend_shift(
         project: str, name: str, body: Annotated[ShiftPatch, Body()], authorization: Auth = None
     ) -> dict[str, Any]:
-        who = state.writer(authorization)
-        rules.may_shift(who, project)
-        stored = state.stored(rules.path(project, name))
-        shift = stored.resource
-        assert isinstance(shift, Shift)
+        who, stored, shift = rules.writable(authorization, project, name)
         now = time.time()
         if not shift.active(now):
             raise ControlError(Refusal.UNSAFE, f"shift {name} has ended")
@@ -318,11 +326,7 @@ def shifts_router(state: ApiState) -> APIRouter:
 
     @router.delete("/v1/projects/{project}/shifts/{name}")
     async def end_shift(project: str, name: str, authorization: Auth = None) -> dict[str, Any]:
-        who = state.writer(authorization)
-        rules.may_shift(who, project)
-        stored = state.stored(rules.path(project, name))
-        shift = stored.resource
-        assert isinstance(shift, Shift)
+        who, _, shift = rules.writable(authorization, project, name)
         rules.check_role(who, shift)
         now = time.time()
         await state.control.delete([shift.path])
