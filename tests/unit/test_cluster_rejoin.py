@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import operator
 from typing import Any, cast
 
 from healthgate.cluster.opinions import OpinionWriter, opinion_key
@@ -145,6 +146,38 @@ def test_a_borrowed_state_gives_way_to_a_newer_opinion_an_own_state_corrects_it(
     assert said.queued[opinion_key(path, US)]["state"] == "HEALTHY"  # corrected
 
 
+def test_every_node_times_a_records_alike_however_its_opinions_arrived() -> None:
+    # one node saw the endpoints fail one by one; one that rejoins gets the
+    # same opinions in one batch, in another order: the NEG's record (and the
+    # route's) must carry the same time, or a later leader takes the other's
+    # for unwritten and writes the transition twice (seen in the cluster tests)
+    def times(batches: list[list[tuple[str, float]]]) -> dict[str, float]:
+        _, probing, _ = node(Clock())
+        say_all(probing, H, 990.0, 10)
+        seen: list[Any] = []
+        emit = probing.feed.emit
+
+        def seeing(records: list[Any]) -> None:
+            seen.extend(records)
+            emit(records)
+
+        probing.feed.emit = seeing
+        to_dict = operator.methodcaller("to_dict")
+        revision = 100
+        for batch in batches:
+            for path, since in batch:
+                revision += 1
+                probing.opinion_changed(event(path, U, since, revision))
+            probing.opinions_settled()
+        return {str(d.get("path") or d["frontend"]): d["time"] for d in map(to_dict, seen)}
+
+    paths = us_paths(node(Clock())[1])
+    failed = [(paths[2], 995.9), (paths[0], 995.1), (paths[1], 995.5)]
+    one_by_one = times([[f] for f in sorted(failed, key=lambda f: f[1])])
+    at_once = times([failed])
+    assert one_by_one and at_once == one_by_one
+
+
 def record(path: str, to: str, when: float) -> dict[str, Any]:
     return {"time": when, "kind": "Endpoint", "path": path, "from": "HEALTHY", "to": to}
 
@@ -175,6 +208,41 @@ def test_a_new_leader_writes_what_no_leader_wrote_and_nothing_twice() -> None:
             for i, r in enumerate(logged, 1):  # the watch delivers both
                 recorder.publish((i, r))
             assert recorder.unwritten(0.0) == 0
+        finally:
+            task.cancel()
+
+    run_async(go(), timeout=10)
+
+
+def test_a_new_leader_does_not_write_what_the_log_went_past() -> None:
+    # this node's record of a transition carries a time a little before the
+    # one the writer logged, and the log has gone on since (the path
+    # recovered): neither the watch nor the take-over take it for unwritten
+    async def go() -> None:
+        store = MemoryStore()
+        recorder = TransitionRecorder(store)
+        recorder.persist = False
+        recorder.broadcast_writes = False
+        task = asyncio.create_task(recorder.run())
+        try:
+            mine = record("x/negs/1", "UNHEALTHY", 100.0)
+            recorder._unconfirmed = {("x/negs/1", "UNHEALTHY", 100.0): mine}
+            theirs = [record("x/negs/1", "UNHEALTHY", 100.1), record("x/negs/1", "HEALTHY", 104.0)]
+            ids = store.append_log(theirs)
+            assert recorder.unwritten(0.0) == 1
+            recorder.publish((ids[0], theirs[0]))  # its twin: logged later than it
+            assert recorder.unwritten(0.0) == 0
+            recorder.publish((ids[1], theirs[1]))
+            assert recorder.unwritten(0.0) == 0
+            # the same when the watch has not delivered the log yet: read there
+            recorder._logged_at.clear()
+            late = record("x/negs/2", "UNHEALTHY", 200.0)
+            recorder._unconfirmed[("x/negs/2", "UNHEALTHY", 200.0)] = late
+            store.append_log([record("x/negs/2", "HEALTHY", 201.0)])
+            recorder.take_over(guard=None, horizon=50.0)  # type: ignore[arg-type]
+            await asyncio.sleep(0.05)
+            await recorder.flush()
+            assert len(store.query_log(LogQuery())) == 3  # nothing written
         finally:
             task.cancel()
 

@@ -89,7 +89,11 @@ def set_states(engine: HealthEngine, decided: Iterable[Decided]) -> list[Record]
     prober engine by the probe workers that probe its share.)"""
     table = engine.table
     records: list[Record] = []
-    for d in decided:
+    # in the order they happened, not the order they arrived: a record of a
+    # source, NEG or route carries the time of the endpoint state that made
+    # it so, and every cluster node must find the same one - a node that
+    # rejoins takes a whole batch at once, the others saw it one by one
+    for d in sorted(decided, key=lambda d: (d.since, d.path)):
         slot = table.slot_of_path(d.path)
         if slot is not None:
             records += table.set_state(d.since, slot, d.state, d.reason)

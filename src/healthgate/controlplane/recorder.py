@@ -77,6 +77,11 @@ class TransitionRecorder:
         # only after seeing it there is not taken for unwritten
         self._unconfirmed: dict[tuple[str, str, float], dict[str, Any]] = {}
         self._confirmed: dict[tuple[str, str, float], None] = {}
+        # the time of the newest logged record of each path: an unconfirmed
+        # record older than it was overtaken (the log went on past it; the
+        # writer's twin of it may carry a slightly different time) and is
+        # never written by a new leader - it would be a duplicate or out of order
+        self._logged_at: dict[str, float] = {}
         self._catch_up: float | None = None  # a new leader's horizon, until it has caught up
         # Change records waiting for the writer (embedded mode: one writer, ids in order)
         self._changes: list[tuple[list[dict[str, Any]], asyncio.Future[None]]] = []
@@ -161,18 +166,36 @@ class TransitionRecorder:
     def unwritten(self, horizon: float) -> int:
         """Cluster mode: records this node computed since ``horizon`` and has
         not seen in the log yet (0 once the log holds everything it decided)."""
-        return sum(1 for d in self._unconfirmed.values() if float(d["time"]) >= horizon)
+        return sum(1 for d in self._unconfirmed.values() if self._open(d, horizon, self._logged_at))
+
+    @staticmethod
+    def _open(d: dict[str, Any], horizon: float, logged_at: dict[str, float]) -> bool:
+        """An unconfirmed record that may still need writing: since
+        ``horizon`` and not older than the newest logged record of its path."""
+        when = float(d["time"])
+        return when >= horizon and when >= logged_at.get(_identity(d)[0], when)
 
     def _missed(self, horizon: float) -> list[dict[str, Any]]:
         """(In a worker thread.) The unconfirmed records since ``horizon`` that
         the log does not hold, oldest first."""
-        candidates = [d for d in list(self._unconfirmed.values()) if float(d["time"]) >= horizon]
+        logged_at = dict(self._logged_at)
+        candidates = [
+            d for d in list(self._unconfirmed.values()) if self._open(d, horizon, logged_at)
+        ]
         if not candidates:
             return []
         last = self.store.last_log_id()
         query = LogQuery(since=horizon, after_id=max(0, last - CATCH_UP_SCAN), limit=CATCH_UP_SCAN)
-        logged = {_identity(dict(e.record)) for e in self.store.query_log(query)}
-        missed = [d for d in candidates if _identity(d) not in logged]
+        logged: set[tuple[str, str, float]] = set()
+        for e in self.store.query_log(query):
+            path, to, when = _identity(dict(e.record))
+            logged.add((path, to, when))
+            logged_at[path] = max(when, logged_at.get(path, when))
+        missed = [
+            d
+            for d in candidates
+            if _identity(d) not in logged and self._open(d, horizon, logged_at)
+        ]
         return sorted(missed, key=lambda d: float(d["time"]))
 
     async def _catch_up_now(self) -> bool:
@@ -309,6 +332,10 @@ class TransitionRecorder:
         self._unconfirmed.pop(identity, None)
         self._confirmed[identity] = None
         _bound(self._confirmed)
+        path, _, when = identity
+        newest = max(when, self._logged_at.pop(path, when))
+        self._logged_at[path] = newest  # (re-inserted: the bound drops the stalest paths)
+        _bound(self._logged_at)
         self._broadcast(event)
 
     def _broadcast(self, event: Event) -> None:
