@@ -114,9 +114,12 @@ def test_a_real_prometheus_scrapes_serve_and_loads_the_alerts(tmp_path: Path) ->
 
             def query(q: str) -> list[dict[str, object]]:
                 try:
-                    body = httpx.get(f"{api}/query", params={"query": q}, timeout=2).json()
+                    resp = httpx.get(f"{api}/query", params={"query": q}, timeout=2)
                 except httpx.HTTPError:
                     return []
+                if resp.status_code != 200:  # (starting up: 503 "Service Unavailable", as text)
+                    return []
+                body = resp.json()
                 result: list[dict[str, object]] = body.get("data", {}).get("result", [])
                 return result
 
