@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import httpx
@@ -118,6 +119,33 @@ def test_dashboard_shows_a_failover(tmp_path: Path) -> None:
             bar = page.locator(".frontend .split .share")
             expect(bar).to_have_count(2, timeout=10_000)
             expect(bar.first).to_contain_text("70% us-east1")
+            # and under it, the split the front end measured while requests flow
+            done = threading.Event()
+
+            def load() -> None:
+                with httpx.Client(timeout=5) as client:
+                    while not done.is_set():
+                        client.get(f"http://127.0.0.1:{front}/")
+
+            loader = threading.Thread(target=load, daemon=True)
+            loader.start()
+            measured = page.locator(".frontend .measured")
+
+            def busy() -> str | None:
+                # (the demo's own load is a few requests a second: wait for ours)
+                text = measured.inner_text() if measured.count() else ""
+                rate = float(text.rsplit("(", 1)[1].split()[0]) if "req/s" in text else 0.0
+                return text if rate >= 50 else None
+
+            try:
+                text = wait_for(busy, 15, 0.2, "the measured split under load")
+            finally:
+                done.set()
+                loader.join(10)
+            print(f"\ndashboard {text}")
+            us = int(text.split("measured: ")[1].split("%")[0])
+            # (one refresh's requests, hundreds, each drawn at 70 %)
+            assert 60 <= us <= 80, text
             page.screenshot(path=str(ARTIFACTS / "dashboard-split.png"), full_page=True)
             body = {k: v for k, v in httpx.get(bs_url, timeout=5).json().items() if k != "status"}
             del body["backends"][0]["trafficDial"]

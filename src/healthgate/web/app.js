@@ -36,7 +36,11 @@ function producerSide(p) {
   if (p === "forbidden") return `<div class="level muted">the producer's side is not visible to this token</div>`;
   if (!p || !p.forwardingRule) return "";
   const fr = p.forwardingRule;
-  upstreamRegion[`${fr.IPAddress}:${(fr.ports || [String(fr.portRange).split("-")[0]])[0]}`] = fr.region;
+  const port = (fr.ports || [String(fr.portRange).split("-")[0]])[0];
+  upstreamRegion[`${fr.IPAddress}:${port}`] = fr.region;
+  // (a front end that serves the published rule itself counts its endpoints)
+  for (const c of p.composites) for (const src of c.sources) for (const ep of src.endpoints)
+    upstreamRegion[`${ep.ipAddress}:${ep.port || port}`] = fr.region;
   let html = `<div class="level">forwarding rule ${esc(fr.name)} ${badge(state(fr))}`;
   for (const c of p.composites) {
     html += `<div class="level">composite ${esc(c.name)}${c.mode === "DRY_RUN" ? " (DRY_RUN)" : ""} ${badge(state(c))}<div class="reason">${esc(c.status && c.status.reason)}</div>`;
@@ -102,16 +106,22 @@ function frontend(fr) {
       → <strong id="route-${esc(fr.name)}" class="target">${esc(target ? last(target) : "refusing")}</strong>
       <span class="muted">${esc(route.mode || "")}</span></div>
     <div class="reason">why: ${esc(route.reason || "")}</div>
-    ${splitBar(route.shares || [])}
+    ${splitBar(route.shares || [], served)}
     <div class="negs">${cards}</div></div>`;
 }
 
-// A route that splits its new traffic (trafficDial, SPEC §6): one stacked
-// bar, a segment per share, the share's reason as its tooltip.
-function splitBar(shares) {
+// A route that splits its new traffic (trafficDial, spill, a ramp: SPEC §6):
+// one stacked bar, a segment per share, the share's reason as its tooltip;
+// under it, the split the front end measured (requests per second by region).
+function splitBar(shares, served) {
   if (shares.length < 2) return "";
-  return `<div class="split" aria-label="traffic split">${shares.map((s, i) =>
+  const bar = `<div class="split" aria-label="traffic split">${shares.map((s, i) =>
     `<div class="share s${i % 4}" style="width:${Number(s.percent)}%" title="${esc(s.reason)}" data-region="${esc(s.region)}">${esc(s.percent)}% ${esc(s.region)}</div>`).join("")}</div>`;
+  const total = shares.reduce((sum, s) => sum + Number(served[s.region] || 0), 0);
+  if (!(total > 0)) return bar;
+  const measured = shares.map(s =>
+    `${(100 * Number(served[s.region] || 0) / total).toFixed(0)}% ${esc(s.region)}`).join(", ");
+  return bar + `<div class="muted measured">measured: ${measured} (${total.toFixed(1)} req/s)</div>`;
 }
 
 // Cluster mode: the live nodes, their regions, how many endpoints each
