@@ -17,7 +17,14 @@ dialled to 70 (``trafficDial``):
   100) and split 70/30, alternately, ``--repeats`` times: the median
   requests/s of each and their ratio (goal: split >= 0.97x unsplit).
 
-Envoy, HAProxy and DNS do not honour shares yet (docs/steering.md).
+* **a ramped failback** (``failbackRampSec``, ``--ramp`` seconds): the
+  first region shifted away, then the shift ended - its share grows from 0;
+  requests on a kept-alive connection through the L7 front end all along,
+  the first region's measured share in a window (±2.5 % of the ramp) around
+  25, 50 and 75 % of the ramp against the straight line (goal: within ±5
+  points).
+
+Envoy, HAProxy and DNS are tested with the shares in tests/integration.
 """
 
 from __future__ import annotations
@@ -30,7 +37,9 @@ import socket
 import statistics
 import sys
 import tempfile
+import time
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +100,55 @@ class Serve:
         route = (doc.json().get("status") or {}).get("route") or {}
         return {s["region"]: s["percent"] for s in route.get("shares", [])}
 
+    def ramp(self, seconds: int | None) -> None:
+        """Set failbackRampSec on the L7 front end's backend service."""
+        url = f"{self.url}/v1/projects/c/global/backendServices/front"
+        doc = httpx.get(url, timeout=10).json()
+        body = {k: v for k, v in doc.items() if k != "status"}
+        body["backends"][0].pop("trafficDial", None)
+        policy = dict(body.get("failoverPolicy") or {})
+        policy["failbackRampSec"] = seconds or 0
+        body["failoverPolicy"] = policy
+        httpx.put(url, json=body, timeout=10).raise_for_status()
+
+
+def ramp_accuracy(serve: Serve, port: int, seconds: int) -> dict[str, Any]:
+    """Shift the first region away, end the shift, and measure its share of
+    requests while its ramp runs (see the module doc)."""
+    serve.ramp(seconds)
+    shifts = f"{serve.url}/v1/projects/c/shifts"
+    body = {"awayFrom": REGIONS[0], "expiresInSec": 600, "comment": "bench: ramp"}
+    made = httpx.post(shifts, json=body, timeout=10)
+    made.raise_for_status()
+    wait_until(lambda: serve.shares("front") == {REGIONS[1]: 100.0}, 10, "the shift")
+    httpx.delete(f"{shifts}/{made.json()['name']}", timeout=10).raise_for_status()
+
+    def started() -> float | None:
+        doc = httpx.get(f"{serve.url}/v1/projects/c/global/forwardingRules/front", timeout=10)
+        ramps = doc.json()["status"]["route"].get("ramps") or []
+        return datetime.fromisoformat(ramps[0]["start"]).timestamp() if ramps else None
+
+    wait_until(lambda: started() is not None, 10, "the ramp's start")
+    start = started()
+    assert start is not None
+    seen: list[tuple[float, str]] = []
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    while time.time() < start + seconds * 0.8:
+        conn.request("GET", "/")
+        region = conn.getresponse().read().decode().split()[0].removeprefix("region=")
+        seen.append((time.time(), region))
+    conn.close()
+    out: dict[str, Any] = {"rampSec": seconds, "requests": len(seen), "points": {}}
+    half = seconds * 0.025
+    for at in (0.25, 0.50, 0.75):
+        mid = start + at * seconds
+        window = [r for t, r in seen if mid - half <= t <= mid + half]
+        got = 100 * sum(r == REGIONS[0] for r in window) / max(1, len(window))
+        out["points"][f"{at:.0%}"] = {"line": at * 100, "measured": got, "requests": len(window)}
+    out["worst_points_off"] = max(abs(p["measured"] - p["line"]) for p in out["points"].values())
+    serve.ramp(None)
+    return out
+
 
 def l7_split(port: int, n: int) -> Counter[str]:
     seen: Counter[str] = Counter()
@@ -123,6 +181,7 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=6.0)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--conns", type=int, default=50)
+    ap.add_argument("--ramp", type=int, default=20, help="failbackRampSec to measure (0: skip)")
     ap.add_argument("--json")
     args = ap.parse_args()
     for tool in ("nginx", "wrk"):
@@ -179,6 +238,9 @@ def main() -> int:
                 off = max(abs(got[r] - shares.get(r, 0.0)) for r in REGIONS)
                 accuracy[name] = {"shares": shares, "measured": got, "worst_points_off": off}
                 print(json.dumps({name: accuracy[name]}), file=sys.stderr, flush=True)
+            if args.ramp:
+                accuracy["L7 ramp"] = ramp_accuracy(serve, l7, args.ramp)
+                print(json.dumps({"L7 ramp": accuracy["L7 ramp"]}), file=sys.stderr, flush=True)
             rps: dict[str, list[float]] = {"unsplit": [], "split 70/30": []}
             fast_share: dict[str, list[float]] = {"unsplit": [], "split 70/30": []}
             cpu_us: dict[str, list[float]] = {"unsplit": [], "split 70/30": []}
@@ -203,9 +265,18 @@ def main() -> int:
     median = {k: statistics.median(v) for k, v in out["rps"].items()}
     print(f"{'data plane':<16} {'shares':<28} {'measured':<28} {'worst':>6}")
     for name, a in out["accuracy"].items():
+        if name == "L7 ramp":
+            continue
         wanted = ", ".join(f"{v:g}% {r}" for r, v in a["shares"].items())
         measured = ", ".join(f"{v:.1f}% {r}" for r, v in a["measured"].items())
         print(f"{name:<16} {wanted:<28} {measured:<28} {a['worst_points_off']:>5.1f}")
+    ramp = out["accuracy"].get("L7 ramp")
+    if ramp:
+        points = ", ".join(
+            f"at {k}: {p['measured']:.1f}% (line {p['line']:g}%, {p['requests']} requests)"
+            for k, p in ramp["points"].items()
+        )
+        print(f"ramp over {ramp['rampSec']} s, {REGIONS[0]}'s share {points}")
     ratio = median["split 70/30"] / median["unsplit"]
     print(
         f"\nL7 requests/s, median of {args.repeats}: unsplit {median['unsplit']:,.0f}, "
@@ -217,7 +288,10 @@ def main() -> int:
             f"{label}: fast path {statistics.median(shares_):.1%} of requests, "
             f"serve's CPU {cpu:.1f} us per request"
         )
-    print("goals: every data plane within ±2 points of the shares; split >= 0.97x unsplit")
+    print(
+        "goals: every data plane within ±2 points of the shares; split >= 0.97x unsplit; "
+        "a ramp within ±5 points of its line"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps({**out, "median": median, "ratio": ratio}, indent=2))
     return 0

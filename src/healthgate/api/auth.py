@@ -36,7 +36,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from healthgate.health.states import RecordKind
 
 Role = Literal["admin", "producer", "consumer", "viewer", "metrics"]
-CONSUMER_EVENT_KINDS: tuple[str, ...] = (RecordKind.NEG, RecordKind.ROUTE, RecordKind.CHANGE)
+CONSUMER_EVENT_KINDS: tuple[str, ...] = (
+    RecordKind.NEG,
+    RecordKind.ROUTE,
+    RecordKind.CHANGE,
+    RecordKind.RAMP,
+)
 
 
 class TokenEntry(BaseModel):

@@ -19,14 +19,17 @@ from healthgate.store.base import LogQuery, record_matches
 
 # an unknown kind or state is a 400 naming the field, not an empty list
 EventKind = Literal[
-    "Endpoint", "HealthSource", "CompositeHealthCheck", "NetworkEndpointGroup", "Route", "Change"
-]
+    "Endpoint", "HealthSource", "CompositeHealthCheck", "NetworkEndpointGroup", "Route", "Change",
+    "Ramp",
+]  # fmt: skip
 KindQ = Annotated[EventKind | None, Query(description="only records of this kind")]
 StateQ = Annotated[
     Literal[
         "HEALTHY", "UNHEALTHY", "UNKNOWN",
         # a Change record's action
         "apply", "delete", "create", "replace", "shift", "shift-extend", "shift-end",
+        # a Ramp record's phase
+        "STARTED", "ENDED", "ABANDONED",
     ]
     | None,
     Query(alias="state", description="only transitions to this state (or Changes of this action)"),

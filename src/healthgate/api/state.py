@@ -256,11 +256,10 @@ class ApiState:
         node = engine.node_status(path)
         if node is None or res.kind in ("ServiceAttachment",):
             return None
-        return {
-            "healthState": node.state.name,
-            "reason": node.reason,
-            "lastChange": iso(node.since),
-        }
+        return _with_fraction(
+            {"healthState": node.state.name, "reason": node.reason, "lastChange": iso(node.since)},
+            node.fraction,
+        )
 
     def _fr_status(self, res: ForwardingRule) -> dict[str, Any] | None:
         engine = self.health.engine
@@ -281,6 +280,8 @@ class ApiState:
                         {"neg": s.neg, "region": s.region, "percent": s.percent, "reason": s.reason}
                         for s in route.shares
                     ],
+                    # ramped failbacks in progress (SPEC §6), with how far each is
+                    "ramps": self._ramps(str(path)),
                 }
             }
         dest = engine.destination_state(path)
@@ -289,11 +290,29 @@ class ApiState:
                 "healthState": "UNKNOWN",
                 "reason": "no composite health check has this rule as destination",
             }
-        return {
-            "healthState": dest.state.name,
-            "reason": dest.reason,
-            "lastChange": iso(dest.since),
-        }
+        return _with_fraction(
+            {"healthState": dest.state.name, "reason": dest.reason, "lastChange": iso(dest.since)},
+            dest.fraction,
+        )
+
+    def _ramps(self, frontend: str) -> list[dict[str, Any]]:
+        engine = self.health.engine
+        ramps = engine.ramps().get(frontend, {})
+        if not ramps:
+            return []
+        now = self.health.clock()
+        seconds = engine.ramp_seconds(frontend)
+        return [
+            {
+                "neg": neg,
+                "start": iso(start),
+                "rampSec": seconds,
+                "progress": round(min(1.0, max(0.0, (now - start) / seconds)), 4)
+                if seconds
+                else 1.0,
+            }
+            for neg, start in sorted(ramps.items())
+        ]
 
     def body_to_document(self, body: Any, path: ResourcePath) -> tuple[Document, str | None]:
         if not isinstance(body, dict):
@@ -315,3 +334,10 @@ class ApiState:
                 )
         (doc,) = parse_documents([(data, None, None)])
         return doc, fingerprint
+
+
+def _with_fraction(status: dict[str, Any], fraction: float | None) -> dict[str, Any]:
+    """A status with its healthy fraction (SPEC §6), when it is known."""
+    if fraction is not None:
+        status["healthyFraction"] = round(fraction, 4)
+    return status

@@ -274,6 +274,20 @@ def _get(api: Client, path: str) -> dict[str, Any] | None:
         return None
 
 
+def _share_lines(pad: str, route: dict[str, Any]) -> list[str]:
+    """Each share of a front end's route and what made it (SPEC §6: the dial,
+    the health factor, the ramp's progress), and the ramps in progress."""
+    lines = []
+    for s in route.get("shares") or []:
+        lines.append(f"{pad}  share {s['percent']:g}% {s['region']}: {s['reason']}")
+    for r in route.get("ramps") or []:
+        lines.append(
+            f"{pad}  ramp {r['neg'].rsplit('/', 1)[-1]}: {r['progress']:.0%} of "
+            f"{r['rampSec']} s since {r['start']}"
+        )
+    return lines
+
+
 def reason_tree(api: Client, item: dict[str, Any], depth: int = 0) -> list[str]:
     """From a front end, PSC NEG, forwarding rule or composite down to each endpoint's last probe."""
     pad = "  " * depth
@@ -282,6 +296,7 @@ def reason_tree(api: Client, item: dict[str, Any], depth: int = 0) -> list[str]:
     lines = [f"{pad}{kind} {item['selfLink']}: {state} - {why}".rstrip(" -")]
     me = ResourcePath.parse(item["selfLink"])
     if kind == "ForwardingRule" and me.is_global:
+        lines += _share_lines(pad, (item.get("status") or {}).get("route") or {})
         bs = _get(
             api,
             f"projects/{me.project}/global/backendServices/{item['backendService'].rsplit('/', 1)[-1]}",

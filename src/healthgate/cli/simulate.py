@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from healthgate.cli.render import table
-from healthgate.health.states import Record, RouteChange, ShiftEnded, Transition
+from healthgate.health.states import RampChange, Record, RouteChange, ShiftEnded, Transition
 from healthgate.health.windows import failure_window, success_window
 from healthgate.model.resources import HealthCheck, Resource
 from healthgate.simulation.runner import SimulationResult
@@ -104,6 +104,8 @@ def _row(rec: Record) -> list[str]:
         return [t, rec.kind, res, f"{rec.previous.name} -> {rec.current.name}", rec.reason]
     if isinstance(rec, ShiftEnded):
         return [t, "Change", rec.path, "shift ended", rec.to_dict()["reason"]]
+    if isinstance(rec, RampChange):
+        return [t, "Ramp", _short(rec.frontend), f"{_short(rec.neg)} {rec.phase}", rec.reason]
     return [
         t,
         "Route",

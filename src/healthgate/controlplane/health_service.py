@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 
 from healthgate.controlplane.probing import Feed, InProcessProbing, ProbeSource
 from healthgate.health.engine import ApplyResult, HealthEngine, RouteTable
-from healthgate.health.states import Record
+from healthgate.health.states import Record, RecordKind
 from healthgate.model.resources import Resource
 from healthgate.probes.prober import ProbeSettings
 from healthgate.probes.scheduler import SchedulerSettings
@@ -45,6 +45,7 @@ class HealthService:
         self.clock = clock  # wall-clock time, for resource changes (probes bring their own)
         self._listeners: list[RecordListener] = []
         self._forget_listeners: list[Callable[[list[str]], None]] = []
+        self._route_listeners: list[Callable[[], None]] = []
         self.mute = False  # while loading from the store: the initial evaluation is not news
         # probe failures, logged at most this rate (all sources and workers together)
         self.failure_log = FailureLogLimiter(failure_log_rate)
@@ -83,17 +84,22 @@ class HealthService:
         result = self.engine.apply(world, self.clock())
         self.emit(result.records)
         self.source.apply(world, result)
-        self._schedule_expiry()
+        self.schedule_timers()
         return result
 
-    def _schedule_expiry(self) -> None:
-        """A timer for the next shift to run out (SPEC §6: shifts end by themselves)."""
+    def schedule_timers(self) -> None:
+        """A timer for the next shift to run out (SPEC §6: shifts end by
+        themselves) or the next step of a ramped failback."""
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
-        when = self.engine.next_shift_expiry(self.clock())
-        if when is None:
+        now = self.clock()
+        times = [
+            t for t in (self.engine.next_shift_expiry(now), self.engine.next_ramp_step(now)) if t
+        ]
+        if not times:
             return
+        when = min(times)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -101,9 +107,22 @@ class HealthService:
         self._expiry = loop.call_later(max(0.0, when - self.clock()) + 0.001, self._expire)
 
     def _expire(self) -> None:
+        """Shifts that ran out, and ramped failbacks' next step (SPEC §6)."""
         self._expiry = None
-        self.emit(self.engine.expire_shifts(self.clock()))
-        self._schedule_expiry()
+        generation = self.engine.graph.generation
+        now = self.clock()
+        self.emit(self.engine.expire_shifts(now))
+        self.emit(self.engine.step_ramps(now))
+        if self.engine.graph.generation != generation:
+            for listener in self._route_listeners:
+                listener()
+        self.schedule_timers()
+
+    def on_routes(self, listener: Callable[[], None]) -> None:
+        """Called when time alone moved the routes (a ramp's step): for data
+        planes that are pushed a configuration (xDS) rather than reading the
+        route table."""
+        self._route_listeners.append(listener)
 
     def route_table(self) -> RouteTable:
         return self.engine.route_table()
@@ -120,7 +139,11 @@ class HealthService:
         return self.source.vantages(endpoint_path)
 
     def emit(self, records: list[Record]) -> None:
-        if not records or self.mute:
+        if not records:
+            return
+        if any(r.kind is RecordKind.RAMP for r in records):
+            self.schedule_timers()  # (a ramp started: its steps need a timer)
+        if self.mute:
             return
         for listener in self._listeners:
             try:

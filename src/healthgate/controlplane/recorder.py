@@ -99,7 +99,9 @@ class TransitionRecorder:
         if not self.broadcast_writes:  # a cluster node: unconfirmed until read in the log
             for d in dicts:
                 identity = _identity(d)
-                if identity not in self._confirmed:
+                # (a record of this node's own - its data plane's error gate
+                # - is not one every node computes: only a writer writes it)
+                if identity not in self._confirmed and not d.get("local"):
                     self._unconfirmed[identity] = d
             _bound(self._unconfirmed)
         if not self.persist:
@@ -231,6 +233,7 @@ class TransitionRecorder:
                 self._pending_deletes += [
                     "node/" + p,
                     "route/" + p,
+                    "ramp/" + p,
                     "endpoint/" + p + "/endpoints/",
                 ]
         self._kick()

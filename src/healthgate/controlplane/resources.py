@@ -164,9 +164,10 @@ class ControlPlane:
         finally:
             self.health.mute = False
         states = await asyncio.to_thread(self.store.load_states)
-        endpoints, nodes, routes = decode_states(states)
-        records = self.health.engine.restore(self.health.clock(), endpoints, nodes, routes)
+        endpoints, nodes, routes, ramps = decode_states(states)
+        records = self.health.engine.restore(self.health.clock(), endpoints, nodes, routes, ramps)
         self.health.emit(records)
+        self.health.schedule_timers()  # (a ramp in progress goes on)
         return len(stored)
 
     def start(self) -> None:

@@ -27,6 +27,9 @@ def encode_record_states(records: Sequence[Any]) -> dict[str, Any]:
         d = r.to_dict()
         if d["kind"] == "Change":
             continue  # (a shift that ended: no state to resume)
+        if d["kind"] == "Ramp":  # the front end's ramps in progress after it
+            puts["ramp/" + d["frontend"]] = {"ramps": d["ramps"]}
+            continue
         if d["kind"] == "Route":
             puts["route/" + d["frontend"]] = {
                 "target": d["to"],
@@ -55,14 +58,20 @@ def decode_states(
     dict[str, tuple[HealthState, float]],
     dict[str, tuple[HealthState, str, float]],
     dict[str, Route],
+    dict[str, dict[str, float]],
 ]:
+    """The stored states: endpoints, nodes, routes and ramps in progress
+    (front end -> {NEG path: start}); an unreadable entry is skipped, logged."""
     endpoints: dict[str, tuple[HealthState, float]] = {}
     nodes: dict[str, tuple[HealthState, str, float]] = {}
     routes: dict[str, Route] = {}
+    ramps: dict[str, dict[str, float]] = {}
     for key, v in states.items():
         kind, _, path = key.partition("/")
         try:
-            if kind == "endpoint":
+            if kind == "ramp":
+                ramps[path] = _ramps(v["ramps"])
+            elif kind == "endpoint":
                 endpoints[path] = (HealthState[v["state"]], sane_time(v["since"]))
             elif kind == "node":
                 nodes[path] = (HealthState[v["state"]], str(v["reason"]), sane_time(v["since"]))
@@ -81,7 +90,18 @@ def decode_states(
                 )
         except (KeyError, TypeError, ValueError):
             log.warning("ignoring unreadable stored state %s", key)
-    return endpoints, nodes, routes
+    return endpoints, nodes, routes, ramps
+
+
+def _ramps(value: Any) -> dict[str, float]:
+    if not isinstance(value, list) or len(value) > 1000:
+        raise ValueError("ramps: a list")
+    out = {}
+    for r in value:
+        if not isinstance(r, dict) or not isinstance(r.get("neg"), str):
+            raise ValueError("ramps: {neg, start}")
+        out[r["neg"]] = sane_time(r["start"])
+    return out
 
 
 def engine_states(engine: Any) -> dict[str, Any]:
@@ -96,18 +116,23 @@ def engine_states(engine: Any) -> dict[str, Any]:
             "since": status.since,
         }
     for frontend, route in engine.route_table().routes.items():
+        # as last recorded (during a ramp: where traffic is going)
+        shares = route.shares if route.recorded is None else route.recorded
+        target = shares[0].neg if route.recorded is not None and shares else route.target
         puts["route/" + frontend] = {
-            "target": route.target,
+            "target": target,
             "mode": route.mode,
             "reason": route.reason,
             "since": route.since,
-            "attachment": route.attachment,
+            "attachment": route.attachment if target == route.target else None,
             "shares": [
                 {"neg": s.neg, "region": s.region, "percent": s.percent}
-                for s in route.shares
-                if len(route.shares) > 1
+                for s in shares
+                if len(shares) > 1
             ],
         }
+    for frontend, ramps in engine.ramps().items():
+        puts["ramp/" + frontend] = {"ramps": [{"neg": n, "start": t} for n, t in ramps.items()]}
     return puts
 
 

@@ -54,7 +54,7 @@ from healthgate.dataplane.http_message import (
     simple_response,
 )
 from healthgate.dataplane.retry import NextTry, next_try
-from healthgate.dataplane.tcp import count_down, served_key
+from healthgate.dataplane.tcp import count_down, count_failed, served_key
 from healthgate.dataplane.upstream import UpstreamConnection, UpstreamPool, expire_head
 
 log = logging.getLogger("healthgate.dataplane")
@@ -441,6 +441,9 @@ class HttpProxy(asyncio.Protocol):
         req.failed = failed
         req.hung = hung
         req.last_error = error
+        tried = failed or (hung[0] if hung else None)
+        if tried is not None:
+            count_failed(self.stats, tried)
         self._fast_end()
         if self.closed:
             return
@@ -525,6 +528,7 @@ class HttpProxy(asyncio.Protocol):
                     self.stats[key] = self.stats.get(key, 0) + 1
                     return
                 except _Retry as exc:
+                    count_failed(self.stats, address)
                     last_error = exc.message
                     step = next_try(idempotent, exc.sent, exc.timed_out)
                     if step is not NextTry.NEXT_ENDPOINT:

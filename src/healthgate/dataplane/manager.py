@@ -322,11 +322,20 @@ class DataPlaneCollector(Collector):
             "Requests and connections served, per listener and upstream",
             labels=["listener", "upstream"],
         )
+        failed = CounterMetricFamily(
+            "healthgate_listener_upstream_failures",
+            "Tries an upstream failed (no connection, reset, timeout, a retried answer), "
+            "per listener and upstream",
+            labels=["listener", "upstream"],
+        )
         for path, stats in self.dp.listener_stats().items():
             for key, value in sorted(stats.items()):
                 if key.startswith("served_by "):
                     served.add_metric([path, key.removeprefix("served_by ")], value)
+                elif key.startswith("failed_by "):
+                    failed.add_metric([path, key.removeprefix("failed_by ")], value)
                 else:
                     events.add_metric([path, key], value)
         yield events
         yield served
+        yield failed

@@ -33,6 +33,18 @@ def served_key(address: Address) -> str:
     return f"served_by {address[0]}:{address[1]}"
 
 
+def failed_key(address: Address) -> str:
+    """The listener counter of tries an upstream failed (no connection, a
+    reset, a timeout, an answer that is retried): with ``served_key``, what
+    a ramped failback's error gate reads (controlplane/ramp_gate.py)."""
+    return f"failed_by {address[0]}:{address[1]}"
+
+
+def count_failed(stats: dict[str, int], address: Address) -> None:
+    key = failed_key(address)
+    stats[key] = stats.get(key, 0) + 1
+
+
 def count_down(active: dict[Address, int], address: Address) -> None:
     """One connection or request to ``address`` fewer (least-connections)."""
     left = active.get(address, 1) - 1
@@ -124,9 +136,13 @@ class Pipe(asyncio.Protocol):
 
 
 async def connect_first(
-    candidates: Sequence[Address], timeout: float, factory: Callable[[], Pipe]
+    candidates: Sequence[Address],
+    timeout: float,
+    factory: Callable[[], Pipe],
+    stats: dict[str, int] | None = None,
 ) -> tuple[asyncio.Transport, Pipe, Address] | None:
-    """Connect to the first candidate that accepts within ``timeout``."""
+    """Connect to the first candidate that accepts within ``timeout``
+    (each one that does not is counted in ``stats``)."""
     loop = asyncio.get_running_loop()
     for address in candidates:
         try:
@@ -135,6 +151,8 @@ async def connect_first(
             return transport, proto, address
         except (OSError, TimeoutError) as exc:
             log.debug("upstream %s:%d failed: %r", address[0], address[1], exc)
+            if stats is not None:
+                count_failed(stats, address)
     return None
 
 
@@ -175,7 +193,11 @@ class TcpProxy(Pipe):
 
     async def _connect(self) -> None:
         candidates = self.choose()
-        result = await connect_first(candidates, self.connect_timeout, Pipe) if candidates else None
+        result = (
+            await connect_first(candidates, self.connect_timeout, Pipe, self.stats)
+            if candidates
+            else None
+        )
         if self.closed or self.transport is None:
             if result is not None:
                 result[0].close()

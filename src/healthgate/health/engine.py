@@ -106,12 +106,50 @@ class HealthEngine:
         """When the next active shift runs out (None: none is active)."""
         return self.graph.next_shift_expiry(now)
 
+    def next_ramp_step(self, now: float) -> float | None:
+        """When a ramped failback in progress next moves its shares (None: none)."""
+        return self.graph.next_ramp_step(now)
+
+    def step_ramps(self, now: float) -> list[Record]:
+        """Ramps moved on to ``now``: the records of those that ended (at
+        their own end time); steps in between change shares, not the log."""
+        records: list[Record] = []
+        self.graph.step_ramps(now, records)
+        return records
+
+    def abandon_ramp(
+        self, now: float, frontend: str, neg: str, total: int, failed: int
+    ) -> list[Record]:
+        """The data plane saw a ramping NEG fail too many of its requests
+        (controlplane/ramp_gate.py): the ramp is abandoned and starts again
+        a success window later. The records (none: it was not ramping)."""
+        records: list[Record] = []
+        self.graph.abandon_ramp(now, frontend, neg, total, failed, records)
+        return records
+
+    def attachment_of(self, neg: str) -> str | None:
+        """The service attachment a PSC NEG reaches (None: no such NEG)."""
+        return self.graph.attachment_of(neg)
+
+    def gated_ramps(self, now: float) -> dict[str, tuple[float, list[str]]]:
+        """Front end -> (failbackMaxErrorPercent, its NEGs ramping now)."""
+        return self.graph.gated_ramps(now)
+
+    def ramp_seconds(self, frontend: str) -> int:
+        """The failbackRampSec of a consumer front end's backend service (0: none)."""
+        return self.graph.ramp_seconds(frontend)
+
+    def ramps(self) -> dict[str, dict[str, float]]:
+        """Ramped failbacks in progress: front end -> {NEG path: start time}."""
+        return self.graph.ramps()
+
     def restore(
         self,
         now: float,
         endpoints: Mapping[str, tuple[HealthState, float]],
         nodes: Mapping[str, tuple[HealthState, str, float]],
         routes: Mapping[str, Route],
+        ramps: Mapping[str, Mapping[str, float]] | None = None,
     ) -> list[Record]:
         """Resume from persisted states (fail static across restarts).
 
@@ -121,7 +159,7 @@ class HealthEngine:
         re-evaluated once: only real differences produce records.
         """
         self.table.restore(endpoints)
-        return self.graph.restore(now, nodes, routes)
+        return self.graph.restore(now, nodes, routes, ramps or {})
 
     # ------------------------------------------------------------------ queries
 

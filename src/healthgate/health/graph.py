@@ -32,7 +32,10 @@ from healthgate.health.routing import (
 )
 from healthgate.health.shifts import ShiftEffect, active_effects, ended, next_expiry, shifts_of
 from healthgate.health.states import (
+    ERROR_WINDOW,
     HealthState,
+    RampChange,
+    RampPhase,
     Record,
     RecordKind,
     RouteChange,
@@ -43,8 +46,10 @@ from healthgate.model.names import ResourcePath
 from healthgate.model.resources import (
     BackendService,
     CompositeHealthCheck,
+    FailoverPolicy,
     ForwardingRule,
     HealthAggregationPolicy,
+    HealthCheck,
     HealthSource,
     NetworkEndpointGroup,
     Resource,
@@ -62,7 +67,7 @@ Counts = Callable[[ResourcePath], "tuple[int, int, int] | None"]  # (total, heal
 class _Node:
     """A source, composite, attachment, PSC NEG or route: small, few."""
 
-    __slots__ = ("delivered", "extra", "path", "reason", "resource", "since", "state")
+    __slots__ = ("delivered", "extra", "fraction", "path", "reason", "resource", "since", "state")
 
     def __init__(self, resource: Resource, path: str | None = None) -> None:
         self.resource = resource
@@ -72,6 +77,10 @@ class _Node:
         self.reason = "not evaluated yet"
         self.since = 0.0
         self.extra: object = None  # NEG: accepted flag; route: Route
+        # healthy / all endpoints: a source's own, a composite's lowest over
+        # its sources (SPEC §6 "healthyFraction"), passed on to attachments
+        # and PSC NEGs; None while not known
+        self.fraction: float | None = None
 
 
 class HealthGraph:
@@ -101,6 +110,18 @@ class HealthGraph:
         self._route_table = RouteTable(0, MappingProxyType({}))
         self.generation = 0  # moves on with every route table published
         self._now = 0.0
+        # does any consumer spill PROPORTIONAL: only then does a healthy
+        # fraction that moves without a state change travel up the graph
+        self._proportional = False
+        # ramped failbacks: front end -> {NEG: ramp start}, and the NEGs that
+        # were not eligible at the front end's last evaluation
+        self._ramps: dict[str, dict[str, float]] = {}
+        self._out: dict[str, frozenset[str]] = {}
+        # (front end, NEG) of ramps the error gate put off (their start is
+        # ahead: logged when it comes), and of those decided by this node's
+        # own data plane's traffic (their records are this node's: local)
+        self._waiting: set[tuple[str, str]] = set()
+        self._local: set[tuple[str, str]] = set()
 
     def endpoints_flipped(
         self, now: float, backend_service: ResourcePath, records: list[Record]
@@ -187,23 +208,36 @@ class HealthGraph:
                 records,
             )
         state, reason = evaluate(policy, *counts)
-        return self._set(now, node, RecordKind.HEALTH_SOURCE, state, reason, records)
+        total, healthy, _ = counts
+        moved = self._fraction(node, healthy / total if total else None)
+        return self._set(now, node, RecordKind.HEALTH_SOURCE, state, reason, records) or moved
+
+    def _fraction(self, node: _Node, fraction: float | None) -> bool:
+        """Set a node's healthy fraction: has it moved in a way that matters
+        (some consumer spills PROPORTIONAL)?"""
+        moved = fraction != node.fraction
+        node.fraction = fraction
+        return moved and self._proportional
 
     def _eval_composite(self, now: float, node: _Node, records: list[Record]) -> bool:
         res = node.resource
         assert isinstance(res, CompositeHealthCheck)
         parts = []
+        fractions = []
         for p in res.refs("health_sources"):
             src = self._sources.get(str(p))
             if src is None:
                 parts.append((p.name, UNKNOWN, "missing"))
             else:
                 parts.append((p.name, src.state, src.reason))
+                if src.fraction is not None:
+                    fractions.append(src.fraction)
         state, reason = combine(parts)
         self._set(now, node, RecordKind.COMPOSITE, state, reason, records)
+        moved = self._fraction(node, min(fractions) if fractions else None)
         delivered = UNKNOWN if res.mode == "DRY_RUN" else state
         if delivered is node.delivered:
-            return False
+            return moved
         node.delivered = delivered
         return True
 
@@ -226,7 +260,10 @@ class HealthGraph:
             )
         changed = state is not node.state
         node.state, node.reason = state, reason
-        return changed
+        fraction = None
+        if comp is not None and getattr(comp.resource, "mode", "") != "DRY_RUN":
+            fraction = comp.fraction
+        return self._fraction(node, fraction) or changed
 
     def _eval_neg(self, now: float, node: _Node, records: list[Record]) -> bool:
         res = node.resource
@@ -247,7 +284,9 @@ class HealthGraph:
                 state, reason = att.state, f"{att_path}: {att.reason}"
         accepted_changed = node.extra is not accepted
         node.extra = accepted
-        return self._set(now, node, RecordKind.NEG, state, reason, records) or accepted_changed
+        moved = self._fraction(node, att.fraction if att is not None and accepted else None)
+        changed = self._set(now, node, RecordKind.NEG, state, reason, records)
+        return changed or accepted_changed or moved
 
     def _candidates(self, fr: ForwardingRule) -> tuple[list[Candidate], BackendService | None]:
         """A consumer front end's PSC NEGs as route candidates, and its backend service."""
@@ -256,11 +295,19 @@ class HealthGraph:
         if not isinstance(bs, BackendService):
             return [], None
         candidates = []
+        policy = bs.policy
+        proportional = policy.spill == "PROPORTIONAL"
         for b, neg_path in zip(bs.backends, bs.refs("backends"), strict=False):
             neg = self._negs.get(str(neg_path))
             if neg is None:
                 continue
             shift = self._shifted.get(neg.path)
+            # spill PROPORTIONAL: a degraded NEG keeps what its healthy part
+            # can carry, overprovisioned (SPEC §6); unknown counts as whole
+            fraction = neg.fraction if proportional else None
+            factor = 1.0
+            if fraction is not None:
+                factor = min(1.0, policy.overprovisioning_factor * fraction)
             candidates.append(
                 Candidate(
                     neg.path,
@@ -271,6 +318,8 @@ class HealthGraph:
                     neg.extra is not False,
                     shift.reason if shift is not None else "",
                     100 if b.traffic_dial is None else b.traffic_dial,
+                    factor,
+                    fraction,
                 )
             )
         return candidates, bs
@@ -300,52 +349,275 @@ class HealthGraph:
         candidates, bs = self._candidates(fr)
         policy = bs.policy if bs is not None else None
         prev: Route | None = node.extra  # type: ignore[assignment]
+        region = fr.data_plane_region
         choice = choose(
             candidates,
-            fr.data_plane_region,
+            region,
             prev.target if prev else None,
             policy.failback if policy else True,
             (policy.when_all_unhealthy == "FAIL_OPEN") if policy else True,
         )
-        shares = distribute(candidates, fr.data_plane_region, choice.target)
+        ramped = self._ramp(now, node, candidates, policy, records)
+        overprovisioning = policy.overprovisioning_factor if policy else 1.4
+        # where traffic goes (recorded), and - during a ramp - its step now
+        full = distribute(candidates, region, choice.target, overprovisioning)
+        shares = full
+        if ramped is not candidates:
+            shares = distribute(ramped, region, choice.target, overprovisioning)
         # the route's target is its first share's NEG: the choice itself,
-        # unless its trafficDial is 0 (it then takes nothing)
+        # unless it takes nothing (a trafficDial of 0, a ramp at its start)
         target = shares[0].neg if shares else choice.target
         fallbacks = tuple(
             self._attachment_of(c.path)
-            for c in order(candidates, fr.data_plane_region)
+            for c in order(candidates, region)
             if c.accepted and c.eligible and c.path != target
         )
         single = len(shares) <= 1 and target == choice.target
         split = () if single else tuple((self._attachment_of(s.neg), s.percent) for s in shares)
         reason = choice.reason if single else f"{choice.reason}; shares {split_text(shares)}"
-        same = prev is not None and prev.target == target and prev.mode == choice.mode
-        if same and prev is not None and not moved(_shares_of(prev), shares):
-            # (SPEC §6: no record unless a NEG gains or loses a share, or one
-            # moves by 5 points or more)
-            if (prev.reason, prev.fallbacks, prev.shares) != (reason, fallbacks, shares):
-                node.extra = replace(
-                    prev, reason=reason, fallbacks=fallbacks, split=split, shares=shares
-                )
-                return True  # republish: readers see the current reason, retries and split
-            return False
         attachment = self._attachment_of(target) if target else None
+        full_target = full[0].neg if full else choice.target
+        logged_target = None
+        if prev is not None:
+            logged = prev.recorded if prev.recorded is not None else _shares_of(prev)
+            logged_target = logged[0].neg if logged else None
+            if (logged_target, prev.mode) == (full_target, choice.mode) and not moved(logged, full):
+                # (SPEC §6: no record unless a NEG gains or loses a share, or
+                # one moves by 5 points or more - and none per ramp step)
+                now_route = replace(
+                    prev,
+                    target=target,
+                    attachment=attachment,
+                    reason=reason,
+                    fallbacks=fallbacks,
+                    split=split,
+                    shares=shares,
+                    recorded=None if logged == shares else logged,
+                )
+                if now_route == prev:
+                    return False
+                node.extra = now_route
+                return True  # republish: readers see the current reason, retries and split
         node.extra = Route(
-            node.path, target, attachment, choice.mode, reason, now, fallbacks, split, shares
+            node.path,
+            target,
+            attachment,
+            choice.mode,
+            reason,
+            now,
+            fallbacks,
+            split,
+            shares,
+            None if full == shares else full,
         )
+        logged_split = len(full) > 1 or full_target != choice.target
+        why = choice.reason if not logged_split else f"{choice.reason}; shares {split_text(full)}"
         records.append(
             RouteChange(
                 now,
                 fr.project,
                 node.path,
-                prev.target if prev else None,
-                target,
+                logged_target,
+                full_target,
                 choice.mode,
-                reason,
-                shares=tuple((s.neg, s.region, s.percent) for s in shares) if split else (),
+                why,
+                shares=tuple((s.neg, s.region, s.percent) for s in full) if logged_split else (),
             )
         )
         return True
+
+    def _ramp(
+        self,
+        now: float,
+        node: _Node,
+        candidates: list[Candidate],
+        policy: FailoverPolicy | None,
+        records: list[Record],
+    ) -> list[Candidate]:
+        """Ramped failback (SPEC §6): a NEG eligible again after being
+        UNHEALTHY or shifted away grows from 0 to its full take over
+        ``failbackRampSec``; it is logged when it starts, ends or is
+        abandoned (the NEG is out again: it restarts at its next recovery).
+        Returns the candidates with their ramps (the same list: none)."""
+        seconds = policy.failback_ramp_sec if policy is not None else 0
+        was_out = self._out.get(node.path)
+        self._out[node.path] = frozenset(c.path for c in candidates if not c.eligible)
+        ramps = dict(self._ramps.pop(node.path, {}))
+        if not seconds:
+            return candidates
+        by_path = {c.path: c for c in candidates}
+        events: list[tuple[RampPhase, str, float, float, str]] = []  # phase, NEG, start, at, why
+        for neg, start in list(ramps.items()):
+            c = by_path.get(neg)
+            if c is None or not c.eligible:
+                del ramps[neg]
+                way = max(0.0, now - start) / seconds * 100
+                why = (
+                    f"{neg.rsplit('/', 1)[-1]} is {c.why_out if c else 'no longer a backend'} "
+                    f"{way:.0f}% of the way: its ramp starts again at its next recovery"
+                )
+                events.append((RampPhase.ABANDONED, neg, start, now, why))
+            elif now >= start + seconds:
+                del ramps[neg]
+                why = f"{c.name} ({c.region}) takes its full share again"
+                events.append((RampPhase.ENDED, neg, start, start + seconds, why))
+            elif start <= now and (node.path, neg) in self._waiting:
+                # a ramp the error gate put off (abandon_ramp) starts again
+                self._waiting.discard((node.path, neg))
+                why = (
+                    f"{c.name} ({c.region}): its ramp starts again from 0 over {seconds} s, "
+                    "a success window after the error gate abandoned it"
+                )
+                events.append((RampPhase.STARTED, neg, start, start, why))
+        back = [
+            c for c in candidates if was_out and c.path in was_out and c.eligible and c.accepted
+        ]
+        for c in back:  # eligible again
+            ramps[c.path] = now
+            self._local.discard((node.path, c.path))  # (a fresh ramp: every node's)
+            why = (
+                f"{c.name} ({c.region}) is {c.state.name} again: its share grows "
+                f"from 0 over {seconds} s (failbackRampSec)"
+            )
+            events.append((RampPhase.STARTED, c.path, now, now, why))
+        if ramps:
+            self._ramps[node.path] = ramps
+        after = tuple(sorted(ramps.items()))
+        project = node.resource.project
+        for phase, neg, start, when, why in events:
+            local = (node.path, neg) in self._local
+            records.append(
+                RampChange(
+                    when, project, node.path, neg, phase, seconds, start, why, after, local=local
+                )
+            )
+            if phase is not RampPhase.STARTED:
+                self._local.discard((node.path, neg))
+                self._waiting.discard((node.path, neg))
+        if not ramps:
+            return candidates
+        return [
+            replace(c, ramp=min(1.0, max(0.0, (now - ramps[c.path]) / seconds)))
+            if c.path in ramps
+            else c
+            for c in candidates
+        ]
+
+    def abandon_ramp(
+        self, now: float, frontend: str, neg: str, total: int, failed: int, records: list[Record]
+    ) -> bool:
+        """The error gate (controlplane/ramp_gate.py) saw ``failed`` of
+        ``total`` requests or connections to a ramping NEG fail: the ramp is
+        abandoned (the NEG takes nothing) and starts again from 0 a success
+        window later. False when the NEG is not ramping there (nothing done)."""
+        node = self._routes.get(frontend)
+        ramps = self._ramps.get(frontend)
+        if node is None or not ramps or neg not in ramps or ramps[neg] > now:
+            return False
+        seconds = self.ramp_seconds(frontend)
+        window = self._success_window(neg)
+        start = ramps[neg]
+        ramps[neg] = now + window  # (a start ahead: no share until then)
+        self._waiting.add((frontend, neg))
+        self._local.add((frontend, neg))
+        limit = self._max_error_percent(frontend)
+        why = (
+            f"{neg.rsplit('/', 1)[-1]}: {failed} of {total} requests or connections failed in "
+            f"the last {ERROR_WINDOW:g} s ({100 * failed / total:.0f}% > failbackMaxErrorPercent "
+            f"{limit:g}) {min(1.0, (now - start) / seconds) * 100:.0f}% of the way: its ramp "
+            f"starts again a success window ({window:g} s) later"
+        )
+        records.append(
+            RampChange(
+                now,
+                node.resource.project,
+                frontend,
+                neg,
+                RampPhase.ABANDONED,
+                seconds,
+                start,
+                why,
+                tuple(sorted(ramps.items())),
+                (total, failed),
+                local=True,
+            )
+        )
+        self._propagate(now, records, routes=[node])
+        return True
+
+    def gated_ramps(self, now: float) -> dict[str, tuple[float, list[str]]]:
+        """Front ends whose backend service sets failbackMaxErrorPercent, with
+        it and their NEGs ramping now (started, not ended)."""
+        out = {}
+        for frontend, ramps in self._ramps.items():
+            limit = self._max_error_percent(frontend)
+            negs = [n for n, start in ramps.items() if start <= now]
+            if limit is not None and negs:
+                out[frontend] = (limit, negs)
+        return out
+
+    def _max_error_percent(self, frontend: str) -> float | None:
+        node = self._routes.get(frontend)
+        bs_path = node.resource.ref("backend_service") if node is not None else None
+        bs = self._resources.get(bs_path) if bs_path else None
+        return bs.policy.failback_max_error_percent if isinstance(bs, BackendService) else None
+
+    def _success_window(self, neg: str) -> float:
+        """How long the probes behind a PSC NEG take to call it HEALTHY again
+        (the slowest health check's healthyThreshold x checkIntervalSec), and
+        at least the error gate's window."""
+        windows = [ERROR_WINDOW]
+        node = self._negs.get(neg)
+        att = self._attachments.get(self._attachment_of(neg)) if node is not None else None
+        comp = (
+            self._composite_by_destination.get(str(att.resource.ref("target_service")))
+            if att is not None
+            else None
+        )
+        for src_path in comp.resource.refs("health_sources") if comp is not None else ():
+            src = self._resources.get(src_path)
+            bs_path = src.ref("sources") if isinstance(src, HealthSource) else None
+            bs = self._resources.get(bs_path) if bs_path else None
+            for hc_path in bs.refs("health_checks") if isinstance(bs, BackendService) else ():
+                hc = self._resources.get(hc_path)
+                if isinstance(hc, HealthCheck):
+                    windows.append(float(hc.check_interval_sec * hc.healthy_threshold))
+        return max(windows)
+
+    def ramp_seconds(self, frontend: str) -> int:
+        node = self._routes.get(frontend)
+        bs_path = node.resource.ref("backend_service") if node is not None else None
+        bs = self._resources.get(bs_path) if bs_path else None
+        return bs.policy.failback_ramp_sec if isinstance(bs, BackendService) else 0
+
+    def next_ramp_step(self, now: float) -> float | None:
+        """When a ramp in progress next moves its shares (None: no ramp)."""
+        steps = []
+        for fr_path, ramps in self._ramps.items():
+            seconds = self.ramp_seconds(fr_path)
+            if not seconds or not ramps:
+                continue
+            step = min(1.0, max(0.05, seconds / 200))  # (200 steps: half a point each)
+            for start in ramps.values():
+                if start > now:  # (put off by the error gate: it starts then)
+                    steps.append(start)
+                else:
+                    steps.append(min(start + seconds, now + step))
+        return min(steps) if steps else None
+
+    def step_ramps(self, now: float, records: list[Record]) -> None:
+        """Move every ramp in progress to ``now`` (ended ones are recorded at
+        their own end time)."""
+        nodes = [self._routes[p] for p in self._ramps if p in self._routes]
+        if nodes:
+            self._propagate(now, records, routes=nodes)
+
+    def ramps(self) -> dict[str, dict[str, float]]:
+        """Every ramp in progress: front end -> {NEG path: start time}."""
+        return {p: dict(r) for p, r in self._ramps.items()}
+
+    def attachment_of(self, neg_path: str) -> str | None:
+        return self._attachment_of(neg_path) if neg_path in self._negs else None
 
     def _attachment_of(self, neg_path: str) -> str:
         return str(self._negs[neg_path].resource.ref("psc_target_service"))
@@ -402,6 +674,16 @@ class HealthGraph:
         )
         routes_removed = bool(routes_before - set(self._routes))
         self._reindex()
+        proportional = any(
+            isinstance(r, BackendService) and r.policy.spill == "PROPORTIONAL" for r in new.values()
+        )
+        if proportional and not self._proportional:
+            # the fractions did not travel up the graph until now: once, all of it
+            touched_sources = list(self._sources.values())
+            touched_composites = list(self._composites.values())
+            touched_attachments = list(self._attachments.values())
+            touched_negs = list(self._negs.values())
+        self._proportional = proportional
 
         for n in touched_sources:
             dirty_sources[n.path] = n
@@ -522,9 +804,13 @@ class HealthGraph:
         now: float,
         nodes: Mapping[str, tuple[HealthState, str, float]],
         routes: Mapping[str, Route],
+        ramps: Mapping[str, Mapping[str, float]],
     ) -> list[Record]:
-        """Resume nodes and routes from persisted states, then re-evaluate
-        everything once: only real differences produce records."""
+        """Resume nodes, routes and ramps in progress from persisted states,
+        then re-evaluate everything once: only real differences produce records."""
+        self._ramps = {p: dict(r) for p, r in ramps.items() if p in self._routes and r}
+        # a start still ahead was put off by the error gate: logged when it comes
+        self._waiting = {(p, n) for p, r in self._ramps.items() for n, t in r.items() if t > now}
         for table in (self._sources, self._composites, self._negs):
             for path, node in table.items():
                 if path in nodes:
@@ -576,7 +862,7 @@ class HealthGraph:
         for nodes in (self._sources, self._composites, self._negs, self._attachments):
             node = nodes.get(key)
             if node is not None:
-                return NodeStatus(node.path, node.state, node.reason, node.since)
+                return NodeStatus(node.path, node.state, node.reason, node.since, node.fraction)
         route = self._routes.get(key)
         if route is not None and isinstance(route.extra, Route):
             r = route.extra
@@ -588,7 +874,8 @@ class HealthGraph:
         comp = self._composite_by_destination.get(str(forwarding_rule))
         if comp is None:
             return None
-        return NodeStatus(str(forwarding_rule), comp.delivered, comp.reason, comp.since)
+        fraction = None if getattr(comp.resource, "mode", "") == "DRY_RUN" else comp.fraction
+        return NodeStatus(str(forwarding_rule), comp.delivered, comp.reason, comp.since, fraction)
 
 
 def _shift_time(

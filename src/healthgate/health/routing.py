@@ -53,6 +53,28 @@ class Candidate:
     accepted: bool = True
     shifted: str = ""  # the reason of a shift that keeps it out (health/shifts.py)
     dial: int = 100  # trafficDial (SPEC §6): percent of what is left that it takes
+    # spill PROPORTIONAL (SPEC §6): min(1, overprovisioningFactor x healthy
+    # fraction), and that fraction (None: not known, or ALL_OR_NOTHING)
+    factor: float = 1.0
+    fraction: float | None = None
+    ramp: float = 1.0  # ramped failback: how far its ramp is, 0-1 (1: none)
+
+    @property
+    def take(self) -> float:
+        """The part of what is left that it takes: dial x factor x ramp."""
+        return self.dial / 100 * self.factor * self.ramp
+
+    def why_take(self, overprovisioning: float) -> str:
+        """What its take is made of, for the share's reason."""
+        parts = [f"trafficDial {self.dial}"] if self.dial != 100 else []
+        if self.fraction is not None:
+            parts.append(
+                f"healthyFraction {self.fraction:.2f} x overprovisioningFactor "
+                f"{overprovisioning:g} = factor {self.factor:.2f}"
+            )
+        if self.ramp < 1:
+            parts.append(f"failback ramp {self.ramp * 100:.0f}% of the way")
+        return ", ".join(parts) or "all of it"
 
     @property
     def eligible(self) -> bool:
@@ -162,10 +184,14 @@ class Share:
 
 
 def distribute(
-    candidates: Sequence[Candidate], local_region: str | None, primary: str | None
+    candidates: Sequence[Candidate],
+    local_region: str | None,
+    primary: str | None,
+    overprovisioning: float = 1.4,
 ) -> tuple[Share, ...]:
     """The route's shares (see the module doc); ``primary`` is :func:`choose`'s
-    target (None: no share at all - FAIL_CLOSED or nothing to route to)."""
+    target (None: no share at all - FAIL_CLOSED or nothing to route to);
+    ``overprovisioning`` only names the factor in the reasons."""
     if primary is None:
         return ()
     ordered = [c for c in order(candidates, local_region) if c.accepted]
@@ -175,13 +201,13 @@ def distribute(
     if not first.eligible:  # FAIL_OPEN, or the shifted NEG that is left: all of it
         return (Share(first.path, first.region, 100.0, "the only NEG that may take traffic"),)
     takers = [first, *(c for c in ordered if c.eligible and c.path != primary)]
-    if first.dial == 100:
+    if first.take >= 1:
         return (Share(first.path, first.region, 100.0, f"{first.name} takes all new traffic"),)
     remaining = 1.0
     took, before = [], []
     for c in takers:
         before.append(remaining)
-        share = remaining * c.dial / 100
+        share = remaining * c.take
         took.append(share)
         remaining -= share
     total = sum(took)
@@ -191,12 +217,12 @@ def distribute(
         took = [1.0] + [0.0] * (len(took) - 1)
     back = f"; the {remaining * 100:.4g}% the dials left handed back" if total and remaining else ""
     if not total:
-        why = f"{first.name}: every trafficDial is 0, and a dial never drops traffic: all of it"
+        why = f"{first.name}: every NEG's take is 0, and a dial never drops traffic: all of it"
         return (Share(first.path, first.region, 100.0, why),)
     out = []
     for c, points, left in zip(takers, _basis_points(took), before, strict=True):
         if points:
-            why = f"{c.name}: trafficDial {c.dial} of the {left * 100:.4g}% left{back}"
+            why = f"{c.name}: {c.why_take(overprovisioning)} of the {left * 100:.4g}% left{back}"
             out.append(Share(c.path, c.region, points / 100, why))
     return tuple(out)
 

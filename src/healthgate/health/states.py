@@ -27,6 +27,7 @@ class RecordKind(StrEnum):
     NEG = "NetworkEndpointGroup"
     ROUTE = "Route"
     CHANGE = "Change"  # a write accepted through the API: who changed what (not the engine's)
+    RAMP = "Ramp"  # a ramped failback started, ended or was abandoned (SPEC §6)
 
 
 class RouteMode(StrEnum):
@@ -237,4 +238,70 @@ class ShiftEnded:
         }
 
 
-Record = Transition | RouteChange | ShiftEnded
+ERROR_WINDOW = 10.0  # s: what failbackMaxErrorPercent counts over (SPEC §6)
+ERROR_MINIMUM = 20  # requests or connections in that window before it may abandon
+
+
+class RampPhase(StrEnum):
+    STARTED = "STARTED"
+    ENDED = "ENDED"
+    ABANDONED = "ABANDONED"
+
+
+@dataclass(frozen=True, slots=True)
+class RampChange:
+    """A consumer front end's ramped failback (SPEC §6) of one NEG started
+    (it is eligible again: its share grows from 0), ended (full share), or
+    was abandoned (UNHEALTHY or shifted away again). Logged at these three
+    moments only, never per step; ``ramps`` is every ramp of the front end
+    in progress after it (NEG path, start time): what a restart resumes."""
+
+    time: float
+    project: str
+    frontend: str
+    neg: str
+    phase: RampPhase
+    seconds: int  # failbackRampSec
+    start: float
+    reason: str
+    ramps: tuple[tuple[str, float], ...] = ()
+    # an abandonment by the error gate: (requests or connections, failed) in its window
+    errors: tuple[int, int] | None = None
+    # this node's own (cluster mode): its data plane's traffic abandoned the
+    # ramp, the other nodes' may not have - not a record every node computes
+    local: bool = False
+
+    kind = RecordKind.RAMP
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "time": self.time,
+            "timestamp": timestamp(self.time),
+            "project": self.project,
+            "region": "global",
+            "kind": RecordKind.RAMP.value,
+            "name": self.frontend.rsplit("/", 1)[-1],
+            "path": self.frontend,
+            "from": None,
+            "to": self.phase.value,
+            "reason": self.reason,
+            "frontend": self.frontend,
+            "neg": self.neg,
+            "rampSec": self.seconds,
+            "start": self.start,
+            "ramps": [{"neg": n, "start": t} for n, t in self.ramps],
+        }
+        if self.errors is not None:
+            total, failed = self.errors
+            out["errors"] = {
+                "requests": total,
+                "failed": failed,
+                "percent": round(100 * failed / total, 2) if total else 0.0,
+                "windowSec": ERROR_WINDOW,
+            }
+        if self.local:
+            out["local"] = True
+        return out
+
+
+Record = Transition | RouteChange | ShiftEnded | RampChange

@@ -46,6 +46,8 @@ class NodeStatus:
     state: HealthState
     reason: str
     since: float
+    # healthy / all endpoints (a composite's: the lowest of its sources'; SPEC §6)
+    fraction: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +67,10 @@ class Route:
     # more than one NEG takes a share; empty = all of it to ``attachment``
     split: tuple[tuple[str, float], ...] = ()
     shares: tuple[Share, ...] = ()  # every share, with its reason (empty: no target)
+    # the shares as last recorded, where they differ from ``shares``: during
+    # a ramped failback the log says where traffic is going (its full
+    # shares), the data plane follows the ramp's steps (None: as ``shares``)
+    recorded: tuple[Share, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -244,6 +244,15 @@ class Backend(Model):
 class FailoverPolicy(Model):
     failback: bool = True
     when_all_unhealthy: Literal["FAIL_OPEN", "FAIL_CLOSED"] = "FAIL_OPEN"
+    # SPEC §6 "Gradual failover": ALL_OR_NOTHING (the seeds') or PROPORTIONAL,
+    # a NEG's factor = min(1, overprovisioningFactor x its healthy fraction)
+    spill: Literal["ALL_OR_NOTHING", "PROPORTIONAL"] = "ALL_OR_NOTHING"
+    overprovisioning_factor: float = Field(1.4, ge=1.0, le=10.0)
+    # SPEC §6 "Ramped failback": a NEG eligible again grows from 0 over this time
+    failback_ramp_sec: int = Field(0, ge=0, le=3600)
+    # ... abandoned when the data plane sees more than this percentage of the
+    # recovering NEG's requests or connections fail over 10 s (at least 20)
+    failback_max_error_percent: float | None = Field(None, ge=0, le=100)
 
 
 Scheme = Literal["INTERNAL", "INTERNAL_MANAGED", "EXTERNAL", "EXTERNAL_MANAGED"]

@@ -38,6 +38,7 @@ RECORD_KINDS = (
     "NetworkEndpointGroup",
     "Route",
     "Change",
+    "Ramp",
 )
 STATE_RE = re.compile(r"[A-Za-z][A-Za-z_-]{0,39}")
 PATH_RE = re.compile(r"[\x21-\x7e]*")  # printable ASCII, no spaces
@@ -50,7 +51,7 @@ class WebhookFilter(Model):
 
     kind: Literal[
         "Endpoint", "HealthSource", "CompositeHealthCheck", "NetworkEndpointGroup", "Route",
-        "Change",
+        "Change", "Ramp",
     ] | None = None  # fmt: skip
     state: str | None = Field(None, max_length=40)
 

@@ -45,6 +45,7 @@ from healthgate.controlplane.errors import ControlError, Refusal
 from healthgate.controlplane.health_service import HealthService, SourceFactory
 from healthgate.controlplane.probe_workers import WorkerProbing, default_workers
 from healthgate.controlplane.probing import Feed, InProcessProbing, ProbeSource
+from healthgate.controlplane.ramp_gate import RampGate
 from healthgate.controlplane.recorder import TransitionRecorder
 from healthgate.controlplane.resources import ControlPlane
 from healthgate.controlplane.webhooks import WebhookDispatcher, WebhookSettings
@@ -383,10 +384,14 @@ class Server:
             await pool.start()
             self.dataplane = dataplane = pool
             health.subscribe(lambda records: pool.publish_health())
+            health.on_routes(pool.publish_health)  # (a ramp's steps: no records)
         else:
             self.dataplane = dataplane = DataPlane(health.engine, settings)
         await dataplane.sync(control.resources)
         control.on_change.append(dataplane.sync)
+        # failbackMaxErrorPercent: ramps abandoned on this data plane's failures
+        gate = RampGate(health, dataplane.listener_stats)
+        self._tasks.append(asyncio.create_task(gate.run(), name="ramp error gate"))
         health.subscribe(
             lambda records: dataplane.routes_changed(
                 [r.frontend for r in records if isinstance(r, RouteChange)]
@@ -444,11 +449,12 @@ class Server:
             xds.update(build_snapshot(health.engine, resources))
 
         def transitions(records: list[Record]) -> None:
-            if any(r.kind in (RecordKind.NEG, RecordKind.ROUTE) for r in records):
+            if any(r.kind in (RecordKind.NEG, RecordKind.ROUTE, RecordKind.RAMP) for r in records):
                 xds.update(build_snapshot(health.engine, world[0]))
 
         control.on_change.append(resources_changed)
         health.subscribe(transitions)
+        health.on_routes(lambda: xds.update(build_snapshot(health.engine, world[0])))
         await xds.start()
 
     async def _apply_file(self, manifest: str) -> None:

@@ -133,6 +133,11 @@ def simulate(resources: Sequence[Resource], scenario: Scenario) -> SimulationRes
         now, kind, _, slot, payload = heapq.heappop(queue)
         if now > end:
             break
+        # ramped failbacks move on in the same virtual time
+        step = engine.next_ramp_step(clock[0])
+        while step is not None and step <= now:
+            result.records.extend(engine.step_ramps(step))
+            step = engine.next_ramp_step(step)
         clock[0] = now
         if kind == _EVENT:
             assert isinstance(payload, ScenarioEvent)
