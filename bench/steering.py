@@ -100,6 +100,20 @@ class Serve:
         route = (doc.json().get("status") or {}).get("route") or {}
         return {s["region"]: s["percent"] for s in route.get("shares", [])}
 
+    def endpoints(self, ports: list[int]) -> None:
+        """The first region's endpoints (nginx ports): for the baseline of two
+        upstream pools without a split."""
+        url = f"{self.url}/v1/projects/bench/regions/{REGIONS[0]}/networkEndpointGroups/neg"
+        doc = httpx.get(url, timeout=10).json()
+        body = {k: v for k, v in doc.items() if k != "status"}
+        body["endpoints"] = [{"ipAddress": "127.0.0.1", "port": p} for p in ports]
+        httpx.put(url, json=body, timeout=10).raise_for_status()
+        health = f"{self.url}/v1/projects/bench/regions/{REGIONS[0]}/backendServices/web/health"
+        wait_until(
+            lambda: httpx.get(health, timeout=10).json().get("healthy") == len(ports), 20,
+            "the endpoints HEALTHY",
+        )  # fmt: skip
+
     def ramp(self, seconds: int | None) -> None:
         """Set failbackRampSec on the L7 front end's backend service."""
         url = f"{self.url}/v1/projects/c/global/backendServices/front"
@@ -182,6 +196,10 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--conns", type=int, default=50)
     ap.add_argument("--ramp", type=int, default=20, help="failbackRampSec to measure (0: skip)")
+    ap.add_argument(
+        "--two-pools", action="store_true",
+        help="also measure an unsplit region of two endpoints (two upstream pools, no draw)",
+    )  # fmt: skip
     ap.add_argument("--json")
     args = ap.parse_args()
     for tool in ("nginx", "wrk"):
@@ -241,12 +259,22 @@ def main() -> int:
             if args.ramp:
                 accuracy["L7 ramp"] = ramp_accuracy(serve, l7, args.ramp)
                 print(json.dumps({"L7 ramp": accuracy["L7 ramp"]}), file=sys.stderr, flush=True)
-            rps: dict[str, list[float]] = {"unsplit": [], "split 70/30": []}
-            fast_share: dict[str, list[float]] = {"unsplit": [], "split 70/30": []}
-            cpu_us: dict[str, list[float]] = {"unsplit": [], "split 70/30": []}
+            # (and, with --two-pools, one region of two endpoints, unsplit:
+            # what sending to two upstream pools costs without any split)
+            cases: list[tuple[str, int | None, list[int]]] = [
+                ("unsplit", None, [be[REGIONS[0]]]),
+                ("split 70/30", 70, [be[REGIONS[0]]]),
+            ]
+            if args.two_pools:
+                cases.append(("unsplit, 2 endpoints", None, list(be.values())))
+            rps: dict[str, list[float]] = {label: [] for label, _, _ in cases}
+            fast_share: dict[str, list[float]] = {label: [] for label, _, _ in cases}
+            cpu_us: dict[str, list[float]] = {label: [] for label, _, _ in cases}
             for _ in range(args.repeats):
-                for label, dial in (("unsplit", None), ("split 70/30", 70)):
+                for label, dial, ports in cases:
                     serve.dial(dial)
+                    if args.two_pools:
+                        serve.endpoints(ports)
                     before = serve.listener("front")
                     cpu0 = cpu_seconds(serve_pid, children=True)
                     rate = wrk(f"http://127.0.0.1:{l7}/", args.duration, args.conns)[0]
@@ -282,6 +310,12 @@ def main() -> int:
         f"\nL7 requests/s, median of {args.repeats}: unsplit {median['unsplit']:,.0f}, "
         f"split 70/30 {median['split 70/30']:,.0f}: {ratio:.3f}x"
     )
+    if "unsplit, 2 endpoints" in median:
+        two = median["unsplit, 2 endpoints"]
+        print(
+            f"unsplit over 2 endpoints (two pools, no draw) {two:,.0f}: "
+            f"{two / median['unsplit']:.3f}x unsplit; split / it {median['split 70/30'] / two:.3f}x"
+        )
     for label, shares_ in out["fast_path_share"].items():
         cpu = statistics.median(out["serve_cpu_us_per_request"][label])
         print(

@@ -433,3 +433,55 @@ def test_a_shift_and_a_webhook_on_every_node(fresh: ClusterStack) -> None:
         httpx.post(
             a.url + "/v1/delete", json={"manifest": yaml.safe_dump(hook)}, timeout=10
         ).raise_for_status()
+
+
+def test_a_ramp_is_the_same_on_every_node_and_outlives_its_writer(fresh: ClusterStack) -> None:
+    """A ramped failback (SPEC §6): every node starts it at the same time
+    (the NEG's transition), the leader killed in the middle comes back with
+    it (stored, not in memory), and the log has one start and one end."""
+    seconds = 20
+    world = [
+        dict(d, failoverPolicy={**d.get("failoverPolicy", {}), "failbackRampSec": seconds})
+        if d["kind"] == "BackendService" and d["project"] == "web"
+        else d
+        for d in fresh.world
+    ]
+    fresh.apply(world)
+    front = "/v1/projects/web/global/forwardingRules/shop-frontend"
+
+    def ramp_starts() -> set[str]:
+        return {r["start"] for n in fresh.live() for r in n.get(front)["status"]["route"]["ramps"]}
+
+    try:
+        a = fresh.nodes["a"]
+        fresh.backends.set_mode(US, "refuse")
+        wait_for(
+            lambda: all(fresh.route_target(n) == EU for n in fresh.live()), 30, what="failover"
+        )
+        after = fresh.last_event_id(a)
+        fresh.backends.set_mode(US, "ok")
+        wait_for(lambda: len(ramp_starts()) == 1, 30, what="a ramp on every node")
+        [start] = ramp_starts()
+        assert all(n.get(front)["status"]["route"]["ramps"] for n in fresh.live())
+        leader = fresh.leader()
+        leader.kill()
+        leader.start()
+        leader.wait_ready()
+        assert ramp_starts() == {start}  # (the restarted one too)
+        shares = leader.get(front)["status"]["route"]["shares"]
+        assert {s["region"] for s in shares} == {US, EU}, shares  # in the middle of it
+        wait_for(
+            lambda: all(
+                [s["region"] for s in n.get(front)["status"]["route"]["shares"]] == [US]
+                for n in fresh.live()
+            ),
+            seconds + 10,
+            what="the ramp's end everywhere",
+        )
+        writer = wait_for(fresh._leader_or_none, 10, what="a leader")
+        wait_for(lambda: fresh._log_quiet(writer), 10, interval=0.5, what="a quiet log")
+        ramps = [e for e in fresh.events(writer, after) if e["kind"] == "Ramp"]
+        assert [e["to"] for e in ramps] == ["STARTED", "ENDED"], ramps
+        assert ramps[1]["time"] == pytest.approx(ramps[0]["time"] + seconds)
+    finally:
+        fresh.apply(fresh.world)
