@@ -40,6 +40,7 @@ from healthgate.controlplane.errors import ControlError, Refusal
 from healthgate.controlplane.health_service import HealthService
 from healthgate.controlplane.offload import off_loop
 from healthgate.controlplane.saved_states import decode_states
+from healthgate.gcpause import gc_paused
 from healthgate.model.addresses import Reserved
 from healthgate.model.manifest import OUTPUT_ONLY
 from healthgate.model.names import ResourcePath
@@ -104,11 +105,12 @@ def split_output_fields(data: Mapping[str, Any]) -> tuple[dict[str, Any], str | 
 
 def parse_documents(items: Sequence[tuple[Any, int | None, int | None]]) -> list[Document]:
     docs, issues = [], []
-    for data, index, line in items:
-        res, problems = parse_resource(data, index, line)
-        issues += problems
-        if res is not None:
-            docs.append(Document(res, index, line))
+    with gc_paused():  # (a large body: healthgate/gcpause.py)
+        for data, index, line in items:
+            res, problems = parse_resource(data, index, line)
+            issues += problems
+            if res is not None:
+                docs.append(Document(res, index, line))
     if issues:
         raise ControlError(Refusal.INVALID, "invalid resources", issues)
     return docs
@@ -152,10 +154,11 @@ class ControlPlane:
         last known states. Returns the number of resources."""
         snap = await asyncio.to_thread(self.store.snapshot, RESOURCE_PREFIX)
         stored: dict[ResourcePath, Stored] = {}
-        for doc in snap.documents:
-            res = _parse_stored(doc.key, doc.value)
-            if res is not None:
-                stored[res.path] = Stored(res, doc.revision, doc.created, doc.updated)
+        with gc_paused():  # (a large world: healthgate/gcpause.py)
+            for doc in snap.documents:
+                res = _parse_stored(doc.key, doc.value)
+                if res is not None:
+                    stored[res.path] = Stored(res, doc.revision, doc.created, doc.updated)
         self.stored = stored
         self.revision = snap.revision
         self.health.mute = True

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 
+from healthgate.gcpause import gc_paused
 from healthgate.health.endpoints import EndpointTable
 from healthgate.health.graph import HealthGraph
 from healthgate.health.states import HealthState, ProbeResult, Record
@@ -84,6 +85,10 @@ class HealthEngine:
 
     def apply(self, resources: Iterable[Resource], now: float) -> ApplyResult:
         """Make the engine's world the given complete set of (valid) resources."""
+        with gc_paused():  # (a large world: healthgate/gcpause.py)
+            return self._apply(resources, now)
+
+    def _apply(self, resources: Iterable[Resource], now: float) -> ApplyResult:
         new = {r.path: r for r in resources}
         old = self._resources
         changed = {p for p, r in new.items() if old.get(p) != r}

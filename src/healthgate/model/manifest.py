@@ -30,6 +30,7 @@ from pathlib import Path
 
 import yaml
 
+from healthgate.gcpause import gc_paused
 from healthgate.model.rules import validate_documents
 from healthgate.model.validation import (
     Document,
@@ -140,6 +141,11 @@ def _resources_in(data: object, node: yaml.Node, line: int) -> list[tuple[object
 
 def parse_manifest(text: str, limits: ManifestLimits | None = None) -> list[Document]:
     """Parse and field-validate every document; no cross-resource checks."""
+    with gc_paused():  # (a large manifest: healthgate/gcpause.py)
+        return _parse_manifest(text, limits)
+
+
+def _parse_manifest(text: str, limits: ManifestLimits | None) -> list[Document]:
     limits = limits or ManifestLimits()
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > limits.max_bytes:
