@@ -95,7 +95,9 @@ class HealthService:
             self._expiry = None
         now = self.clock()
         times = [
-            t for t in (self.engine.next_shift_expiry(now), self.engine.next_ramp_step(now)) if t
+            t
+            for t in (self.engine.next_shift_expiry(now), self.engine.next_ramp_step(now))
+            if t is not None
         ]
         if not times:
             return
@@ -109,11 +111,11 @@ class HealthService:
     def _expire(self) -> None:
         """Shifts that ran out, and ramped failbacks' next step (SPEC §6)."""
         self._expiry = None
-        generation = self.engine.graph.generation
+        generation = self.engine.generation
         now = self.clock()
         self.emit(self.engine.expire_shifts(now))
         self.emit(self.engine.step_ramps(now))
-        if self.engine.graph.generation != generation:
+        if self.engine.generation != generation:
             for listener in self._route_listeners:
                 listener()
         self.schedule_timers()

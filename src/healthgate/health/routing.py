@@ -23,7 +23,9 @@ candidate, not even for FAIL_OPEN: no traffic may flow through it.
 
 **Shares** (SPEC §6, :func:`distribute`): the route is a distribution over
 the eligible NEGs. ``remaining = 100``; in order, each eligible NEG takes
-``remaining x dial``; what is left after the last one goes back to them in
+``remaining x dial x factor x ramp`` (:attr:`Candidate.take`: the factor of
+spill PROPORTIONAL, min(1, overprovisioningFactor x healthyFraction); the
+progress of a ramped failback, 0 to 1 - health/graph.py); what is left after the last one goes back to them in
 proportion to what they took (a dial never drops traffic some NEG may
 take; when every eligible NEG's dial is 0, the first one takes it all). The
 order starts with the NEG :func:`choose` picked (with failback off, traffic
