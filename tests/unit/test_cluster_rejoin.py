@@ -13,8 +13,10 @@ virtual time, and the recorder of a newly elected leader on the memory store.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import operator
+from collections.abc import AsyncIterator
 from typing import Any, cast
 
 from healthgate.cluster.opinions import OpinionWriter, opinion_key
@@ -178,6 +180,20 @@ def test_every_node_times_a_records_alike_however_its_opinions_arrived() -> None
     assert one_by_one and at_once == one_by_one
 
 
+@contextlib.asynccontextmanager
+async def follower(store: MemoryStore) -> AsyncIterator[TransitionRecorder]:
+    """A cluster node's recorder while it is not the leader (it persists
+    nothing, and reads the log back), running until the block ends."""
+    recorder = TransitionRecorder(store)
+    recorder.persist = False
+    recorder.broadcast_writes = False
+    task = asyncio.create_task(recorder.run())
+    try:
+        yield recorder
+    finally:
+        task.cancel()
+
+
 def record(path: str, to: str, when: float) -> dict[str, Any]:
     return {"time": when, "kind": "Endpoint", "path": path, "from": "HEALTHY", "to": to}
 
@@ -185,11 +201,7 @@ def record(path: str, to: str, when: float) -> dict[str, Any]:
 def test_a_new_leader_writes_what_no_leader_wrote_and_nothing_twice() -> None:
     async def go() -> None:
         store = MemoryStore()
-        recorder = TransitionRecorder(store)
-        recorder.persist = False
-        recorder.broadcast_writes = False
-        task = asyncio.create_task(recorder.run())
-        try:
+        async with follower(store) as recorder:
             a, b = record("x/endpoints/1", "UNHEALTHY", 100.0), record("x/endpoints/2", "U", 101.0)
             # this node computed both; the previous leader wrote the first,
             # and this node's watch has not delivered it yet
@@ -208,8 +220,6 @@ def test_a_new_leader_writes_what_no_leader_wrote_and_nothing_twice() -> None:
             for i, r in enumerate(logged, 1):  # the watch delivers both
                 recorder.publish((i, r))
             assert recorder.unwritten(0.0) == 0
-        finally:
-            task.cancel()
 
     run_async(go(), timeout=10)
 
@@ -220,11 +230,7 @@ def test_a_new_leader_does_not_write_what_the_log_went_past() -> None:
     # recovered): neither the watch nor the take-over take it for unwritten
     async def go() -> None:
         store = MemoryStore()
-        recorder = TransitionRecorder(store)
-        recorder.persist = False
-        recorder.broadcast_writes = False
-        task = asyncio.create_task(recorder.run())
-        try:
+        async with follower(store) as recorder:
             mine = record("x/negs/1", "UNHEALTHY", 100.0)
             recorder._unconfirmed = {("x/negs/1", "UNHEALTHY", 100.0): mine}
             theirs = [record("x/negs/1", "UNHEALTHY", 100.1), record("x/negs/1", "HEALTHY", 104.0)]
@@ -243,7 +249,5 @@ def test_a_new_leader_does_not_write_what_the_log_went_past() -> None:
             await asyncio.sleep(0.05)
             await recorder.flush()
             assert len(store.query_log(LogQuery())) == 3  # nothing written
-        finally:
-            task.cancel()
 
     run_async(go(), timeout=10)
