@@ -26,6 +26,7 @@ from healthgate.controlplane.resources import (
     split_output_fields,
 )
 from healthgate.controlplane.webhooks import WebhookDispatcher, present_status
+from healthgate.health.routing import ramp_progress
 from healthgate.model.addresses import AddressPolicy
 from healthgate.model.names import GLOBAL, NAME_RULE, ResourcePath, endpoint_path, is_valid_name
 from healthgate.model.plan import Plan
@@ -307,9 +308,7 @@ class ApiState:
                 "neg": neg,
                 "start": iso(start),
                 "rampSec": seconds,
-                "progress": round(min(1.0, max(0.0, (now - start) / seconds)), 4)
-                if seconds
-                else 1.0,
+                "progress": round(ramp_progress(now, start, seconds), 4),
             }
             for neg, start in sorted(ramps.items())
         ]

@@ -28,6 +28,7 @@ from healthgate.health.routing import (
     distribute,
     moved,
     order,
+    ramp_progress,
     split_text,
 )
 from healthgate.health.shifts import ShiftEffect, active_effects, ended, next_expiry, shifts_of
@@ -451,7 +452,7 @@ class HealthGraph:
             c = by_path.get(neg)
             if c is None or not c.eligible:
                 del ramps[neg]
-                way = max(0.0, now - start) / seconds * 100
+                way = ramp_progress(now, start, seconds) * 100
                 why = (
                     f"{neg.rsplit('/', 1)[-1]} is {c.why_out if c else 'no longer a backend'} "
                     f"{way:.0f}% of the way: its ramp starts again at its next recovery"
@@ -497,9 +498,7 @@ class HealthGraph:
         if not ramps:
             return candidates
         return [
-            replace(c, ramp=min(1.0, max(0.0, (now - ramps[c.path]) / seconds)))
-            if c.path in ramps
-            else c
+            replace(c, ramp=ramp_progress(now, ramps[c.path], seconds)) if c.path in ramps else c
             for c in candidates
         ]
 
@@ -524,7 +523,7 @@ class HealthGraph:
         why = (
             f"{neg.rsplit('/', 1)[-1]}: {failed} of {total} requests or connections failed in "
             f"the last {ERROR_WINDOW:g} s ({100 * failed / total:.0f}% > failbackMaxErrorPercent "
-            f"{limit:g}) {min(1.0, (now - start) / seconds) * 100:.0f}% of the way: its ramp "
+            f"{limit:g}) {ramp_progress(now, start, seconds) * 100:.0f}% of the way: its ramp "
             f"starts again a success window ({window:g} s) later"
         )
         records.append(
@@ -557,10 +556,15 @@ class HealthGraph:
         return out
 
     def _max_error_percent(self, frontend: str) -> float | None:
+        policy = self._policy_of(frontend)
+        return policy.failback_max_error_percent if policy is not None else None
+
+    def _policy_of(self, frontend: str) -> FailoverPolicy | None:
+        """The failover policy of a consumer front end's backend service."""
         node = self._routes.get(frontend)
         bs_path = node.resource.ref("backend_service") if node is not None else None
         bs = self._resources.get(bs_path) if bs_path else None
-        return bs.policy.failback_max_error_percent if isinstance(bs, BackendService) else None
+        return bs.policy if isinstance(bs, BackendService) else None
 
     def _success_window(self, neg: str) -> float:
         """How long the probes behind a PSC NEG take to call it HEALTHY again
@@ -585,10 +589,8 @@ class HealthGraph:
         return max(windows)
 
     def ramp_seconds(self, frontend: str) -> int:
-        node = self._routes.get(frontend)
-        bs_path = node.resource.ref("backend_service") if node is not None else None
-        bs = self._resources.get(bs_path) if bs_path else None
-        return bs.policy.failback_ramp_sec if isinstance(bs, BackendService) else 0
+        policy = self._policy_of(frontend)
+        return policy.failback_ramp_sec if policy is not None else 0
 
     def next_ramp_step(self, now: float) -> float | None:
         """When a ramp in progress next moves its shares (None: no ramp)."""

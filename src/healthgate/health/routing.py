@@ -241,6 +241,14 @@ def _basis_points(fractions: Sequence[float]) -> list[int]:
     return points
 
 
+def ramp_progress(now: float, start: float, seconds: int) -> float:
+    """How far a ramped failback is at ``now``, 0-1 (a start still ahead: 0;
+    no ramp time: done)."""
+    if seconds <= 0:
+        return 1.0
+    return min(1.0, max(0.0, (now - start) / seconds))
+
+
 def moved(before: Sequence[Share], after: Sequence[Share]) -> bool:
     """Is this a route change to record (SPEC §6): a NEG gained or lost a
     share, or a share moved by 5 points or more?"""
