@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 RUNTIME := $(VENV)/.runtime-stamp
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run simulate test lint typecheck programs browser unit bench clean
+.PHONY: run simulate test lint typecheck programs compiler browser unit pure bench clean
 
 $(BIN)/python:
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
@@ -16,14 +16,25 @@ $(BIN)/python:
 	  apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); }
 	$(BIN)/python -m pip install -q --upgrade pip
 
-# the demo needs the runtime dependencies only; the tests add their tools
-$(RUNTIME): pyproject.toml | $(BIN)/python
+# the demo needs the runtime dependencies only; the tests add their tools.
+# Installing compiles the L7 fast path's C readers (hatch_build.py) when the
+# machine has a C compiler and Python's headers - else the Python path runs;
+# the tests install both (compiler), so that the suite runs the C path.
+BUILD := pyproject.toml hatch_build.py src/healthgate/_speedups.c
+$(RUNTIME): $(BUILD) | $(BIN)/python
 	$(BIN)/python -m pip install -q -e .
 	@touch $(RUNTIME)
 
-$(STAMP): pyproject.toml | $(BIN)/python
+$(STAMP): $(BUILD) | $(BIN)/python compiler
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	@touch $(RUNTIME) $(STAMP)
+
+compiler: | $(BIN)/python
+	@need=""; command -v cc >/dev/null 2>&1 || need="gcc"; \
+	$(BIN)/python -c 'import sysconfig, pathlib, sys; sys.exit(not pathlib.Path(sysconfig.get_paths()["include"], "Python.h").exists())' \
+	  || need="$$need python3-dev"; \
+	if [ -n "$$need" ]; then echo "installing Debian's $$need (the C speedups)"; apt-get update -qq; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$need >/dev/null; fi
 
 run: $(RUNTIME)
 	$(BIN)/healthgate demo
@@ -33,14 +44,20 @@ simulate: $(RUNTIME)
 	  --scenario examples/scenario-us-east1-hangs.yaml
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench hatch_build.py
+	$(BIN)/ruff format --check src tests bench hatch_build.py
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
 unit: $(STAMP)
 	$(BIN)/pytest -q
+
+# the pure-Python fallback of the C speedups, through the data-plane tests
+PURE_TESTS := tests/unit/test_http_scan.py tests/integration/test_proxies.py \
+              tests/integration/test_front_end_limits.py tests/integration/test_front_end_buffers.py
+pure: $(STAMP)
+	HEALTHGATE_PURE_PYTHON=1 $(BIN)/pytest -q $(PURE_TESTS)
 
 # Programs the tests start for real, from Debian (never a downloaded binary):
 # chromium (the dashboard's browser tests), haproxy (the agent-check integration),
@@ -68,7 +85,7 @@ programs:
 
 browser: programs
 
-test: lint typecheck programs unit
+test: lint typecheck programs unit pure
 
 bench: $(STAMP)
 	$(BIN)/python bench/engine.py

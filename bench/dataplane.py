@@ -6,7 +6,8 @@
 One nginx backend (`return 200`, and a 256 MB file for bulk transfers) runs
 with wrk on core 0; the proxy under test runs alone on core 1:
 
-* HAProxy (nbthread 1): `mode http` for requests, `mode tcp` for the bulk transfer;
+* HAProxy (nbthread 1): `mode http` for requests, `mode tcp` for requests
+  through a TCP proxy (the L4 hop's peer) and for the bulk transfer;
 * nginx (1 worker, upstream keepalive 64);
 * healthgate serve: the producer forwarding rule (one L4 hop over the backend
   service's healthy endpoints); and the consumer front end (L7 HTTP with
@@ -18,7 +19,8 @@ time per request (utime + stime of its processes over the run: a second
 view of the same ratio; both vary by 10-30 % between runs on these VMs).
 TCP bulk: one client downloads the 256 MB file through each L4 proxy, MB/s.
 Ratios are to HAProxy. Goals (issue 6): one healthgate hop >= 0.75x HAProxy's
-requests/s, TCP bulk >= 0.9x HAProxy's throughput.
+requests/s, TCP bulk >= 0.9x HAProxy's throughput; (issue 31) the L7 front
+end >= 1.0x HAProxy mode http, the L4 hop >= 1.0x HAProxy mode tcp.
 """
 
 from __future__ import annotations
@@ -309,6 +311,9 @@ backend betcp
             wait_healthy(hg_api, "projects/bench/regions/r1/backendServices/web")
             targets = [  # name, URL, the proxy's process (with its children)
                 ("haproxy", f"http://127.0.0.1:{ha_http}/", haproxy),
+                # (the L4 hop's peer: HAProxy in mode tcp, each client connection
+                # one upstream connection, as the hop does)
+                ("haproxy mode tcp", f"http://127.0.0.1:{ha_tcp}/", haproxy),
                 ("nginx", f"http://127.0.0.1:{ng_port}/", nginx),
                 ("healthgate L4 hop", f"http://127.0.9.100:{hg_prod}/", serve),
                 ("healthgate front end (L7)", f"http://127.0.0.1:{hg_front}/", serve),
@@ -379,6 +384,18 @@ backend betcp
                         + ")"
                     )
             print(line)
+    http = [r for r in rows if r["test"] == "http"]
+    by = {(r["repeat"], r["proxy"]): r for r in http}
+    l4 = [
+        by[(r["repeat"], "healthgate L4 hop")]["rps"] / r["rps"]
+        for r in http
+        if r["proxy"] == "haproxy mode tcp" and (r["repeat"], "healthgate L4 hop") in by
+    ]
+    if l4:
+        print(
+            f"L4 hop x HAProxy mode tcp (requests/s, median of {len(l4)}): {_median(l4):.2f}"
+            f"  (per repeat: {' '.join(f'{x:.2f}' for x in l4)})"
+        )
     for r in rows:
         if r["test"] == "propagation":
             print(
@@ -391,7 +408,7 @@ backend betcp
         " is HAProxy's CPU per request over the proxy's: the requests/s each would reach alone"
         " on a core.\n"
         "goals: one healthgate hop >= 0.75x HAProxy's requests/s on one core; TCP bulk >= 0.9x HAProxy's throughput; "
-        "propagation p99 <= 5 ms"
+        "propagation p99 <= 5 ms; issue 31: the L7 front end >= 1.0x HAProxy, the L4 hop >= 1.0x HAProxy mode tcp"
     )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

@@ -22,10 +22,13 @@ byte for byte (the parser only finds where each one ends).
 headers and no body. When such a request arrives whole in one read, on a
 connection with nothing else in flight, and a pooled connection to the chosen
 upstream is open, it is forwarded without the request parser, without a
-task and without a future: one regular expression checks the head (request
-line, header syntax, no hop-by-hop or framing header, no X-Forwarded-For to
-merge), one line (``X-Forwarded-For``) is appended, and the upstream's
-response parser calls back into the proxy. Every failure of that first try -
+task and without a future: one pass checks the head
+(:func:`~healthgate.dataplane.http_scan.plain_request`: request line, header
+syntax, no hop-by-hop or framing header, no X-Forwarded-For to merge), one
+line (``X-Forwarded-For``) is appended, and the answer comes back by one
+callback: :meth:`HttpProxy.fast_whole` when the whole response arrives in
+one read (:func:`~healthgate.dataplane.http_scan.whole_response`, the usual
+case), else the upstream's response parser calls back into the proxy. Every failure of that first try -
 refused, reset, no answer within the per-try timeout, 502/503/504 - hands the
 request to the general path, which goes on with the next try exactly as if
 it had made the first one itself. Anything else (other methods, bodies,
@@ -47,12 +50,11 @@ from healthgate.dataplane.guard import ConnectionGuard
 from healthgate.dataplane.http_limits import HttpSettings
 from healthgate.dataplane.http_message import (
     IDEMPOTENT,
-    NOT_PLAIN,
-    PLAIN,
     RETRY_STATUSES,
     Request,
     simple_response,
 )
+from healthgate.dataplane.http_scan import plain_request
 from healthgate.dataplane.retry import NextTry, next_try
 from healthgate.dataplane.tcp import count_down, count_failed, served_key
 from healthgate.dataplane.upstream import UpstreamConnection, UpstreamPool, expire_head
@@ -95,12 +97,15 @@ class HttpProxy(asyncio.Protocol):
         self._head_bytes = 0
         self._head_since = 0.0
         self.last_active = 0.0
+        self.touched = False  # data arrived since the guard's last sweep
         # the first try alone, cheaper than choose() (else choose()[0][0]):
         # (its endpoint, every candidate of its region); it calls
         # on_route_used itself when the route it reads has changed
         self.first = first
         self.active = active  # requests in flight per upstream (least-connections)
         self.pool = pool
+        self._deadlines = pool.deadlines
+        self._pending = pool.deadlines.pending
         self.settings = settings
         self.stats = stats
         self.on_route_used = on_route_used
@@ -150,17 +155,14 @@ class HttpProxy(asyncio.Protocol):
         self.stats["connections"] = self.stats.get("connections", 0) + 1
 
     def data_received(self, data: bytes) -> None:
-        if self.guard is not None:
-            self.last_active = self.guard.clock()  # (the idle timeout counts from here)
+        self.touched = True  # (the idle timeout counts from the next sweep: see expire)
         if (
             not self.inflight
             and self.current is None
             and not self.queue
             and len(data) <= self.settings.max_head_bytes
-            and data.endswith(b"\r\n\r\n")
-            and (m := PLAIN.fullmatch(data)) is not None
-            and NOT_PLAIN.search(data.lower()) is None
-            and self._fast(data, m[1] == b"HEAD")
+            and (plain := plain_request(data))
+            and self._fast(data, plain == 2)
         ):
             return
         if self.closed:
@@ -184,6 +186,9 @@ class HttpProxy(asyncio.Protocol):
         """Called about once a second (dataplane/guard.py)."""
         if self.closed:
             return
+        if self.touched:  # read since the last sweep: active now (no clock per read)
+            self.touched = False
+            self.last_active = now
         if self._head_open:
             if now - self._head_since > header_timeout:
                 self.stats["header_timeouts"] = self.stats.get("header_timeouts", 0) + 1
@@ -363,12 +368,12 @@ class HttpProxy(asyncio.Protocol):
             active[address] = active.get(address, 0) + 1
             self._fast_counted = address
         conn.start_fast(request, head_only, self)
-        self.pool.deadlines.add(self, self.loop)
+        self._deadlines.add(self, self.loop)
         return True
 
     def _fast_end(self) -> None:
         """The fast exchange is over, however it ended."""
-        self.pool.deadlines.pending.pop(self, None)
+        self._pending.pop(self, None)
         if self._fast_counted is not None and self.active is not None:
             count_down(self.active, self._fast_counted)
             self._fast_counted = None
@@ -376,7 +381,7 @@ class HttpProxy(asyncio.Protocol):
         self.inflight = False
 
     def fast_head(self, conn: UpstreamConnection, status: int) -> None:
-        self.pool.deadlines.pending.pop(self, None)
+        self._pending.pop(self, None)
         if status in RETRY_STATUSES:  # GET and HEAD are idempotent: the next try
             conn.owner = None
             self.pool.discard(conn)
@@ -390,6 +395,24 @@ class HttpProxy(asyncio.Protocol):
             self._fast_end()
             return
         conn.commit(client)
+
+    def fast_whole(self, conn: UpstreamConnection, data: bytes, status: int) -> None:
+        """The whole response arrived in one read: what fast_head, commit and
+        fast_done would do, in one call (the connection stays reusable)."""
+        self.pool.release(conn)
+        if status in RETRY_STATUSES:  # GET and HEAD are idempotent: the next try
+            address = conn.address
+            self._fast_fallback(f"{address[0]}:{address[1]}: answered {status}", address)
+            return
+        client = self.transport
+        if not self.closed and client is not None and not client.is_closing():
+            client.write(data)
+            stats = self.stats
+            key = conn.served_key
+            stats[key] = stats.get(key, 0) + 1
+        self._fast_end()
+        if self.queue:  # requests that came in behind this one
+            self._wake_worker()
 
     def fast_done(self, conn: UpstreamConnection, reusable: bool) -> None:
         key = conn.served_key

@@ -15,6 +15,7 @@ routed to (:meth:`DataPlane.routes_changed`; by default a failover moves
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import resource
 from collections.abc import Callable, Iterator, Mapping
@@ -204,13 +205,11 @@ class DataPlane:
                 def groups() -> list[list[Address]]:
                     return [choice.producer_upstreams(path)]
 
-            first = None
+            first: Callable[[], tuple[Address, list[Address]] | None] | None = None
             if (
                 s.balance is Balance.ROUND_ROBIN
-            ):  # (least-connections looks at every request's load)
-
-                def first() -> tuple[Address, list[Address]] | None:
-                    return choice.first_try(path, spec.consumer)
+            ):  # (least-connections looks at every request's load; a partial: no Python frame)
+                first = functools.partial(choice.first_try, path, spec.consumer)
 
             return lambda: HttpProxy(
                 groups, self.pool, s.http, stats, choice.route_used, active, first, self.guard

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from typing import Protocol, cast
 
 import httptools
 
 from healthgate.dataplane.http_limits import HttpSettings
+from healthgate.dataplane.http_scan import whole_response
 from healthgate.dataplane.tcp import served_key
 
 Address = tuple[str, int]
@@ -31,6 +33,8 @@ class FastOwner(Protocol):
     what happens to it by callbacks."""
 
     def fast_head(self, conn: UpstreamConnection, status: int) -> None: ...
+
+    def fast_whole(self, conn: UpstreamConnection, data: bytes, status: int) -> None: ...
 
     def fast_done(self, conn: UpstreamConnection, reusable: bool) -> None: ...
 
@@ -96,6 +100,16 @@ class UpstreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
+        owner = self.owner
+        if owner is not None and self.sink is None and not self.head_only and whole_response:
+            # the usual answer to a fast-path request: one whole response in
+            # one read (dataplane/http_scan.py), handed over in one callback
+            status = whole_response(data)
+            if status:
+                self.status = status
+                self.owner = None
+                owner.fast_whole(self, data, status)
+                return
         sink = self.sink
         if sink is not None:
             if not sink.is_closing():  # a client that left mid-response: read on, drop
@@ -168,26 +182,33 @@ class TryDeadlines:
     """The per-try deadlines of fast-path exchanges, checked by one timer.
 
     A timer per request (``call_later`` + ``cancel``) costs more than the
-    rest of a plain request's Python; instead an exchange records its
-    deadline here and one sweep every ``timeout / 8`` (10-250 ms) expires the
-    late ones, so a try gives up between ``timeout`` and ``timeout`` plus one
-    sweep. The timer runs only while exchanges are in flight.
+    rest of a plain request's Python, and so does a clock read: instead an
+    exchange records the current *tick* here (a count of sweeps), and one
+    sweep every ``timeout / 8`` (10-250 ms) advances it and expires the
+    exchanges that have seen more than ``timeout`` worth of ticks, so a try
+    gives up between ``timeout`` and ``timeout`` plus one sweep. The timer
+    runs only while exchanges are in flight.
     """
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
         self.every = min(0.25, max(0.01, timeout / 8))
-        self.pending: dict[FastOwner, float] = {}
+        self.ticks = math.ceil(timeout / self.every - 1e-9)  # sweeps that make a timeout
+        self.tick = 0
+        self.pending: dict[FastOwner, int] = {}  # exchange -> the tick it started in
         self._timer: asyncio.TimerHandle | None = None
 
     def add(self, proxy: FastOwner, loop: asyncio.AbstractEventLoop) -> None:
-        self.pending[proxy] = loop.time() + self.timeout
+        self.pending[proxy] = self.tick
         if self._timer is None:
             self._timer = loop.call_later(self.every, self._sweep, loop)
 
     def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
-        now = loop.time()
-        late = [proxy for proxy, deadline in self.pending.items() if deadline <= now]
+        # (an exchange that started during tick t, before sweep t + 1, has
+        # waited more than now - t - 1 sweeps: `ticks` of them is the timeout)
+        self.tick = now = self.tick + 1
+        oldest = now - self.ticks
+        late = [proxy for proxy, started in self.pending.items() if started < oldest]
         for proxy in late:
             del self.pending[proxy]
             proxy.fast_expired()
