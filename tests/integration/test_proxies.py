@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from healthgate.dataplane import http_scan
 from healthgate.dataplane.http import HttpProxy
 from healthgate.dataplane.http_limits import HttpSettings
 from healthgate.dataplane.manager import Balance, DataPlane, DataPlaneSettings
@@ -406,14 +407,21 @@ def test_unknown_balance_policy_is_refused_by_name() -> None:
         DataPlaneSettings(balance="random")  # type: ignore[arg-type]  # (from outside: a string)
 
 
-def scripted(name: bytes, plan: list[str], seen: list[bytes]) -> Any:
+def scripted(
+    name: bytes, plan: list[str], seen: list[bytes], connections: list[int] | None = None
+) -> Any:
     """A keep-alive upstream that answers its requests, across connections,
     by the next action of ``plan`` (then "ok" for ever): "ok" - 200 with
     ``name`` as the body; "503"; "hang" - never answer, until the other side
-    closes (then b"closed" is seen); "drop" - close without answering."""
+    closes (then b"closed" is seen); "drop" - close without answering;
+    "split" - the 200's head, then its body a moment later; "chunked" - a
+    200 with ``name`` as one chunk. ``connections`` counts the connections
+    accepted."""
     actions = iter(plan)
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if connections is not None:
+            connections.append(len(connections) + 1)
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -425,6 +433,18 @@ def scripted(name: bytes, plan: list[str], seen: list[bytes]) -> Any:
                     break
                 if action == "drop":
                     break
+                if action == "split":
+                    writer.write(b"HTTP/1.1 200 X\r\nContent-Length: %d\r\n\r\n" % len(name))
+                    await writer.drain()
+                    await asyncio.sleep(0.05)
+                    writer.write(name)
+                    continue
+                if action == "chunked":
+                    writer.write(
+                        b"HTTP/1.1 200 X\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
+                        % (len(name), name)
+                    )
+                    continue
                 status = 503 if action == "503" else 200
                 body = b"" if head.startswith(b"HEAD ") else name  # (a HEAD answer has no body)
                 writer.write(
@@ -487,6 +507,45 @@ def test_http_plain_requests_take_the_fast_path_in_order_with_x_forwarded_for() 
     )
     assert stats["requests"] == 8
     assert 3 <= stats["fast_path"] <= 4  # /2, /3, /8 (and /7 if the POST was done first)
+
+
+def test_http_fast_answers_whole_split_or_chunked_on_one_pooled_connection() -> None:
+    """A fast exchange's answer in one read is handed over whole (without
+    the response parser); one split over two reads, or chunked, goes
+    through the parser - and either way the connection is pooled again.
+    A 503 is retried either way; read whole (the C path) its connection is
+    pooled again too, read by the parser (the Python path: its body may be
+    still on the way) the connection is closed, and the next request opens
+    a new one on the general path."""
+    seen: list[bytes] = []
+    connections: list[int] = []
+
+    async def go() -> tuple[list[bytes], dict[str, int]]:
+        plan = ["ok", "split", "ok", "ok", "chunked", "503", "ok"]
+        async with Server(scripted(b"abc", plan, seen, connections)) as up:
+            stats: dict[str, int] = {}
+            proxy = await http_proxy_to([("127.0.0.1", up.port)], stats)
+            reader, writer = await connect(proxy)
+            answers = [await exchange(reader, writer, get(b"/%d" % i)) for i in range(4)]
+            writer.write(get(b"/4"))  # chunked: read its head, then up to the last chunk
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            answers.append(head + await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 10))
+            # a whole 503 (the only region's only endpoint: answered 503 by the retry's 502)
+            answers += [await exchange(reader, writer, get(b"/%d" % i)) for i in (5, 6)]
+            writer.close()
+            proxy.close()
+            return answers, stats
+
+    answers, stats = run_async(go())
+    assert [a.split(b" ")[1] for a in answers] == [b"200"] * 5 + [b"502", b"200"]
+    assert all(a.endswith(b"abc") for a in answers[:4])
+    assert answers[4].endswith(b"3\r\nabc\r\n0\r\n\r\n")
+    if http_scan.whole_response is not None:
+        assert stats["fast_path"] == 6 and stats["requests"] == 7
+        assert connections == [1]  # every answer left the one connection reusable
+    else:  # (HEALTHGATE_PURE_PYTHON=1)
+        assert stats["fast_path"] == 5 and stats["requests"] == 7
+        assert connections == [1, 2]  # the 503's connection closed
 
 
 @pytest.mark.parametrize(
