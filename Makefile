@@ -30,7 +30,9 @@ $(STAMP): $(BUILD) | $(BIN)/python compiler
 	@touch $(RUNTIME) $(STAMP)
 
 compiler: | $(BIN)/python
-	@need=""; command -v cc >/dev/null 2>&1 || need="gcc"; \
+	@need=""; \
+	$(BIN)/python -c 'import sysconfig, shlex, shutil, sys; sys.exit(not shutil.which(shlex.split(sysconfig.get_config_var("CC") or "cc")[0]))' \
+	  || need="gcc"; \
 	$(BIN)/python -c 'import sysconfig, pathlib, sys; sys.exit(not pathlib.Path(sysconfig.get_paths()["include"], "Python.h").exists())' \
 	  || need="$$need python3-dev"; \
 	if [ -n "$$need" ]; then echo "installing Debian's $$need (the C speedups)"; apt-get update -qq; \

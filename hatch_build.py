@@ -1,6 +1,6 @@
 """Compile healthgate's C speedups (src/healthgate/_speedups.c) as the package
 is installed - `pip install .` or `pip install -e .` - with the machine's C
-compiler and Python's headers.
+compiler ($CC, else the one Python was built with) and Python's headers.
 
 Optional by design: without a compiler or the headers (or with
 HEALTHGATE_NO_COMPILE=1) the install goes on and the pure-Python path runs
@@ -33,7 +33,7 @@ def compile_speedups(root: Path) -> tuple[Path | None, str]:
     include = sysconfig.get_paths()["include"]
     if not (Path(include) / "Python.h").exists():
         return None, f"Python's headers are not installed ({include}/Python.h; Debian: python3-dev)"
-    compiler = shlex.split(str(sysconfig.get_config_var("CC") or "cc"))
+    compiler = shlex.split(os.environ.get("CC") or str(sysconfig.get_config_var("CC") or "cc"))
     command = [
         *compiler,
         "-shared",
