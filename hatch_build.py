@@ -4,7 +4,7 @@ compiler ($CC, else the one Python was built with) and Python's headers.
 
 Optional by design: without a compiler or the headers (or with
 HEALTHGATE_NO_COMPILE=1) the install goes on and the pure-Python path runs
-(healthgate/dataplane/http_scan.py); the reason is printed. The module is
+(healthgate/http_scan.py); the reason is printed. The module is
 built in place, next to its source, so an editable install finds it too;
 a wheel carries it as an artifact (and is then tagged for this platform).
 """

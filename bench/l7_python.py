@@ -124,7 +124,7 @@ def main() -> int:
     if args.one:  # a child: one mode
         import uvloop
 
-        from healthgate.dataplane import http_scan
+        from healthgate import http_scan
 
         assert http_scan.COMPILED is (args.one == "c"), "the C speedups are not built here"
         print(f"{uvloop.run(_measure(args.requests, args.rounds)):.0f}")

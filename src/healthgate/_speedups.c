@@ -1,4 +1,4 @@
-/* The L7 fast path's two readers, in C (healthgate/dataplane/http_scan.py
+/* The L7 fast path's two readers, in C (healthgate/http_scan.py
  * says what they accept; tests/unit/test_http_scan.py checks them against
  * the Python reader and against httptools).
  *
@@ -169,7 +169,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "healthgate._speedups",
-    "The L7 fast path's readers in C (healthgate/dataplane/http_scan.py).", -1, methods,
+    "The L7 fast path's readers in C (healthgate/http_scan.py).", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__speedups(void) {

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from healthgate.dataplane import http_scan
+from healthgate import http_scan
 from healthgate.dataplane.http import HttpProxy
 from healthgate.dataplane.http_limits import HttpSettings
 from healthgate.dataplane.manager import Balance, DataPlane, DataPlaneSettings

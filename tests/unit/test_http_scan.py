@@ -1,4 +1,4 @@
-"""The L7 fast path's readers (dataplane/http_scan.py): the C functions
+"""The L7 fast path's readers (http_scan.py): the C functions
 against the Python one and against httptools, on tables of cases and on
 generated messages - what they accept must be what the parser would make of
 it, since an accepted request or response skips the parser."""
@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from healthgate.dataplane import http_scan
-from healthgate.dataplane.http_scan import NOT_PLAIN_NAMES, py_plain_request
+from healthgate import http_scan
+from healthgate.http_scan import NOT_PLAIN_NAMES, py_plain_request
+from healthgate.probes.http import parse_head
 
 try:
     from healthgate import _speedups
@@ -211,7 +212,9 @@ def test_whole_response_cases(data: bytes, want: int) -> None:
 
 def _check_with_httptools(data: bytes) -> int:
     status = _speedups.whole_response(data)
-    if status:  # then httptools reads exactly one reusable response of that status
+    if status:  # then httptools (and the probes' parse_head) read one reusable response
+        head = parse_head(data, data.index(b"\r\n\r\n"), len(data))
+        assert (head.status, head.reusable) == (status, True), data
         response = _Response(data)
         assert response.error is None, (data, response.error)
         assert response.complete == 1, data
@@ -225,6 +228,18 @@ def _check_with_httptools(data: bytes) -> int:
 @pytest.mark.parametrize(("data", "want"), WHOLE_CASES)
 def test_what_whole_response_accepts_httptools_reads_the_same(data: bytes, want: int) -> None:
     assert _check_with_httptools(data) == want
+
+
+@needs_c
+@pytest.mark.parametrize(("data", "want"), WHOLE_CASES)
+def test_what_whole_response_accepts_the_probes_parse_head_reads_the_same(
+    data: bytes, want: int
+) -> None:
+    """probes/batch.py takes whole_response's word for a health check's
+    answer: parse_head would have found the same status, reusable."""
+    if want:
+        head = parse_head(data, data.index(b"\r\n\r\n"), 65536)
+        assert (head.status, head.reusable, head.error) == (want, True, "")
 
 
 _HEADER = st.one_of(

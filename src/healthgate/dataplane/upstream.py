@@ -22,8 +22,8 @@ from typing import Protocol, cast
 import httptools
 
 from healthgate.dataplane.http_limits import HttpSettings
-from healthgate.dataplane.http_scan import whole_response
 from healthgate.dataplane.tcp import served_key
+from healthgate.http_scan import whole_response
 
 Address = tuple[str, int]
 
@@ -103,7 +103,7 @@ class UpstreamConnection(asyncio.Protocol):
         owner = self.owner
         if owner is not None and self.sink is None and not self.head_only and whole_response:
             # the usual answer to a fast-path request: one whole response in
-            # one read (dataplane/http_scan.py), handed over in one callback
+            # one read (http_scan.py), handed over in one callback
             status = whole_response(data)
             if status:
                 self.status = status

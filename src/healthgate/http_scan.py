@@ -1,4 +1,5 @@
-"""What the L7 fast path reads without a parser: a plain request, a whole
+"""What the L7 fast path (dataplane/http.py) and the batch HTTP health
+checks (probes/batch.py) read without a parser: a plain request, a whole
 response.
 
 Two functions, each a strict subset of what httptools (llhttp) accepts, so
@@ -16,7 +17,9 @@ that anything they do not recognise simply takes the parser's path:
   no ``Transfer-Encoding``, and no ``Connection`` header but
   ``keep-alive``. Its status, or 0. (An upstream's typical answer to a
   plain GET arrives in one read; the proxy then forwards it without feeding
-  the parser and without the parser's callbacks.)
+  the parser and without the parser's callbacks; a health check's answer
+  read by it costs ~50 ns instead of ~1 µs for probes/http.py's
+  ``parse_head``, which it agrees with.)
 
 Both are written in C (``healthgate/_speedups.c``, compiled when the
 package is installed, if the machine has a C compiler and Python's
