@@ -30,8 +30,11 @@ checks every endpoint every second for a warm-up and then --duration seconds:
 Pinned to one core, serve probes in its own process (its default on one
 core); ``--serve-arg=--probe-workers=2`` puts two probe workers on that core.
 CPU is utime+stime of the checker process and its children from /proc; checks are
-counted by the kernel's TCP ActiveOpens (every connect) for HAProxy and by
-healthgate's own probe counter (keep-alive probes open no connections).
+counted by the kernel's TCP ActiveOpens (every connect) for HAProxy, by
+Envoy's admin stats and by healthgate's own probe counter (keep-alive probes
+open no connections); for every checker the kernel's connects (ActiveOpens)
+and the handshakes completed at the backends (PassiveOpens: 0 for a
+half-open check) over the same window are printed beside its claim.
 "On time" is healthgate's share of probes started within 10 ms of due.
 
 Printed: checks/s, CPU us per check, the ratio to HAProxy (lower is better
@@ -60,13 +63,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Proc, backend_endpoints, cpu_seconds, pinned, wait_until
 
 
-def active_opens() -> int:
+def tcp_counters() -> tuple[int, int]:
+    """The kernel's TCP ActiveOpens (every connect) and PassiveOpens (every
+    handshake completed at a listener: here the backends, the only
+    listeners the checks reach), system-wide."""
     rows = [
         line.split()
         for line in Path("/proc/net/snmp").read_text().splitlines()
         if line.startswith("Tcp:")
     ]
-    return int(rows[1][rows[0].index("ActiveOpens")])
+    return int(rows[1][rows[0].index("ActiveOpens")]), int(rows[1][rows[0].index("PassiveOpens")])
+
+
+def active_opens() -> int:
+    return tcp_counters()[0]
+
+
+def kernel_view(before: tuple[int, int], after: tuple[int, int]) -> dict[str, int]:
+    return {"kernel_connects": after[0] - before[0], "kernel_handshakes": after[1] - before[1]}
 
 
 def measure(
@@ -112,10 +126,10 @@ def run_haproxy(
     cfg.write_text("\n".join(lines) + "\n")
     proc = Proc(pinned(["haproxy", "-db", "-f", str(cfg)], 0), work / "haproxy.log")
     try:
-        cpu, checks, _ = measure(proc.p.pid, warmup, duration, active_opens)
+        cpu, checks, (k0, k1) = measure(proc.p.pid, warmup, duration, active_opens, tcp_counters)
     finally:
         proc.stop()
-    return {"checker": "haproxy", "cpu": cpu, "checks": checks}
+    return {"checker": "haproxy", "cpu": cpu, "checks": checks, **kernel_view(k0, k1)}
 
 
 ENVOY = shutil.which("envoy") or str(Path(sys.executable).parent / "envoy")
@@ -195,12 +209,10 @@ def run_envoy(
 
     try:
         wait_until(lambda: _answers(f"http://127.0.0.1:{admin}/ready"), 60, "envoy ready")
-        cpu, checks, (opens0, opens1) = measure(
-            proc.p.pid, warmup, duration, attempts, active_opens
-        )
+        cpu, checks, (k0, k1) = measure(proc.p.pid, warmup, duration, attempts, tcp_counters)
     finally:
         proc.stop()
-    return {"checker": "envoy", "cpu": cpu, "checks": checks, "kernel_connects": opens1 - opens0}
+    return {"checker": "envoy", "cpu": cpu, "checks": checks, **kernel_view(k0, k1)}
 
 
 def _answers(url: str) -> bool:
@@ -299,12 +311,15 @@ def run_healthgate(
         # the on-time share over the same window as the CPU (the warm-up,
         # with its start-up transient - every endpoint UNKNOWN -> HEALTHY -
         # is left out of both)
-        cpu, checks, ((late0, started0), (late1, started1)) = measure(
+        cpu, checks, ((late0, started0, *k0), (late1, started1, *k1)) = measure(
             proc.p.pid,
             warmup,
             duration,
             lambda: metric("healthgate_probes_started_total"),
-            lambda: metrics("healthgate_probes_late_total", "healthgate_probes_started_total"),
+            lambda: (
+                *metrics("healthgate_probes_late_total", "healthgate_probes_started_total"),
+                *tcp_counters(),
+            ),
         )
         late, started = late1 - late0, started1 - started0
         outcomes = {
@@ -320,6 +335,7 @@ def run_healthgate(
         "checks": checks,
         "late_share": late / started if started else None,
         "outcomes": outcomes,
+        **kernel_view((int(k0[0]), int(k0[1])), (int(k1[0]), int(k1[1]))),
     }
 
 
@@ -423,11 +439,16 @@ def main() -> int:
             f"{r['endpoints']:>9,} {r['check']:>5} {r['checker']:<25} {r['checks_per_s']:>9.0f} {r['cpu_percent']:>6.1f} "
             f"{r['cpu_us_per_check']:>9.1f} {r['ratio_to_haproxy']:>9.2f} {x_envoy:>8} {on_time:>8}"
         )
+    print(
+        "\nthe kernel's view (did each checker make the checks it claims?): connects, and "
+        "handshakes completed at the backends"
+    )
     for r in rows:
-        if r["checker"] == "envoy":  # (did it make the checks it claims?)
+        if "kernel_connects" in r:
             print(
-                f"envoy at {r['endpoints']:,} {r['check']}: {r['checks']:,} checks claimed, "
-                f"{r['kernel_connects']:,} connects counted by the kernel"
+                f"  {r['checker']} at {r['endpoints']:,} {r['check']}: {r['checks']:,} checks"
+                f" claimed, {r['kernel_connects']:,} connects, {r['kernel_handshakes']:,}"
+                " handshakes"
             )
     for r in rows:
         if r["checker"] == "healthgate keep-alive contains":
