@@ -40,6 +40,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--check", choices=["tcp", "http"], default="tcp")
     ap.add_argument("--keepalive", action="store_true", help="HTTP: keep connections alive")
+    ap.add_argument("--contains", action="store_true", help="HTTP: responseContains 'ok'")
     ap.add_argument("--base-port", type=int, default=23000)
     args = ap.parse_args()
     with (
@@ -49,7 +50,14 @@ def main() -> int:
         if hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, {0})
         specs = [
-            ProbeSpec(args.check.upper(), "127.0.0.1", args.base_port + i, 2.0, 1.0)
+            ProbeSpec(
+                args.check.upper(),
+                "127.0.0.1",
+                args.base_port + i,
+                2.0,
+                1.0,
+                contains=b"ok" if args.contains else b"",
+            )
             for i in range(args.count)
         ]
         prober = BatchProber(ProbeSettings(keepalive=args.keepalive))
@@ -76,7 +84,8 @@ def main() -> int:
     user = (after.ru_utime - before.ru_utime) / n * 1e6
     kernel = (after.ru_stime - before.ru_stime) / n * 1e6
     print(
-        f"{args.check}{' kept alive' if args.keepalive else ''} checks: {n:,} in {wall:.2f} s; per check: user {user:.1f} us, "
+        f"{args.check}{' kept alive' if args.keepalive else ''}"
+        f"{' contains' if args.contains else ''} checks: {n:,} in {wall:.2f} s; per check: user {user:.1f} us, "
         f"kernel {kernel:.1f} us, total {user + kernel:.1f} us"
     )
     return 0

@@ -72,7 +72,13 @@ from typing import Final, cast
 
 from healthgate.health.states import Outcome, ProbeResult, local_failure
 from healthgate.http_scan import whole_response
-from healthgate.probes.http import HttpHead, build_request, parse_head, scan_body
+from healthgate.probes.http import (
+    BODY_SEARCHED,
+    HttpHead,
+    build_request,
+    parse_head,
+    scan_body,
+)
 from healthgate.probes.prober import ProbeSettings, verdict
 from healthgate.probes.spec import ProbeSpec
 from healthgate.probes.syn import SynPacket, SynSocket
@@ -525,6 +531,13 @@ class BatchProber:
     def _body(self, p: _Probe, end: int, eof: bool) -> HttpHead | None:
         """A responseContains check's verdict once its body has said enough
         (None: read on; http.py's scan_body says how much)."""
+        buf = p.buf
+        if whole_response is not None and len(buf) <= self.settings.max_body_bytes:
+            status = whole_response(buf)
+            if status:  # one whole response (see _read): its body is the rest of buf
+                head = HttpHead(status, reusable=True)
+                head.found = p.spec.contains in buf[end + 4 : end + 4 + BODY_SEARCHED]
+                return head
         head = parse_head(p.buf, end, self.settings.max_body_bytes)
         if head.error:
             return head
