@@ -17,9 +17,10 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 # the demo needs the runtime dependencies only; the tests add their tools.
-# Installing compiles the L7 fast path's C readers (hatch_build.py) when the
-# machine has a C compiler and Python's headers - else the Python path runs;
-# the tests install both (compiler), so that the suite runs the C path.
+# Installing compiles the C readers of the L7 fast path and the HTTP checks
+# (hatch_build.py) when the machine has a C compiler and Python's headers -
+# else the Python path runs; the tests install both (compiler), so that the
+# suite runs the C path (and `pure` the Python one).
 BUILD := pyproject.toml hatch_build.py src/healthgate/_speedups.c
 $(RUNTIME): $(BUILD) | $(BIN)/python
 	$(BIN)/python -m pip install -q -e .

@@ -28,6 +28,7 @@ def compile_speedups(root: Path) -> tuple[Path | None, str]:
     """Build the extension next to its source: (its path, "") or (None, why not)."""
     source = root / SOURCE
     target = source.with_name("_speedups" + str(sysconfig.get_config_var("EXT_SUFFIX")))
+    target.unlink(missing_ok=True)  # (never an older build left behind, whatever happens next)
     if os.environ.get("HEALTHGATE_NO_COMPILE", "") not in ("", "0"):
         return None, "HEALTHGATE_NO_COMPILE is set"
     include = sysconfig.get_paths()["include"]

@@ -1,6 +1,6 @@
-/* The L7 fast path's two readers, in C (healthgate/http_scan.py
- * says what they accept; tests/unit/test_http_scan.py checks them against
- * the Python reader and against httptools).
+/* The HTTP readers of the L7 fast path and the batch HTTP checks, in C
+ * (healthgate/http_scan.py says what they accept; tests/unit/test_http_scan.py
+ * checks them against the Python reader, httptools and the probes' parse_head).
  *
  * plain_request(data: bytes) -> int   1 GET, 2 HEAD, 0 not a plain request
  * whole_response(data: bytes) -> int  the status of exactly one whole,
@@ -169,7 +169,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "healthgate._speedups",
-    "The L7 fast path's readers in C (healthgate/http_scan.py).", -1, methods,
+    "HTTP readers in C (healthgate/http_scan.py).", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__speedups(void) {

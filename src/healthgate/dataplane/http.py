@@ -23,13 +23,13 @@ headers and no body. When such a request arrives whole in one read, on a
 connection with nothing else in flight, and a pooled connection to the chosen
 upstream is open, it is forwarded without the request parser, without a
 task and without a future: one pass checks the head
-(:func:`~healthgate.http_scan.plain_request`: request line, header
-syntax, no hop-by-hop or framing header, no X-Forwarded-For to merge), one
-line (``X-Forwarded-For``) is appended, and the answer comes back by one
+(:func:`~healthgate.http_scan.plain_request`: request line, header syntax,
+no hop-by-hop or framing header, no X-Forwarded-For to merge), one line
+(``X-Forwarded-For``) is appended, and the answer comes back by one
 callback: :meth:`HttpProxy.fast_whole` when the whole response arrives in
-one read (:func:`~healthgate.http_scan.whole_response`, the usual
-case), else the upstream's response parser calls back into the proxy. Every failure of that first try -
-refused, reset, no answer within the per-try timeout, 502/503/504 - hands the
+one read (:func:`~healthgate.http_scan.whole_response`, the usual case),
+else the upstream's response parser calls back into the proxy. Every
+failure of that first try - refused, reset, no answer within the per-try timeout, 502/503/504 - hands the
 request to the general path, which goes on with the next try exactly as if
 it had made the first one itself. Anything else (other methods, bodies,
 ``Connection`` headers, HTTP/1.0, pipelined or partial reads, no pooled

@@ -101,7 +101,12 @@ class UpstreamConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
         owner = self.owner
-        if owner is not None and self.sink is None and not self.head_only and whole_response:
+        if (
+            whole_response is not None
+            and owner is not None
+            and not self.head_only
+            and self.sink is None
+        ):
             # the usual answer to a fast-path request: one whole response in
             # one read (http_scan.py), handed over in one callback
             status = whole_response(data)
