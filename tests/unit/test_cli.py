@@ -274,6 +274,29 @@ def test_probe_workers_takes_a_count_or_auto(
 
 
 @pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        ("--per-try-timeout", "0", "must be greater than 0, got 0"),
+        ("--per-try-timeout", "nan", "must be greater than 0, got nan"),
+        ("--per-try-timeout", "inf", "must be at most 3600 seconds, got inf"),
+        ("--probe-failure-log-rate", "-1", "must be 0 or more, got -1"),
+    ],
+)
+def test_serve_refuses_timeouts_and_rates_out_of_range(
+    tmp_path: Path, option: str, value: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A per-try timeout of 0 made the fast path's deadline sweep run with no
+    pause; infinity failed deep inside. Refused by name, before anything is opened."""
+    db = tmp_path / "never.db"
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--db", str(db), option, value])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert option in err and says in err
+    assert not db.exists()
+
+
+@pytest.mark.parametrize(
     ("cores", "clustered", "workers"),
     [
         ({0}, False, 0),

@@ -20,6 +20,14 @@ def positive_float(text: str) -> float:
     return value
 
 
+def try_timeout(text: str) -> float:
+    """A per-try timeout: more than 0, at most an hour (NaN and infinity refused)."""
+    value = positive_float(text)
+    if not value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be at most 3600 seconds, got {text}")
+    return value
+
+
 def non_negative_float(text: str) -> float:
     value = float(text)
     if not value >= 0:
@@ -354,7 +362,7 @@ def _probe_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("probing (docs/health.md)")
     g.add_argument(
         "--probe-failure-log-rate",
-        type=float,
+        type=non_negative_float,
         default=1.0,
         help="probe-failure log lines per second (0: none)",
     )
@@ -429,7 +437,7 @@ def _dataplane_options(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--per-try-timeout",
-        type=float,
+        type=try_timeout,
         default=2.0,
         help="HTTP front ends: seconds to the first response byte before a retry in the next region",
     )

@@ -189,16 +189,27 @@ class TryDeadlines:
     A timer per request (``call_later`` + ``cancel``) costs more than the
     rest of a plain request's Python, and so does a clock read: instead an
     exchange records the current *tick* here (a count of sweeps), and one
-    sweep every ``timeout / 8`` (10-250 ms) advances it and expires the
+    sweep every ``timeout / 8`` (kept within 10-250 ms, and always a whole
+    fraction of the timeout) advances it and expires the
     exchanges that have seen more than ``timeout`` worth of ticks, so a try
     gives up between ``timeout`` and ``timeout`` plus one sweep. The timer
     runs only while exchanges are in flight.
     """
 
     def __init__(self, timeout: float) -> None:
+        if not 0 < timeout <= 3600:  # (0 would sweep without a pause; NaN never)
+            raise ValueError(f"per_try_timeout must be within (0, 3600] seconds, got {timeout}")
         self.timeout = timeout
-        self.every = min(0.25, max(0.01, timeout / 8))
-        self.ticks = math.ceil(timeout / self.every - 1e-9)  # sweeps that make a timeout
+        # `ticks` sweeps make exactly the timeout: 8 of them, or as many as
+        # keep a sweep within 10-250 ms (a rounded-up count would let a try
+        # wait up to two sweeps past its timeout)
+        ticks = 8
+        if timeout / ticks > 0.25:
+            ticks = math.ceil(timeout / 0.25)
+        elif timeout / ticks < 0.01:
+            ticks = max(1, int(timeout / 0.01))
+        self.ticks = ticks
+        self.every = timeout / ticks
         self.tick = 0
         self.pending: dict[FastOwner, int] = {}  # exchange -> the tick it started in
         self._timer: asyncio.TimerHandle | None = None
