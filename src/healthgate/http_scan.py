@@ -26,9 +26,10 @@ package is installed, if the machine has a C compiler and Python's
 headers). Without it - or with ``HEALTHGATE_PURE_PYTHON=1`` set - the
 fallback is :func:`py_plain_request` (regular expressions) and no
 ``whole_response``: read in Python, a response's framing costs more (~2 µs)
-than httptools and its callbacks, so every response then goes through the
-parser. tests/unit/test_http_scan.py checks the C functions against the
-Python one and against httptools; the data-plane tests run with each path.
+than httptools and its callbacks (and than the probes' ``parse_head``), so
+every response then goes through those. tests/unit/test_http_scan.py checks
+the C functions against the Python one, httptools and ``parse_head``; the
+data-plane and probe tests run with each path (``make pure``).
 """
 
 from __future__ import annotations
