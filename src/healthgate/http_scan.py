@@ -38,26 +38,41 @@ import os
 import re
 from collections.abc import Callable
 
-__all__ = ["COMPILED", "NOT_PLAIN_NAMES", "plain_request", "whole_response"]
+__all__ = [
+    "COMPILED",
+    "HOP_BY_HOP",
+    "NOT_PLAIN_NAMES",
+    "SPOOFABLE",
+    "plain_request",
+    "whole_response",
+]
 
 _TOKEN = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
 _FIELD = _TOKEN + rb":[\t -~]*\r\n"
 
-# Headers the general path rewrites, drops or acts on.
-NOT_PLAIN_NAMES = (
-    b"connection",
-    b"keep-alive",
-    b"proxy-connection",
-    b"te",
-    b"trailer",
-    b"upgrade",
-    b"transfer-encoding",
-    b"content-length",
-    b"expect",
-    b"x-forwarded-for",
-    b"forwarded",
-    b"x-real-ip",
+# Hop-by-hop headers (RFC 9110 §7.6.1) and framing: the L7 proxy's general
+# path drops them (dataplane/http_message.py), with every header that
+# ``Connection`` names.
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"upgrade",
+        b"transfer-encoding",
+        b"content-length",
+        b"expect",
+    }
 )
+# What a client says of where it is: not passed on (the proxy says it, in
+# X-Forwarded-For, appended to what the client sent there).
+SPOOFABLE = frozenset({b"forwarded", b"x-real-ip"})
+# Headers the general path rewrites, drops or acts on: a request with one of
+# them is not plain (_speedups.c has the same list; the tests check both
+# against this one).
+NOT_PLAIN_NAMES = tuple(sorted(HOP_BY_HOP | SPOOFABLE | {b"x-forwarded-for"}))
 
 _PLAIN = re.compile(rb"(GET|HEAD) /[!-~]* HTTP/1\.1\r\n(?:" + _FIELD + rb")*\r\n")
 # each header line starts right after a "\n"; searched for in the lower-cased

@@ -8,7 +8,7 @@ around that:
 
 * :class:`Request` - one parsed request, buffered whole (so it can be
   retried in the next region), and :meth:`Request.serialize`: the request
-  line, the headers but the hop-by-hop ones (:data:`HOP_BY_HOP`, and every
+  line, the headers but the hop-by-hop ones (``http_scan.HOP_BY_HOP``, and every
   header named by ``Connection``), ``X-Forwarded-For`` with the client
   appended, the body with its length;
 * :data:`IDEMPOTENT` and :data:`RETRY_STATUSES` - what may be tried again;
@@ -20,27 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from healthgate.http_scan import HOP_BY_HOP, SPOOFABLE
+
 Address = tuple[str, int]
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 RETRY_STATUSES = frozenset({502, 503, 504})
-HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"upgrade",
-        b"transfer-encoding",
-        b"content-length",
-        b"expect",
-    }
-)
-
-
-# what a client says of where it is: not passed on (the proxy says it, in
-# X-Forwarded-For, appended to what the client sent there)
-SPOOFABLE = frozenset({b"forwarded", b"x-real-ip"})
 
 
 class Request:
