@@ -57,7 +57,7 @@ unit: $(STAMP)
 	$(BIN)/pytest -q
 
 # the pure-Python fallback of the C speedups, through the data-plane and probe tests
-PURE_TESTS := tests/unit/test_http_scan.py tests/integration/test_proxies.py \
+PURE_TESTS := tests/unit/test_http_scan.py tests/unit/test_fast_protocols.py tests/integration/test_proxies.py \
               tests/integration/test_front_end_limits.py tests/integration/test_front_end_buffers.py \
               tests/integration/test_probes.py tests/integration/test_probe_body.py
 pure: $(STAMP)

@@ -147,6 +147,11 @@ def wrk(url: str, duration: float, conns: int) -> tuple[float, float]:
         timeout=duration + 60,
         check=True,
     ).stdout
+    # a fast wrong answer is no answer: every response a 2xx, no socket errors
+    bad = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    errors = re.search(r"Socket errors:.*", out)
+    if bad or errors:
+        raise SystemExit(f"{url}: not every request was answered well:\n{out}")
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     m = re.search(r"99%\s+([\d.]+)(us|ms|s)", out)
     assert m, out

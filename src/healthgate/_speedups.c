@@ -7,12 +7,18 @@
  *                                     reusable response, or 0
  *
  * Both only read `data`, never past its end, in one pass; neither allocates.
+ *
+ * FastProxy, FastUpstream: the bases of the L7 fast path's two protocol
+ * objects (dataplane/http.py's HttpProxy, dataplane/upstream.py's
+ * UpstreamConnection), whose data_received forward a plain request and its
+ * whole response without running Python (see below).
  * Built by the package's build hook (hatch_build.py) when a C compiler and
  * Python's headers are there; without them, the Python path runs.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
+#include <structmember.h>
 
 /* RFC 9110 token characters */
 static unsigned char is_tchar[256];
@@ -159,6 +165,462 @@ static PyObject *whole_response(PyObject *self, PyObject *arg) {
     return scan(arg, whole);
 }
 
+
+/* ---- The fast path's two protocol objects (dataplane/http.py and
+ * dataplane/upstream.py subclass them; without this module their Python
+ * bases do the same). FastProxy.data_received makes the first try of a
+ * plain request - route, pooled connection, counters, the request written,
+ * its per-try deadline - and FastUpstream.data_received forwards a whole
+ * response and pools the connection again, without a Python call between
+ * them. Anything else (no pooled connection, a route without a first-try
+ * chooser, a retried status, a split or chunked response, any field not of
+ * the type expected) calls the Python methods that do it: _fast, _parse,
+ * fast_whole. Each step here mirrors those methods line for line. */
+
+static PyObject *s_write, *s_is_closing, *s_close, *s_fast, *s_parse, *s_fast_whole,
+    *s_wake_worker, *s_add, *s_timer, *s_tick, *s_requests, *s_fast_path;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *address, *served_key, *transport, *owner, *sink;
+    int status;
+    char closed, reused, head_only, got_bytes;
+} Upstream;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *transport, *first, *current, *queue, *upstream, *active, *stats, *idle,
+        *pending, *deadlines, *loop, *xff, *fast_request, *fast_groups, *fast_region,
+        *fast_counted, *pin;
+    Py_ssize_t max_head, max_idle;
+    char inflight, touched, closed;
+} Proxy;
+
+static PyTypeObject UpstreamType, ProxyType;
+
+#define UPSTREAM_FIELDS(X) X(address) X(served_key) X(transport) X(owner) X(sink)
+#define PROXY_FIELDS(X)                                                                 \
+    X(transport) X(first) X(current) X(queue) X(upstream) X(active) X(stats) X(idle)    \
+    X(pending) X(deadlines) X(loop) X(xff) X(fast_request) X(fast_groups) X(fast_region) \
+    X(fast_counted) X(pin)
+
+/* every object field starts as None (never NULL while the object lives) */
+#define SET_NONE(f) self->f = Py_NewRef(Py_None);
+#define VISIT(f) Py_VISIT(self->f);
+#define TO_NONE(f) Py_XSETREF(self->f, Py_NewRef(Py_None));
+#define TO_NULL(f) Py_CLEAR(self->f);
+
+/* new (every field None), traverse, clear (to None), dealloc of one type */
+#define LIFECYCLE(prefix, Type, FIELDS)                                               \
+    static PyObject *prefix##_new(PyTypeObject *type, PyObject *args, PyObject *kwds) { \
+        (void)args;                                                                   \
+        (void)kwds;                                                                   \
+        Type *self = (Type *)type->tp_alloc(type, 0);                                 \
+        if (self != NULL) {                                                           \
+            FIELDS(SET_NONE)                                                          \
+        }                                                                             \
+        return (PyObject *)self;                                                      \
+    }                                                                                 \
+    static int prefix##_traverse(Type *self, visitproc visit, void *arg) {            \
+        FIELDS(VISIT)                                                                 \
+        return 0;                                                                     \
+    }                                                                                 \
+    static int prefix##_clear(Type *self) {                                           \
+        FIELDS(TO_NONE)                                                               \
+        return 0;                                                                     \
+    }                                                                                 \
+    static void prefix##_dealloc(Type *self) {                                        \
+        PyObject_GC_UnTrack(self);                                                    \
+        FIELDS(TO_NULL)                                                               \
+        Py_TYPE(self)->tp_free((PyObject *)self);                                     \
+    }
+
+LIFECYCLE(upstream, Upstream, UPSTREAM_FIELDS)
+LIFECYCLE(proxy, Proxy, PROXY_FIELDS)
+
+/* d[key] = d.get(key, 0) + 1 */
+static int count_up(PyObject *d, PyObject *key) {
+    PyObject *old = PyDict_GetItemWithError(d, key), *new;
+    if (old == NULL) {
+        if (PyErr_Occurred()) return -1;
+        new = PyLong_FromLong(1);
+    } else {
+        PyObject *one = PyLong_FromLong(1);
+        new = PyNumber_Add(old, one);
+        Py_DECREF(one);
+    }
+    if (new == NULL) return -1;
+    int r = PyDict_SetItem(d, key, new);
+    Py_DECREF(new);
+    return r;
+}
+
+/* count_down (dataplane/tcp.py): one fewer in flight to `key` */
+static int count_down(PyObject *d, PyObject *key) {
+    PyObject *old = PyDict_GetItemWithError(d, key);
+    if (old == NULL) return PyErr_Occurred() ? -1 : 0; /* (1 - 1: nothing to remove) */
+    long left = PyLong_AsLong(old);
+    if (left == -1 && PyErr_Occurred()) return -1;
+    left -= 1;
+    if (left > 0) {
+        PyObject *new = PyLong_FromLong(left);
+        if (new == NULL) return -1;
+        int r = PyDict_SetItem(d, key, new);
+        Py_DECREF(new);
+        return r;
+    }
+    return PyDict_DelItem(d, key);
+}
+
+/* transport.is_closing(): 1, 0 or -1 */
+static int is_closing(PyObject *transport) {
+    Py_INCREF(transport); /* (held across the call, as every object called below) */
+    PyObject *r = PyObject_CallMethodNoArgs(transport, s_is_closing);
+    Py_DECREF(transport);
+    if (r == NULL) return -1;
+    int t = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return t;
+}
+
+static int call_drop(PyObject *result) {
+    if (result == NULL) return -1;
+    Py_DECREF(result);
+    return 0;
+}
+
+/* target.name(arg), holding target across the call */
+static int call_one(PyObject *target, PyObject *name, PyObject *arg) {
+    Py_INCREF(target);
+    int r = call_drop(PyObject_CallMethodOneArg(target, name, arg));
+    Py_DECREF(target);
+    return r;
+}
+
+/* UpstreamPool.idle: a pooled connection to `address` (a new reference), or NULL */
+static int pool_idle(PyObject *idle, PyObject *address, Upstream **out) {
+    *out = NULL;
+    PyObject *conns = PyDict_GetItemWithError(idle, address);
+    if (conns == NULL) return PyErr_Occurred() ? -1 : 0;
+    if (!PyList_Check(conns)) {
+        PyErr_SetString(PyExc_TypeError, "the pool's idle connections are not a list");
+        return -1;
+    }
+    Py_ssize_t n;
+    while ((n = PyList_GET_SIZE(conns)) > 0) {
+        PyObject *c = Py_NewRef(PyList_GET_ITEM(conns, n - 1));
+        if (PyList_SetSlice(conns, n - 1, n, NULL) < 0) {
+            Py_DECREF(c);
+            return -1;
+        }
+        if (!PyObject_TypeCheck(c, &UpstreamType)) {
+            Py_DECREF(c);
+            PyErr_SetString(PyExc_TypeError, "a pooled connection is not an UpstreamConnection");
+            return -1;
+        }
+        Upstream *u = (Upstream *)c;
+        if (!u->closed && u->transport != Py_None) {
+            int closing = is_closing(u->transport);
+            if (closing < 0) {
+                Py_DECREF(c);
+                return -1;
+            }
+            if (!closing) {
+                u->reused = 1;
+                *out = u;
+                return 1;
+            }
+        }
+        Py_DECREF(c);
+    }
+    return 0;
+}
+
+/* UpstreamPool.release */
+static int pool_release(Proxy *self, Upstream *conn) {
+    PyObject *conns = PyDict_GetItemWithError(self->idle, conn->address);
+    if (conns == NULL) {
+        if (PyErr_Occurred()) return -1;
+        conns = PyList_New(0);
+        if (conns == NULL) return -1;
+        int r = PyDict_SetItem(self->idle, conn->address, conns);
+        Py_DECREF(conns); /* (the dict holds it) */
+        if (r < 0) return -1;
+    } else if (!PyList_Check(conns)) {
+        PyErr_SetString(PyExc_TypeError, "the pool's idle connections are not a list");
+        return -1;
+    }
+    if (conn->closed || PyList_GET_SIZE(conns) >= self->max_idle) {
+        if (conn->transport == Py_None) return 0;
+        PyObject *transport = Py_NewRef(conn->transport);
+        int r = call_drop(PyObject_CallMethodNoArgs(transport, s_close));
+        Py_DECREF(transport);
+        return r;
+    }
+    Py_SETREF(conn->sink, Py_NewRef(Py_None));
+    return PyList_Append(conns, (PyObject *)conn);
+}
+
+/* HttpProxy._fast_end */
+static int proxy_fast_end(Proxy *self) {
+    if (PyDict_DelItem(self->pending, (PyObject *)self) < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_KeyError)) return -1;
+        PyErr_Clear();
+    }
+    if (self->fast_counted != Py_None && self->active != Py_None) {
+        if (count_down(self->active, self->fast_counted) < 0) return -1;
+        Py_SETREF(self->fast_counted, Py_NewRef(Py_None));
+    }
+    Py_SETREF(self->upstream, Py_NewRef(Py_None));
+    self->inflight = 0;
+    return 0;
+}
+
+/* the fields the C path reads are of the types it expects (else the Python path) */
+static int proxy_shaped(Proxy *self) {
+    return PyDict_Check(self->stats) && PyDict_Check(self->idle) &&
+           PyDict_Check(self->pending) && PyBytes_Check(self->xff) &&
+           (self->active == Py_None || PyDict_Check(self->active)) && self->first != Py_None;
+}
+
+/* HttpProxy._fast with a first-try chooser: 1 sent, 0 the general path, -1 error */
+static int proxy_fast(Proxy *self, PyObject *data, int head_only) {
+    PyObject *choice = PyObject_CallNoArgs(self->first);
+    if (choice == NULL) return -1;
+    if (choice == Py_None) {
+        Py_DECREF(choice);
+        return 0;
+    }
+    if (!PyTuple_Check(choice) || PyTuple_GET_SIZE(choice) != 2) {
+        Py_DECREF(choice);
+        PyErr_SetString(PyExc_TypeError, "first() must give (address, region) or None");
+        return -1;
+    }
+    PyObject *address = PyTuple_GET_ITEM(choice, 0), *region = PyTuple_GET_ITEM(choice, 1);
+    Upstream *conn;
+    int found = pool_idle(self->idle, address, &conn);
+    if (found <= 0) {
+        if (found == 0) Py_SETREF(self->pin, Py_NewRef(address));
+        Py_DECREF(choice);
+        return found;
+    }
+    PyObject *request = NULL, *deadlines = NULL;
+    if (count_up(self->stats, s_requests) < 0 || count_up(self->stats, s_fast_path) < 0)
+        goto error;
+    Py_ssize_t n = PyBytes_GET_SIZE(data) - 2, x = PyBytes_GET_SIZE(self->xff);
+    request = PyBytes_FromStringAndSize(NULL, n + x);
+    if (request == NULL) goto error;
+    memcpy(PyBytes_AS_STRING(request), PyBytes_AS_STRING(data), n);
+    memcpy(PyBytes_AS_STRING(request) + n, PyBytes_AS_STRING(self->xff), x);
+    self->inflight = 1;
+    Py_SETREF(self->upstream, Py_NewRef((PyObject *)conn));
+    Py_SETREF(self->fast_request, Py_NewRef(request));
+    Py_SETREF(self->fast_groups, Py_NewRef(Py_None));
+    Py_SETREF(self->fast_region, Py_NewRef(region));
+    if (self->active != Py_None) {
+        if (count_up(self->active, address) < 0) goto error;
+        Py_SETREF(self->fast_counted, Py_NewRef(address));
+    }
+    /* UpstreamConnection.start_fast */
+    Py_SETREF(conn->owner, Py_NewRef((PyObject *)self));
+    conn->head_only = (char)head_only;
+    conn->got_bytes = 0;
+    conn->status = 0;
+    if (call_one(conn->transport, s_write, request) < 0) goto error;
+    /* TryDeadlines.add */
+    deadlines = Py_NewRef(self->deadlines);
+    PyObject *timer = PyObject_GetAttr(deadlines, s_timer);
+    if (timer == NULL) goto error;
+    int idle_timer = timer == Py_None;
+    Py_DECREF(timer);
+    if (idle_timer) {
+        if (call_drop(PyObject_CallMethodObjArgs(deadlines, s_add, (PyObject *)self, self->loop,
+                                                 NULL)) < 0)
+            goto error;
+    } else {
+        PyObject *tick = PyObject_GetAttr(deadlines, s_tick);
+        if (tick == NULL) goto error;
+        int r = PyDict_SetItem(self->pending, (PyObject *)self, tick);
+        Py_DECREF(tick);
+        if (r < 0) goto error;
+    }
+    Py_DECREF(deadlines);
+    Py_DECREF(request);
+    Py_DECREF(conn);
+    Py_DECREF(choice);
+    return 1;
+error:
+    Py_XDECREF(request);
+    Py_XDECREF(deadlines);
+    Py_DECREF(conn);
+    Py_DECREF(choice);
+    return -1;
+}
+
+static PyObject *proxy_data_received(Proxy *self, PyObject *data) {
+    self->touched = 1; /* (the idle timeout counts from the guard's next sweep) */
+    if (!self->inflight && self->current == Py_None && PyBytes_Check(data) &&
+        PyBytes_GET_SIZE(data) <= self->max_head) {
+        Py_ssize_t queued = PyObject_Length(self->queue);
+        if (queued < 0) return NULL;
+        long plain_method =
+            queued ? 0
+                   : plain((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data));
+        if (plain_method) {
+            int sent;
+            if (proxy_shaped(self)) {
+                sent = proxy_fast(self, data, plain_method == 2);
+            } else {
+                PyObject *r = PyObject_CallMethodObjArgs((PyObject *)self, s_fast, data,
+                                                         plain_method == 2 ? Py_True : Py_False,
+                                                         NULL);
+                if (r == NULL) return NULL;
+                sent = PyObject_IsTrue(r);
+                Py_DECREF(r);
+            }
+            if (sent < 0) return NULL;
+            if (sent) Py_RETURN_NONE;
+        }
+    }
+    return PyObject_CallMethodOneArg((PyObject *)self, s_parse, data);
+}
+
+/* HttpProxy.fast_whole, for a status that is not retried */
+static int proxy_fast_whole(Proxy *self, Upstream *conn, PyObject *data) {
+    if (pool_release(self, conn) < 0) return -1;
+    if (!self->closed && self->transport != Py_None) {
+        PyObject *client = Py_NewRef(self->transport);
+        int closing = is_closing(client);
+        int r = closing;
+        if (closing == 0) {
+            r = call_one(client, s_write, data);
+            if (r == 0) r = count_up(self->stats, conn->served_key);
+        }
+        Py_DECREF(client);
+        if (r < 0) return -1;
+    }
+    if (proxy_fast_end(self) < 0) return -1;
+    Py_ssize_t queued = PyObject_Length(self->queue);
+    if (queued < 0) return -1;
+    if (queued) return call_drop(PyObject_CallMethodNoArgs((PyObject *)self, s_wake_worker));
+    return 0;
+}
+
+static PyObject *upstream_data_received(Upstream *self, PyObject *data) {
+    self->got_bytes = 1;
+    if (self->owner != Py_None && !self->head_only && self->sink == Py_None &&
+        PyBytes_Check(data)) {
+        /* the usual answer to a fast-path request: one whole response in one read */
+        long status = whole((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data));
+        if (status) {
+            PyObject *owner = self->owner; /* (its reference, moved here) */
+            int r;
+            self->status = (int)status;
+            self->owner = Py_NewRef(Py_None);
+            if (PyObject_TypeCheck(owner, &ProxyType) && status != 502 && status != 503 &&
+                status != 504 && proxy_shaped((Proxy *)owner)) {
+                r = proxy_fast_whole((Proxy *)owner, self, data);
+            } else {
+                PyObject *code = PyLong_FromLong(status);
+                r = code == NULL ? -1
+                                 : call_drop(PyObject_CallMethodObjArgs(owner, s_fast_whole,
+                                                                        (PyObject *)self, data,
+                                                                        code, NULL));
+                Py_XDECREF(code);
+            }
+            Py_DECREF(owner);
+            if (r < 0) return NULL;
+            Py_RETURN_NONE;
+        }
+    }
+    return PyObject_CallMethodOneArg((PyObject *)self, s_parse, data);
+}
+
+static PyMethodDef upstream_methods[] = {
+    {"data_received", (PyCFunction)upstream_data_received, METH_O,
+     "A read from the upstream: a whole response to a fast-path request is forwarded here; "
+     "anything else goes to _parse."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMethodDef proxy_methods[] = {
+    {"data_received", (PyCFunction)proxy_data_received, METH_O,
+     "A read from the client: a plain request's first try is made here; anything else "
+     "goes to _fast (no first-try chooser) or _parse."},
+    {NULL, NULL, 0, NULL},
+};
+
+#define OBJ(name, type, field) {name, T_OBJECT, offsetof(type, field), 0, NULL}
+#define FLAG(name, type, field) {name, T_BOOL, offsetof(type, field), 0, NULL}
+
+static PyMemberDef upstream_members[] = {
+    OBJ("address", Upstream, address),
+    OBJ("served_key", Upstream, served_key),
+    OBJ("transport", Upstream, transport),
+    OBJ("owner", Upstream, owner),
+    OBJ("sink", Upstream, sink),
+    {"status", T_INT, offsetof(Upstream, status), 0, NULL},
+    FLAG("closed", Upstream, closed),
+    FLAG("reused", Upstream, reused),
+    FLAG("head_only", Upstream, head_only),
+    FLAG("got_bytes", Upstream, got_bytes),
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyMemberDef proxy_members[] = {
+    OBJ("transport", Proxy, transport),
+    OBJ("first", Proxy, first),
+    OBJ("current", Proxy, current),
+    OBJ("queue", Proxy, queue),
+    OBJ("upstream", Proxy, upstream),
+    OBJ("active", Proxy, active),
+    OBJ("stats", Proxy, stats),
+    OBJ("_idle", Proxy, idle),
+    OBJ("_pending", Proxy, pending),
+    OBJ("_deadlines", Proxy, deadlines),
+    OBJ("loop", Proxy, loop),
+    OBJ("_xff", Proxy, xff),
+    OBJ("_fast_request", Proxy, fast_request),
+    OBJ("_fast_groups", Proxy, fast_groups),
+    OBJ("_fast_region", Proxy, fast_region),
+    OBJ("_fast_counted", Proxy, fast_counted),
+    OBJ("_pin", Proxy, pin),
+    {"_max_head", T_PYSSIZET, offsetof(Proxy, max_head), 0, NULL},
+    {"_max_idle", T_PYSSIZET, offsetof(Proxy, max_idle), 0, NULL},
+    FLAG("inflight", Proxy, inflight),
+    FLAG("touched", Proxy, touched),
+    FLAG("closed", Proxy, closed),
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject UpstreamType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "healthgate._speedups.FastUpstream",
+    .tp_doc = "The C part of dataplane/upstream.py's UpstreamConnection.",
+    .tp_basicsize = sizeof(Upstream),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = upstream_new,
+    .tp_dealloc = (destructor)upstream_dealloc,
+    .tp_traverse = (traverseproc)upstream_traverse,
+    .tp_clear = (inquiry)upstream_clear,
+    .tp_free = PyObject_GC_Del,
+    .tp_methods = upstream_methods,
+    .tp_members = upstream_members,
+};
+
+static PyTypeObject ProxyType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "healthgate._speedups.FastProxy",
+    .tp_doc = "The C part of dataplane/http.py's HttpProxy.",
+    .tp_basicsize = sizeof(Proxy),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = proxy_new,
+    .tp_dealloc = (destructor)proxy_dealloc,
+    .tp_traverse = (traverseproc)proxy_traverse,
+    .tp_clear = (inquiry)proxy_clear,
+    .tp_free = PyObject_GC_Del,
+    .tp_methods = proxy_methods,
+    .tp_members = proxy_members,
+};
+
 static PyMethodDef methods[] = {
     {"plain_request", plain_request, METH_O,
      "1 for a plain GET, 2 for a plain HEAD, 0 otherwise (see http_scan.py)."},
@@ -172,7 +634,30 @@ static struct PyModuleDef module = {
     "HTTP readers in C (healthgate/http_scan.py).", -1, methods,
 };
 
+#define INTERN(var, text) \
+    if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL;
+
 PyMODINIT_FUNC PyInit__speedups(void) {
     init_tables();
-    return PyModule_Create(&module);
+    INTERN(s_write, "write")
+    INTERN(s_is_closing, "is_closing")
+    INTERN(s_close, "close")
+    INTERN(s_fast, "_fast")
+    INTERN(s_parse, "_parse")
+    INTERN(s_fast_whole, "fast_whole")
+    INTERN(s_wake_worker, "_wake_worker")
+    INTERN(s_add, "add")
+    INTERN(s_timer, "_timer")
+    INTERN(s_tick, "tick")
+    INTERN(s_requests, "requests")
+    INTERN(s_fast_path, "fast_path")
+    if (PyType_Ready(&UpstreamType) < 0 || PyType_Ready(&ProxyType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddObjectRef(m, "FastUpstream", (PyObject *)&UpstreamType) < 0 ||
+        PyModule_AddObjectRef(m, "FastProxy", (PyObject *)&ProxyType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -37,6 +37,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
+from types import ModuleType
 
 __all__ = [
     "COMPILED",
@@ -93,13 +94,21 @@ plain_request: Callable[[bytes], int] = py_plain_request
 # no Python version: in Python, reading a response's framing costs more
 # (~2 µs) than httptools and its callbacks, which the fallback keeps using
 whole_response: Callable[[bytes], int] | None = None
+# the module itself, for the fast path's protocol bases (dataplane/http.py)
+speedups: ModuleType | None = None
 COMPILED = False
+_BUILT_NAMES = ("plain_request", "whole_response", "FastProxy", "FastUpstream")
 if os.environ.get("HEALTHGATE_PURE_PYTHON", "") in ("", "0"):
     try:
         from healthgate import _speedups
     except ImportError:  # not built on this machine: the Python versions
         pass
     else:
-        plain_request = _speedups.plain_request
-        whole_response = _speedups.whole_response
-        COMPILED = True
+        if all(hasattr(_speedups, name) for name in _BUILT_NAMES):
+            plain_request = _speedups.plain_request
+            whole_response = _speedups.whole_response
+            speedups = _speedups
+            COMPILED = True
+        # (else a build older than this source - a checkout updated without
+        # `pip install -e .` again - whose functions may not be what this
+        # code expects: the Python versions, rather than a crash or a mix)

@@ -32,7 +32,10 @@ def test_the_speedups_are_built() -> None:
         "healthgate._speedups is not built: install gcc and python3-dev, then "
         "`pip install -e .` again (hatch_build.py prints why it skipped)"
     )
-    assert http_scan.COMPILED is not PURE
+    assert http_scan.COMPILED is not PURE, (
+        "healthgate._speedups is older than its source (it lacks one of "
+        f"{http_scan._BUILT_NAMES}): `pip install -e .` again"
+    )
     if PURE:
         assert http_scan.plain_request is py_plain_request
         assert http_scan.whole_response is None

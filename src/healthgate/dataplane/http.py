@@ -34,6 +34,13 @@ request to the general path, which goes on with the next try exactly as if
 it had made the first one itself. Anything else (other methods, bodies,
 ``Connection`` headers, HTTP/1.0, pipelined or partial reads, no pooled
 connection yet) takes the general path from the start.
+
+Where every read starts - the plain-request check and the first try - is
+``_speedups.FastProxy.data_received`` in C when the module is built (and
+``FastUpstream`` forwards the whole answer), else :class:`_PyFastEntry`; the
+C mirrors :meth:`HttpProxy._fast` and :meth:`HttpProxy.fast_whole` step by
+step and calls them for anything off its path (docs/dataplane.md, "The C
+speedups").
 """
 
 from __future__ import annotations
@@ -42,10 +49,11 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import httptools
 
+from healthgate import http_scan
 from healthgate.dataplane.guard import ConnectionGuard
 from healthgate.dataplane.http_limits import HttpSettings
 from healthgate.dataplane.http_message import (
@@ -74,7 +82,47 @@ class _Retry(Exception):
         self.timed_out = timed_out
 
 
-class HttpProxy(asyncio.Protocol):
+class _PyFastEntry(asyncio.Protocol):
+    """Where every read from a client starts, in Python: a plain request's
+    first try (:meth:`HttpProxy._fast`), else the parser
+    (:meth:`HttpProxy._parse`). ``_speedups.FastProxy`` does the same in C,
+    and its first try too; this class is its fallback (and what mypy reads)."""
+
+    touched: bool
+    inflight: bool
+    current: Request | None
+    queue: deque[Request]
+    _max_head: int
+
+    def data_received(self, data: bytes) -> None:
+        self.touched = True  # (the idle timeout counts from the next sweep: see expire)
+        if (
+            not self.inflight
+            and self.current is None
+            and not self.queue
+            and len(data) <= self._max_head
+            and (plain := plain_request(data))
+            and self._fast(data, plain == 2)
+        ):
+            return
+        self._parse(data)
+
+    def _fast(self, data: bytes, head_only: bool) -> bool:
+        raise NotImplementedError
+
+    def _parse(self, data: bytes) -> None:
+        raise NotImplementedError
+
+
+if TYPE_CHECKING or http_scan.speedups is None:
+    _FastEntry = _PyFastEntry
+else:
+
+    class _FastEntry(http_scan.speedups.FastProxy, asyncio.Protocol):
+        __slots__ = ()
+
+
+class HttpProxy(_FastEntry):
     """The client side of an L7 listener."""
 
     def __init__(
@@ -106,7 +154,10 @@ class HttpProxy(asyncio.Protocol):
         self.pool = pool
         self._deadlines = pool.deadlines
         self._pending = pool.deadlines.pending
+        self._idle = pool.idle_connections  # (what the C first try reads of the pool)
+        self._max_idle = pool.settings.max_idle_per_upstream
         self.settings = settings
+        self._max_head = settings.max_head_bytes
         self.stats = stats
         self.on_route_used = on_route_used
         self.transport: asyncio.Transport | None = None
@@ -154,17 +205,8 @@ class HttpProxy(asyncio.Protocol):
         self._xff = b"X-Forwarded-For: " + self.client_ip.encode() + b"\r\n\r\n"
         self.stats["connections"] = self.stats.get("connections", 0) + 1
 
-    def data_received(self, data: bytes) -> None:
-        self.touched = True  # (the idle timeout counts from the next sweep: see expire)
-        if (
-            not self.inflight
-            and self.current is None
-            and not self.queue
-            and len(data) <= self.settings.max_head_bytes
-            and (plain := plain_request(data))
-            and self._fast(data, plain == 2)
-        ):
-            return
+    def _parse(self, data: bytes) -> None:
+        """A read that is not a plain request's first try: the parser's."""
         if self.closed:
             return
         try:

@@ -6,7 +6,8 @@ exchange at a time.
   each response ends, and the response is streamed to the client as it
   arrives, byte for byte. An exchange reports either through futures (the
   general path) or by callbacks to its :class:`FastOwner` (the fast path:
-  no task, no future).
+  no task, no future). Its reads start in ``_speedups.FastUpstream`` (C)
+  when built, else in :class:`_PyUpstreamEntry`.
 * :class:`UpstreamPool` - idle kept-alive connections per address, and
   :class:`TryDeadlines`: the fast path's per-try deadlines, one timer for
   all of them.
@@ -17,10 +18,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from typing import Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 import httptools
 
+from healthgate import http_scan
 from healthgate.dataplane.http_limits import HttpSettings
 from healthgate.dataplane.tcp import served_key
 from healthgate.http_scan import whole_response
@@ -43,7 +45,51 @@ class FastOwner(Protocol):
     def fast_expired(self) -> None: ...
 
 
-class UpstreamConnection(asyncio.Protocol):
+class _PyUpstreamEntry(asyncio.Protocol):
+    """Where every read from an upstream starts, in Python: a whole answer
+    to a fast-path request is handed to its owner in one callback, anything
+    else goes to :meth:`UpstreamConnection._parse`. ``_speedups.FastUpstream``
+    does the same in C (and, for an :class:`~healthgate.dataplane.http.HttpProxy`
+    owner, the owner's part too); this class is its fallback."""
+
+    got_bytes: bool
+    owner: FastOwner | None
+    head_only: bool
+    sink: asyncio.Transport | None
+    status: int
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        owner = self.owner
+        if (
+            whole_response is not None
+            and owner is not None
+            and not self.head_only
+            and self.sink is None
+        ):
+            # the usual answer to a fast-path request: one whole response in
+            # one read (http_scan.py), handed over in one callback
+            status = whole_response(data)
+            if status:
+                self.status = status
+                self.owner = None
+                owner.fast_whole(cast(UpstreamConnection, self), data, status)
+                return
+        self._parse(data)
+
+    def _parse(self, data: bytes) -> None:
+        raise NotImplementedError
+
+
+if TYPE_CHECKING or http_scan.speedups is None:
+    _UpstreamEntry = _PyUpstreamEntry
+else:
+
+    class _UpstreamEntry(http_scan.speedups.FastUpstream, asyncio.Protocol):
+        __slots__ = ()
+
+
+class UpstreamConnection(_UpstreamEntry):
     """One pooled connection to an upstream; answers one request at a time."""
 
     def __init__(self, address: Address) -> None:
@@ -98,23 +144,8 @@ class UpstreamConnection(asyncio.Protocol):
                 client.write(buffer[0] if len(buffer) == 1 else b"".join(buffer))
             buffer.clear()
 
-    def data_received(self, data: bytes) -> None:
-        self.got_bytes = True
-        owner = self.owner
-        if (
-            whole_response is not None
-            and owner is not None
-            and not self.head_only
-            and self.sink is None
-        ):
-            # the usual answer to a fast-path request: one whole response in
-            # one read (http_scan.py), handed over in one callback
-            status = whole_response(data)
-            if status:
-                self.status = status
-                self.owner = None
-                owner.fast_whole(self, data, status)
-                return
+    def _parse(self, data: bytes) -> None:
+        """A read that is not a whole answer to a fast-path request."""
         sink = self.sink
         if sink is not None:
             if not sink.is_closing():  # a client that left mid-response: read on, drop
@@ -240,12 +271,14 @@ class TryDeadlines:
 class UpstreamPool:
     def __init__(self, settings: HttpSettings) -> None:
         self.settings = settings
-        self._idle: dict[Address, list[UpstreamConnection]] = {}
+        # idle kept-alive connections per address (the C fast path reads and
+        # writes this dict too: _speedups.c's pool_idle, pool_release)
+        self.idle_connections: dict[Address, list[UpstreamConnection]] = {}
         self.deadlines = TryDeadlines(settings.per_try_timeout)
 
     def idle(self, address: Address) -> UpstreamConnection | None:
         """A pooled connection to ``address``, if one is open."""
-        idle = self._idle.get(address)
+        idle = self.idle_connections.get(address)
         while idle:
             conn = idle.pop()
             if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
@@ -265,9 +298,9 @@ class UpstreamPool:
         return conn
 
     def release(self, conn: UpstreamConnection) -> None:
-        idle = self._idle.get(conn.address)
+        idle = self.idle_connections.get(conn.address)
         if idle is None:
-            idle = self._idle[conn.address] = []
+            idle = self.idle_connections[conn.address] = []
         if conn.closed or len(idle) >= self.settings.max_idle_per_upstream:
             self.discard(conn)
         else:
@@ -281,10 +314,10 @@ class UpstreamPool:
 
     def close(self) -> None:
         self.deadlines.close()
-        for conns in self._idle.values():
+        for conns in self.idle_connections.values():
             for conn in conns:
                 self.discard(conn)
-        self._idle.clear()
+        self.idle_connections.clear()
 
 
 def expire_head(head: asyncio.Future[int]) -> None:
