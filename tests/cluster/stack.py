@@ -26,6 +26,16 @@ NODES = (("a", "us-east1"), ("b", "us-east1"), ("c", "europe-west1"))
 SOURCES = {"a": "127.0.0.11", "b": "127.0.0.12", "c": "127.0.0.13"}
 
 
+def describe_exit(code: int) -> str:
+    """A return code as a person reads it: a signal by name."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
 class Node:
     def __init__(self, stack: ClusterStack, name: str, region: str) -> None:
         self.stack, self.name, self.region = stack, name, region
@@ -56,7 +66,10 @@ class Node:
         while time.monotonic() < deadline:
             assert self.proc is not None
             if self.proc.poll() is not None:
-                raise RuntimeError(f"node {self.name} exited:\n{self.log.read_text()[-3000:]}")
+                raise RuntimeError(
+                    f"node {self.name} exited ({describe_exit(self.proc.returncode)}):\n"
+                    f"{self.log.read_text()[-3000:]}"
+                )
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
                     return

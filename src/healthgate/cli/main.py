@@ -7,6 +7,8 @@ Exit status: 0 success, 1 the input or request was refused (errors printed),
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -261,6 +263,16 @@ complete -F _healthgate healthgate
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # a crash in native code (the C speedups, uvloop, grpc) leaves every
+    # thread's Python stack on stderr - the log - instead of a silent exit
+    faulthandler.enable()
+    # gRPC (the etcd client, xDS, gRPC checks) and fork: this process only
+    # ever forks to exec a worker, which needs none of gRPC's fork handlers,
+    # and those handlers are known to break a process that forks while its
+    # channels are busy ("Other threads are currently calling into gRPC,
+    # skipping fork() handlers"; grpc/grpc#13873, #15334). Read when gRPC
+    # is first imported, which is later than this.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     args = build_parser().parse_args(argv)
     try:
         rc: int = args.func(args)
