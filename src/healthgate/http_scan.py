@@ -97,7 +97,14 @@ whole_response: Callable[[bytes], int] | None = None
 # the module itself, for the fast path's protocol bases (dataplane/http.py)
 speedups: ModuleType | None = None
 COMPILED = False
-_BUILT_NAMES = ("plain_request", "whole_response", "FastProxy", "FastUpstream")
+_BUILT_NAMES = (
+    "plain_request",
+    "whole_response",
+    "FastProxy",
+    "FastUpstream",
+    "connect_fd",
+    "disconnect_fd",
+)
 if os.environ.get("HEALTHGATE_PURE_PYTHON", "") in ("", "0"):
     try:
         from healthgate import _speedups

@@ -84,6 +84,8 @@ class ScriptedBatch:
         assert key not in self.flying, "probes of one endpoint overlap"
         self.starts.setdefault(key, []).append(now)
         duration, result = self.script(key, now)
+        if duration == 0:  # known at once (a loopback connect completes inside the call)
+            return result
         if duration >= spec.timeout:
             duration, result = spec.timeout, ProbeResult(Outcome.TIMEOUT, spec.timeout)
         self.flying[key] = (now + duration, result._replace(latency=duration))
@@ -170,3 +172,23 @@ def test_a_removed_key_is_never_probed_again() -> None:
     clock.run_until(20.0)
     assert len(batch.starts["a"]) == count
     assert len(batch.starts["b"]) >= 17
+
+
+def test_results_known_at_the_start_end_together_and_free_their_place() -> None:
+    """A probe whose result the batch gives as it starts (a loopback connect)
+    ends in the same tick, with the others of that tick in one sink call, and
+    frees its place in flight at once: with room for 3, all 40 keys of a tick
+    still start on time, every interval."""
+    calls: list[int] = []
+    sched, batch, clock = scheduler(lambda _k, _t: (0.0, OK), lambda _e, r: calls.append(len(r)))
+    sched.max_in_flight = 3
+    for key in range(40):
+        sched.upsert(key, ProbeSpec("TCP", "127.0.0.1", 1, timeout=1.0, interval=1.0))
+    clock.run_until(30.5)
+    assert sum(calls) == sum(len(v) for v in batch.starts.values())
+    for probed, starts in batch.starts.items():
+        assert len(starts) >= 29, probed
+        for gap in itertools.pairwise(starts):
+            assert 1.0 - sched.tick / 2 <= gap[1] - gap[0] <= 1.0 + 1.5 * sched.tick, gap
+    assert max(calls) > 1 and len(calls) < sum(calls)  # together, not one call each
+    assert sched.in_flight == 0 and not sched._waiting

@@ -70,6 +70,7 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Final, cast
 
+from healthgate import http_scan
 from healthgate.health.states import Outcome, ProbeResult, local_failure
 from healthgate.http_scan import whole_response
 from healthgate.probes.http import (
@@ -104,6 +105,8 @@ _family: Final = cast(Callable[[socket.socket], int], _socket.socket.family.__ge
 _OK: Final = Outcome.OK
 _TIMEOUT: Final = Outcome.TIMEOUT
 _REFUSED: Final = Outcome.REFUSED
+# a TCP check whose connect completed inside the call (immutable: one for all)
+_OK_AT_ONCE: Final = ProbeResult(Outcome.OK, 0.0)
 
 _SLOTS_PER_S: Final = 100  # deadline wheel: 10 ms slots
 _EVENTS: Final = 64  # epoll events read at a time (poll checks its time budget between reads)
@@ -119,6 +122,36 @@ try:  # connect(AF_UNSPEC) dissolves a TCP association and leaves the socket reu
     )
 except (OSError, AttributeError):
     _UNSPEC = None
+
+# The connect and the disconnect of a check as one system call each, in C
+# (_speedups.c), when built; else connect_ex and ctypes (above).
+_connect_fd: Callable[[int, bytes], int] | None = None
+_disconnect_fd: Callable[[int], int] | None = None
+if http_scan.speedups is not None:
+    _connect_fd = http_scan.speedups.connect_fd
+    _disconnect_fd = http_scan.speedups.disconnect_fd
+
+
+def pack_sockaddr(ip: str, port: int) -> bytes | None:
+    """``ip``:``port`` as the kernel's sockaddr_in / sockaddr_in6 (what
+    connect_fd takes), or None for an address with a scope (``%eth0``),
+    which is left to Python's own parsing. OSError for no IP address."""
+    if ":" in ip:
+        if "%" in ip:
+            return None
+        return (
+            struct.pack("=H", socket.AF_INET6)
+            + struct.pack("!HI", port, 0)
+            + socket.inet_pton(socket.AF_INET6, ip)
+            + struct.pack("=I", 0)
+        )
+    return (
+        struct.pack("=H", socket.AF_INET)
+        + struct.pack("!H", port)
+        + socket.inet_pton(socket.AF_INET, ip)
+        + bytes(8)
+    )
+
 
 # A probe waits for its socket to become writable (the connect, or the rest of the
 # request), then for the answer (HTTP); a kept-alive connection between probes is idle.
@@ -193,6 +226,8 @@ class BatchProber:
         self._expiry_slots: list[int] = []
         self._expiry_count = 0
         self._requests: dict[Hashable, tuple[ProbeSpec, bytes]] = {}  # by key
+        # by key: its spec and endpoint as a packed sockaddr (for _connect_fd)
+        self._addresses: dict[Hashable, tuple[ProbeSpec, bytes | None]] = {}
         self._pool: dict[int, list[socket.socket]] = {socket.AF_INET: [], socket.AF_INET6: []}
         self.backlog = False  # the last poll stopped with events still ready
         # half-open TCP checks on a raw socket (probes/syn.py), opened at the first one
@@ -227,19 +262,39 @@ class BatchProber:
             syn = self._syn if self._syn_tried else self._open_syn()
             if syn is not None:
                 return self._send_syn(syn, key, spec, now)
+        if spec.type == "TCP":
+            return self._start_tcp(key, spec, now)
         p = _Probe(key, spec, now)
-        if spec.type == "HTTP":
-            cached = self._requests.get(key)
-            if cached is not None and cached[0] is spec:
-                p.request = cached[1]
-            else:  # a new key, or its spec changed
-                p.request = build_request(spec.path, spec.host or spec.ip, self.settings.keepalive)
-                self._requests[key] = (spec, p.request)
-            p.pending = p.request
+        cached = self._requests.get(key)
+        if cached is not None and cached[0] is spec:
+            p.request = cached[1]
+        else:  # a new key, or its spec changed
+            p.request = build_request(spec.path, spec.host or spec.ip, self.settings.keepalive)
+            self._requests[key] = (spec, p.request)
+        p.pending = p.request
         result = self._connect(p, now)
         if result is None:
             self._expire_at(p)
         return result
+
+    def _start_tcp(self, key: Hashable, spec: ProbeSpec, now: float) -> ProbeResult | None:
+        """A TCP check. On loopback (and wherever the handshake is done
+        within the call) the connect completes at once: the check is over
+        before a probe object would be made, so none is."""
+        dialed = self._dial(key, spec, now, now)
+        if isinstance(dialed, ProbeResult):
+            return dialed
+        sock, err = dialed
+        if err == 0:
+            self._release(sock)
+            return _OK_AT_ONCE
+        p = _Probe(key, spec, now)
+        p.sock = sock
+        p.fd = fd = sock.fileno()
+        self._fds[fd] = p
+        self._running[key] = p
+        self._expire_at(p)
+        return None
 
     def _open_syn(self) -> SynSocket | None:
         self._syn_tried = True
@@ -337,15 +392,19 @@ class BatchProber:
             self._release(p.sock)
             p.sock = None
 
-    def _connect(self, p: _Probe, now: float) -> ProbeResult | None:
-        spec = p.spec
+    def _dial(
+        self, key: Hashable, spec: ProbeSpec, started: float, now: float
+    ) -> tuple[socket.socket, int] | ProbeResult:
+        """A pooled (or new) socket connecting to ``spec``'s endpoint: the
+        socket and 0 (connected) or EINPROGRESS; or the check's result when
+        it ended there (refused at once, an error)."""
         family = socket.AF_INET6 if ":" in spec.ip else socket.AF_INET
         pool = self._pool[family]
         try:
             sock = pool.pop() if pool else self._socket(family)
         except OSError as exc:  # out of file descriptors, say: no result, not a failure
-            return local_failure(exc, now - p.start) or ProbeResult(
-                Outcome.ERROR, now - p.start, 0, exc.strerror or str(exc)
+            return local_failure(exc, now - started) or ProbeResult(
+                Outcome.ERROR, now - started, 0, exc.strerror or str(exc)
             )
         try:
             if _QUICKACK and (spec.type == "HTTP" or self.settings.tcp_half_open):
@@ -357,30 +416,43 @@ class BatchProber:
                 # inet_csk_delack_init): one system call less per check
                 # (1.3 % of a full check's CPU under perf)
                 sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 0)
-            err = sock.connect_ex((spec.ip, spec.port))
+            if _connect_fd is not None:
+                cached = self._addresses.get(key)
+                if cached is None or cached[0] is not spec:
+                    cached = self._addresses[key] = (spec, pack_sockaddr(spec.ip, spec.port))
+                address = cached[1]
+                if address is not None:
+                    err = _connect_fd(sock.fileno(), address)
+                else:  # (an address pack_sockaddr leaves to Python: a scoped IPv6 one)
+                    err = sock.connect_ex((spec.ip, spec.port))
+            else:
+                err = sock.connect_ex((spec.ip, spec.port))
         except OSError as exc:
             sock.close()
-            return ProbeResult(Outcome.ERROR, now - p.start, 0, exc.strerror or str(exc))
+            return ProbeResult(Outcome.ERROR, now - started, 0, exc.strerror or str(exc))
         if err not in (0, errno.EINPROGRESS):
             self._release(sock)
-            return errno_result(err, now - p.start)
+            return errno_result(err, now - started)
+        return sock, err
+
+    def _connect(self, p: _Probe, now: float) -> ProbeResult | None:
+        """An HTTP probe's connection, and its request written at once."""
+        dialed = self._dial(p.key, p.spec, p.start, now)
+        if isinstance(dialed, ProbeResult):
+            return dialed
+        sock = dialed[0]
         fd = sock.fileno()
         p.sock, p.fd, p.reused, p.buf = sock, fd, False, b""
-        if spec.type == "TCP":
-            if err == 0:
+        try:
+            sent = sock.send(p.pending)
+        except OSError as exc:
+            if exc.errno not in _NOT_YET:
                 self._release(sock)
-                return ProbeResult(_OK, now - p.start)
+                return errno_result(exc.errno or 0, now - p.start)
         else:
-            try:
-                sent = sock.send(p.pending)
-            except OSError as exc:
-                if exc.errno not in _NOT_YET:
-                    self._release(sock)
-                    return errno_result(exc.errno or 0, now - p.start)
-            else:
-                p.pending = p.pending[sent:]
-                if not p.pending:
-                    p.state = _SENT
+            p.pending = p.pending[sent:]
+            if not p.pending:
+                p.state = _SENT
         self._fds[fd] = p
         self._running[p.key] = p
         return None
@@ -595,13 +667,14 @@ class BatchProber:
     def _release(self, sock: socket.socket) -> None:
         """Disconnect ``sock`` (RST) and keep it for the next probe, or close it."""
         pool = self._pool[_family(sock)]
-        if (
-            _UNSPEC is not None
-            and len(pool) < _POOL_MAX
-            and _libc_connect(sock.fileno(), _UNSPEC, 16) == 0
-        ):
-            pool.append(sock)
-            return
+        if len(pool) < _POOL_MAX:
+            if _disconnect_fd is not None:
+                if _disconnect_fd(sock.fileno()) == 0:
+                    pool.append(sock)
+                    return
+            elif _UNSPEC is not None and _libc_connect(sock.fileno(), _UNSPEC, 16) == 0:
+                pool.append(sock)
+                return
         sock.close()
 
     # ------------------------------------------------------------------ control
@@ -609,6 +682,7 @@ class BatchProber:
     def cancel(self, key: Hashable) -> None:
         """Stop a probe of ``key`` in flight and drop its kept connection."""
         self._requests.pop(key, None)
+        self._addresses.pop(key, None)
         self._packets.pop(key, None)
         p = self._running.get(key)
         if p is not None:
