@@ -7,6 +7,7 @@ Exit status: 0 success, 1 the input or request was refused (errors printed),
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import os
 import sys
@@ -265,7 +266,11 @@ complete -F _healthgate healthgate
 def main(argv: Sequence[str] | None = None) -> int:
     # a crash in native code (the C speedups, uvloop, grpc) leaves every
     # thread's Python stack on stderr - the log - instead of a silent exit
-    faulthandler.enable()
+    # (unless already on: PYTHONFAULTHANDLER, or a test runner's own; and a
+    # stderr without a descriptor - captured - has nowhere to dump to)
+    if not faulthandler.is_enabled():
+        with contextlib.suppress(OSError, ValueError):
+            faulthandler.enable()
     # gRPC (the etcd client, xDS, gRPC checks) and fork: this process only
     # ever forks to exec a worker, which needs none of gRPC's fork handlers,
     # and those handlers are known to break a process that forks while its
