@@ -311,33 +311,40 @@ static int pool_idle(PyObject *idle, PyObject *address, Upstream **out) {
         return -1;
     }
     Py_ssize_t n;
+    int found = 0;
+    Py_INCREF(conns); /* (held across is_closing, which runs the transport's code) */
     while ((n = PyList_GET_SIZE(conns)) > 0) {
         PyObject *c = Py_NewRef(PyList_GET_ITEM(conns, n - 1));
         if (PyList_SetSlice(conns, n - 1, n, NULL) < 0) {
             Py_DECREF(c);
-            return -1;
+            found = -1;
+            break;
         }
         if (!PyObject_TypeCheck(c, &UpstreamType)) {
             Py_DECREF(c);
             PyErr_SetString(PyExc_TypeError, "a pooled connection is not an UpstreamConnection");
-            return -1;
+            found = -1;
+            break;
         }
         Upstream *u = (Upstream *)c;
         if (!u->closed && u->transport != Py_None) {
             int closing = is_closing(u->transport);
             if (closing < 0) {
                 Py_DECREF(c);
-                return -1;
+                found = -1;
+                break;
             }
             if (!closing) {
                 u->reused = 1;
                 *out = u;
-                return 1;
+                found = 1;
+                break;
             }
         }
         Py_DECREF(c);
     }
-    return 0;
+    Py_DECREF(conns);
+    return found;
 }
 
 /* UpstreamPool.release */
@@ -398,6 +405,11 @@ static int proxy_fast(Proxy *self, PyObject *data, int head_only) {
     if (!PyTuple_Check(choice) || PyTuple_GET_SIZE(choice) != 2) {
         Py_DECREF(choice);
         PyErr_SetString(PyExc_TypeError, "first() must give (address, region) or None");
+        return -1;
+    }
+    if (!PyBytes_Check(self->xff)) { /* (the chooser's code ran since proxy_shaped) */
+        Py_DECREF(choice);
+        PyErr_SetString(PyExc_TypeError, "_xff must be bytes");
         return -1;
     }
     PyObject *address = PyTuple_GET_ITEM(choice, 0), *region = PyTuple_GET_ITEM(choice, 1);

@@ -208,3 +208,17 @@ def test_a_closed_pair_is_collected(stack: Stack) -> None:
     stack.proxy = stack.upstream = None  # type: ignore[assignment]
     gc.collect()
     assert proxy() is None and conn() is None
+
+
+def test_a_chooser_that_breaks_the_proxy_gets_an_error_not_a_crash(stack: Stack) -> None:
+    """The chooser is Python, called from the middle of the C first try:
+    whatever it does to the proxy, the C must not read a field blindly."""
+
+    def chooser() -> tuple[tuple[str, int], list[tuple[str, int]]]:
+        stack.proxy._xff = "not bytes"  # type: ignore[assignment]
+        return ADDRESS, stack.region
+
+    stack.proxy.first = chooser
+    with pytest.raises(TypeError):
+        stack.proxy.data_received(REQUEST)
+    assert stack.upstream_transport.written == []
