@@ -141,21 +141,15 @@ def pack_sockaddr(ip: str, port: int) -> bytes | None:
     """``ip``:``port`` as the kernel's sockaddr_in / sockaddr_in6 (what
     connect_fd takes), or None for an address with a scope (``%eth0``),
     which is left to Python's own parsing. OSError for no IP address."""
+    # family (host order), port (network order), then the address: IPv6's
+    # between a zero flow label and a zero scope, IPv4's before 8 zero bytes
     if ":" in ip:
         if "%" in ip:
             return None
-        return (
-            struct.pack("=H", socket.AF_INET6)
-            + struct.pack("!HI", port, 0)
-            + socket.inet_pton(socket.AF_INET6, ip)
-            + struct.pack("=I", 0)
-        )
-    return (
-        struct.pack("=H", socket.AF_INET)
-        + struct.pack("!H", port)
-        + socket.inet_pton(socket.AF_INET, ip)
-        + bytes(8)
-    )
+        head = struct.pack("=H", socket.AF_INET6) + struct.pack("!HI", port, 0)
+        return head + socket.inet_pton(socket.AF_INET6, ip) + bytes(4)
+    head = struct.pack("=H", socket.AF_INET) + struct.pack("!H", port)
+    return head + socket.inet_pton(socket.AF_INET, ip) + bytes(8)
 
 
 # A probe waits for its socket to become writable (the connect, or the rest of the
@@ -421,16 +415,15 @@ class BatchProber:
                 # inet_csk_delack_init): one system call less per check
                 # (1.3 % of a full check's CPU under perf)
                 sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 0)
+            address = None
             if _connect_fd is not None:
                 cached = self._addresses.get(key)
                 if cached is None or cached[0] is not spec:
                     cached = self._addresses[key] = (spec, pack_sockaddr(spec.ip, spec.port))
                 address = cached[1]
-                if address is not None:
-                    err = _connect_fd(sock.fileno(), address)
-                else:  # (an address pack_sockaddr leaves to Python: a scoped IPv6 one)
-                    err = sock.connect_ex((spec.ip, spec.port))
-            else:
+            if _connect_fd is not None and address is not None:
+                err = _connect_fd(sock.fileno(), address)
+            else:  # (no C, or an address left to Python's parsing: a scoped IPv6 one)
                 err = sock.connect_ex((spec.ip, spec.port))
         except OSError as exc:
             sock.close()
