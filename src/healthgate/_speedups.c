@@ -51,8 +51,12 @@ static int name_is(const unsigned char *p, Py_ssize_t n, const char *word) {
 static const char *const not_plain[] = {
     "connection", "keep-alive", "proxy-connection", "te", "trailer", "upgrade",
     "transfer-encoding", "content-length", "expect", "x-forwarded-for",
-    "forwarded", "x-real-ip", NULL,
+    "forwarded", "x-real-ip", "x-forwarded-host", "x-forwarded-proto", "x-forwarded-port",
+    "x-forwarded-server", "x-forwarded-scheme", "x-original-forwarded-for", "true-client-ip",
+    "x-client-ip", "x-cluster-client-ip", "cf-connecting-ip", "fastly-client-ip", NULL,
 };
+
+#define MAX_HEADERS 100 /* http_scan.MAX_HEADERS */
 
 /* One header line at *pos: name, ':', value, CRLF. Sets the name's and the
  * value's spans; 0 when the line is not of that shape. */
@@ -73,9 +77,9 @@ static int header_line(const unsigned char *s, Py_ssize_t len, Py_ssize_t *pos,
     return 1;
 }
 
-static long plain(const unsigned char *s, Py_ssize_t len) {
+static long plain(const unsigned char *s, Py_ssize_t len, Py_ssize_t max_headers) {
     long method;
-    Py_ssize_t i;
+    Py_ssize_t i, headers = 0, hosts = 0;
     if (len < 4 || memcmp(s + len - 4, "\r\n\r\n", 4) != 0) return 0;
     if (len >= 4 && memcmp(s, "GET ", 4) == 0) {
         method = 1;
@@ -93,8 +97,13 @@ static long plain(const unsigned char *s, Py_ssize_t len) {
     for (;;) {
         Py_ssize_t name, name_len, value, value_len;
         if (i + 1 < len && s[i] == '\r' && s[i + 1] == '\n')
-            return i + 2 == len ? method : 0;
+            return i + 2 == len && hosts == 1 ? method : 0;
         if (!header_line(s, len, &i, &name, &name_len, &value, &value_len)) return 0;
+        if (++headers > max_headers || memchr(s + name, '_', name_len) != NULL) return 0;
+        if (name_is(s + name, name_len, "host")) {
+            hosts++;
+            continue;
+        }
         for (const char *const *w = not_plain; *w; w++)
             if (name_is(s + name, name_len, *w)) return 0;
     }
@@ -150,23 +159,30 @@ static long whole(const unsigned char *s, Py_ssize_t len) {
     return status;
 }
 
-static PyObject *scan(PyObject *arg, long (*reader)(const unsigned char *, Py_ssize_t)) {
+static PyObject *plain_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    Py_ssize_t max_headers = MAX_HEADERS;
+    if (nargs < 1 || nargs > 2 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "plain_request(data: bytes, max_headers: int = 100)");
+        return NULL;
+    }
+    if (nargs == 2) {
+        max_headers = PyLong_AsSsize_t(args[1]);
+        if (max_headers == -1 && PyErr_Occurred()) return NULL;
+    }
+    return PyLong_FromLong(
+        plain((const unsigned char *)PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]),
+              max_headers));
+}
+
+static PyObject *whole_response(PyObject *self, PyObject *arg) {
+    (void)self;
     if (!PyBytes_Check(arg)) {
         PyErr_SetString(PyExc_TypeError, "bytes expected");
         return NULL;
     }
     return PyLong_FromLong(
-        reader((const unsigned char *)PyBytes_AS_STRING(arg), PyBytes_GET_SIZE(arg)));
-}
-
-static PyObject *plain_request(PyObject *self, PyObject *arg) {
-    (void)self;
-    return scan(arg, plain);
-}
-
-static PyObject *whole_response(PyObject *self, PyObject *arg) {
-    (void)self;
-    return scan(arg, whole);
+        whole((const unsigned char *)PyBytes_AS_STRING(arg), PyBytes_GET_SIZE(arg)));
 }
 
 
@@ -196,7 +212,7 @@ typedef struct {
     PyObject *transport, *first, *current, *queue, *upstream, *active, *stats, *idle,
         *pending, *deadlines, *loop, *xff, *fast_request, *fast_groups, *fast_region,
         *fast_counted, *pin;
-    Py_ssize_t max_head, max_idle;
+    Py_ssize_t max_head, max_idle, max_headers;
     char inflight, touched, closed;
 } Proxy;
 
@@ -479,9 +495,9 @@ static PyObject *proxy_data_received(Proxy *self, PyObject *data) {
         PyBytes_GET_SIZE(data) <= self->max_head) {
         Py_ssize_t queued = PyObject_Length(self->queue);
         if (queued < 0) return NULL;
-        long plain_method =
-            queued ? 0
-                   : plain((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data));
+        long plain_method = queued ? 0
+                                   : plain((const unsigned char *)PyBytes_AS_STRING(data),
+                                           PyBytes_GET_SIZE(data), self->max_headers);
         if (plain_method) {
             int sent;
             if (proxy_shaped(self)) {
@@ -523,8 +539,9 @@ static int proxy_fast_whole(Proxy *self, Upstream *conn, PyObject *data) {
 }
 
 static PyObject *upstream_data_received(Upstream *self, PyObject *data) {
+    int first = !self->got_bytes; /* (only an exchange's first read may be whole) */
     self->got_bytes = 1;
-    if (self->owner != Py_None && !self->head_only && self->sink == Py_None &&
+    if (first && self->owner != Py_None && !self->head_only && self->sink == Py_None &&
         PyBytes_Check(data)) {
         /* the usual answer to a fast-path request: one whole response in one read */
         long status = whole((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data));
@@ -603,6 +620,7 @@ static PyMemberDef proxy_members[] = {
     OBJ("_pin", Proxy, pin),
     {"_max_head", T_PYSSIZET, offsetof(Proxy, max_head), 0, NULL},
     {"_max_idle", T_PYSSIZET, offsetof(Proxy, max_idle), 0, NULL},
+    {"_max_headers", T_PYSSIZET, offsetof(Proxy, max_headers), 0, NULL},
     FLAG("inflight", Proxy, inflight),
     FLAG("touched", Proxy, touched),
     FLAG("closed", Proxy, closed),
@@ -684,7 +702,7 @@ static PyObject *disconnect_fd(PyObject *self, PyObject *arg) {
 }
 
 static PyMethodDef methods[] = {
-    {"plain_request", plain_request, METH_O,
+    {"plain_request", (PyCFunction)(void (*)(void))plain_request, METH_FASTCALL,
      "1 for a plain GET, 2 for a plain HEAD, 0 otherwise (see http_scan.py)."},
     {"connect_fd", (PyCFunction)(void (*)(void))connect_fd, METH_FASTCALL,
      "connect(fd, packed sockaddr): 0 or the errno (EINPROGRESS: under way)."},

@@ -45,8 +45,12 @@ GET = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"
 PLAIN_CASES: list[tuple[bytes, int]] = [
     (GET, 1),
     (b"HEAD /x?y=1 HTTP/1.1\r\nHost: a\r\nAccept: */*\r\n\r\n", 2),
-    (b"GET / HTTP/1.1\r\n\r\n", 1),
-    (b"GET /a HTTP/1.1\r\nX-Empty:\r\nUser-Agent: wrk\t1\r\n\r\n", 1),
+    (b"GET / HTTP/1.1\r\n\r\n", 0),  # no Host: the general path's 400
+    (b"GET / HTTP/1.1\r\nHost: a\r\nhost: b\r\n\r\n", 0),  # two: the general path's 400
+    (b"GET /a HTTP/1.1\r\nHost: a\r\nX-Empty:\r\nUser-Agent: wrk\t1\r\n\r\n", 1),
+    (b"GET / HTTP/1.1\r\nHost: a\r\nX_User: admin\r\n\r\n", 0),  # "_": dropped there
+    (b"GET / HTTP/1.1\r\nHost: a\r\n" + b"X: y\r\n" * 99 + b"\r\n", 1),  # 100 lines
+    (b"GET / HTTP/1.1\r\nHost: a\r\n" + b"X: y\r\n" * 100 + b"\r\n", 0),  # 101: its 431
     (b"POST / HTTP/1.1\r\nHost: a\r\n\r\n", 0),
     (b"get / HTTP/1.1\r\nHost: a\r\n\r\n", 0),
     (b"GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n", 0),  # absolute form
@@ -61,9 +65,9 @@ PLAIN_CASES: list[tuple[bytes, int]] = [
     (b"", 0),
     (b"\r\n\r\n", 0),
     (b"GET / HTTP/1.1\r\n:\r\n\r\n", 0),  # no name
-    *[(b"GET / HTTP/1.1\r\n" + name + b": x\r\n\r\n", 0) for name in NOT_PLAIN_NAMES],
-    *[(b"GET / HTTP/1.1\r\n" + name.upper() + b":x\r\n\r\n", 0) for name in NOT_PLAIN_NAMES],
-    (b"GET / HTTP/1.1\r\nTE-X: 1\r\nX-Connection: 1\r\ncontent-lengths: 1\r\n\r\n", 1),
+    *[(b"GET / HTTP/1.1\r\nHost: a\r\n" + n + b": x\r\n\r\n", 0) for n in NOT_PLAIN_NAMES],
+    *[(b"GET / HTTP/1.1\r\nHost: a\r\n" + n.upper() + b":x\r\n\r\n", 0) for n in NOT_PLAIN_NAMES],
+    (b"GET / HTTP/1.1\r\nHost: a\r\nTE-X: 1\r\nX-Connection: 1\r\ncontent-lengths: 1\r\n\r\n", 1),
 ]
 
 

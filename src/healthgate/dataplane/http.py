@@ -60,6 +60,7 @@ from healthgate.dataplane.http_message import (
     IDEMPOTENT,
     RETRY_STATUSES,
     Request,
+    check_head,
     simple_response,
 )
 from healthgate.dataplane.retry import NextTry, next_try
@@ -70,6 +71,13 @@ from healthgate.http_scan import plain_request
 log = logging.getLogger("healthgate.dataplane")
 
 Address = tuple[str, int]
+
+
+# how much of a read the parser is fed at once: while heads are read (so
+# that a read of many pipelined requests is parsed no further than the queue
+# may grow), and within a body
+HEAD_SLICE = 2048
+BODY_SLICE = 64 * 1024
 
 
 class _Retry(Exception):
@@ -93,6 +101,7 @@ class _PyFastEntry(asyncio.Protocol):
     current: Request | None
     queue: deque[Request]
     _max_head: int
+    _max_headers: int
 
     def data_received(self, data: bytes) -> None:
         self.touched = True  # (the idle timeout counts from the next sweep: see expire)
@@ -101,7 +110,7 @@ class _PyFastEntry(asyncio.Protocol):
             and self.current is None
             and not self.queue
             and len(data) <= self._max_head
-            and (plain := plain_request(data))
+            and (plain := plain_request(data, self._max_headers))
             and self._fast(data, plain == 2)
         ):
             return
@@ -167,8 +176,13 @@ class HttpProxy(_FastEntry):
         self.wake = asyncio.Event()
         self.client_ip = "unknown"
         self.closed = False
+        self._stopped = False  # a refusal is queued: nothing after it is read
+        self._held = b""  # a read's rest, not parsed while the queue is full
+        self._stalled_since = 0.0  # the client stopped reading our answer at (0: it reads)
+        self._max_headers = settings.max_headers  # (what the C fast path reads)
         self.paused = False  # not read: too much waiting behind the request in flight
         self.buffered = 0  # bytes of request bodies held (being read and queued)
+        self.heads_held = 0  # bytes of the heads queued behind the request in flight
         self._paused_at = 0.0
         self._body_since = 0.0
         self.upstream: UpstreamConnection | None = None
@@ -206,23 +220,69 @@ class HttpProxy(_FastEntry):
         self.stats["connections"] = self.stats.get("connections", 0) + 1
 
     def _parse(self, data: bytes) -> None:
-        """A read that is not a plain request's first try: the parser's."""
-        if self.closed:
+        """A read that is not a plain request's first try: the parser's.
+
+        Fed in slices (:data:`HEAD_SLICE` while heads are read, larger
+        within a body), and no further while ``max_pipelined`` requests or
+        ``max_buffered_per_connection`` bytes wait: the rest of the read is
+        held, unparsed, until they drain. So a read of thousands of tiny
+        pipelined requests queues a few dozen, not thousands, and a head is
+        bounded by what arrived since it began (not by the whole read)."""
+        if self.closed or self._stopped:
             return
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._reject(501, "Not Implemented", "protocol upgrades are not proxied")
-        except httptools.HttpParserError:
-            self._reject(400, "Bad Request", "malformed HTTP request")
-        if self._head_open:  # a head still incomplete: bound it as it arrives
-            self._head_bytes += len(data)
-            if self._head_bytes > self.settings.max_head_bytes:
-                self._reject(
-                    431,
-                    "Request Header Fields Too Large",
-                    f"request heads are limited to {self.settings.max_head_bytes} bytes",
-                )
+        if self._held:  # (what an earlier read left unparsed comes first)
+            data = self._held + data
+            self._held = b""
+        view = memoryview(data)
+        pos, end = 0, len(data)
+        s = self.settings
+        while pos < end:
+            if (
+                len(self.queue) >= s.max_pipelined
+                or self._holding() > s.max_buffered_per_connection
+            ):
+                self._held = bytes(view[pos:])
+                self._pause()
+                return
+            step = HEAD_SLICE if self.current is None or self._head_open else BODY_SLICE
+            chunk = view[pos : pos + step]
+            pos += len(chunk)
+            try:
+                self.parser.feed_data(chunk)
+            except httptools.HttpParserUpgrade:
+                self._refuse(501, "Not Implemented", "protocol upgrades are not proxied")
+            except httptools.HttpParserError:
+                self._refuse(400, "Bad Request", "malformed HTTP request")
+            if self.closed or self._stopped:
+                return
+            if self._head_open:  # a head still incomplete: bound it as it arrives
+                self._head_bytes += len(chunk)  # (at most one slice more than its own)
+                if self._head_bytes > s.max_head_bytes:
+                    self._refuse(
+                        431,
+                        "Request Header Fields Too Large",
+                        f"request heads are limited to {s.max_head_bytes} bytes",
+                    )
+                    return
+
+    def _refuse(self, status: int, reason: str, message: str) -> None:
+        """A request that may not be forwarded: the requests before it on
+        the connection are answered first, then this answer, then the
+        connection closes (nothing after it is read)."""
+        if self.closed or self._stopped:
+            return
+        if not self.queue and not self.inflight:
+            self._reject(status, reason, message)
+            return
+        self._stopped = True
+        self._held = b""
+        if self.transport is not None:
+            self.transport.pause_reading()
+        refusal = Request()
+        refusal.refusal = simple_response(status, reason, message, close=True)
+        self.current = None
+        self.queue.append(refusal)
+        self._wake_worker()
 
     def expire(self, now: float, header_timeout: float, idle_timeout: float) -> None:
         """Called about once a second (dataplane/guard.py)."""
@@ -231,6 +291,13 @@ class HttpProxy(_FastEntry):
         if self.touched:  # read since the last sweep: active now (no clock per read)
             self.touched = False
             self.last_active = now
+        if self._stalled_since and now - self._stalled_since > self.settings.write_timeout:
+            # an answer the client does not read: what it holds is freed
+            self.stats["write_timeouts"] = self.stats.get("write_timeouts", 0) + 1
+            self.closed = True
+            if self.transport is not None:
+                self.transport.abort()
+            return
         if self._head_open:
             if now - self._head_since > header_timeout:
                 self.stats["header_timeouts"] = self.stats.get("header_timeouts", 0) + 1
@@ -263,28 +330,51 @@ class HttpProxy(_FastEntry):
         if self.guard is not None:
             self._head_since = self.guard.clock()
 
+    def _too_large(self) -> None:
+        """(Raised from a callback: the parser stops.)"""
+        self._refuse(
+            431,
+            "Request Header Fields Too Large",
+            f"request heads are limited to {self.settings.max_head_bytes} bytes and "
+            f"{self.settings.max_headers} header lines",
+        )
+        raise httptools.HttpParserError("request head too large")
+
     def on_url(self, url: bytes) -> None:
         assert self.current is not None
         self.current.url += url
         self.current.head_bytes += len(url)
         if self.current.head_bytes > self.settings.max_head_bytes:
-            raise httptools.HttpParserError("request target too long")
+            self._too_large()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         req = self.current
         assert req is not None
-        req.headers.append((name, value))
         req.head_bytes += len(name) + len(value) + 4
         if req.head_bytes > self.settings.max_head_bytes:
-            raise httptools.HttpParserError("request head too large")
+            self._too_large()
+        if not self._head_open:
+            # a chunked body's trailer: never a header of the request (RFC
+            # 9110 §6.5.1: a Host or Authorization after the body would pass
+            # every check made on the head); dropped, bounded as the head
+            return
+        if len(req.headers) >= self.settings.max_headers:
+            self._too_large()
+        req.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
-        assert self.current is not None
+        req = self.current
+        assert req is not None
         self._head_open = False
         if self.guard is not None:
             self._body_since = self.guard.clock()
-        self.current.method = self.parser.get_method().decode("ascii", "replace")
-        self.current.keep_alive = self.parser.should_keep_alive()
+        req.method = self.parser.get_method().decode("ascii", "replace")
+        req.keep_alive = self.parser.should_keep_alive()
+        req.http11 = self.parser.get_http_version() != "1.0"
+        refusal = check_head(req)
+        if refusal is not None:
+            self._refuse(*refusal)
+            raise httptools.HttpParserError(refusal[2])
 
     def on_body(self, body: bytes) -> None:
         req = self.current
@@ -308,8 +398,11 @@ class HttpProxy(_FastEntry):
             )
             raise httptools.HttpParserError("buffers full")
         self.buffered += n
-        if self.buffered > self.settings.max_buffered_per_connection:
+        if self._holding() > self.settings.max_buffered_per_connection:
             self._pause()
+
+    def _holding(self) -> int:
+        return self.buffered + self.heads_held
 
     def _pause(self) -> None:
         if not self.paused and self.transport is not None:
@@ -318,13 +411,15 @@ class HttpProxy(_FastEntry):
             self._paused_at = self.guard.clock() if self.guard is not None else 0.0
 
     def _maybe_resume(self) -> None:
-        """Read again once what waits has drained to half of both bounds."""
+        """Read again once what waits has drained to half of both bounds
+        (what the last read left unparsed first)."""
         s = self.settings
         if (
             self.paused
+            and not self._stopped
             and self.transport is not None
             and len(self.queue) < s.max_pipelined // 2
-            and self.buffered <= s.max_buffered_per_connection // 2
+            and self._holding() <= s.max_buffered_per_connection // 2
         ):
             self.transport.resume_reading()
             self.paused = False
@@ -332,9 +427,13 @@ class HttpProxy(_FastEntry):
                 waited = self.guard.clock() - self._paused_at
                 self._head_since += waited
                 self._body_since += waited
+            if self._held:
+                self._parse(b"")
 
     def _release(self, req: Request) -> None:
-        """A request's body is no longer held."""
+        """A request's body (and head) is no longer held."""
+        self.heads_held -= req.held_head
+        req.held_head = 0
         n = len(req.body) + req.size  # (the body, or its bytes moved into data)
         if n:
             self.buffered -= n
@@ -342,18 +441,27 @@ class HttpProxy(_FastEntry):
                 self.guard.release_buffer(n)
 
     def on_message_complete(self) -> None:
-        assert self.current is not None
-        self.queue.append(self.current)
+        req = self.current
+        assert req is not None
+        # a queued head is held too: its bytes count with the bodies
+        # (thousands of tiny headers once held ~31 MiB for 1.8 MiB sent)
+        req.held_head = req.head_bytes
+        self.heads_held += req.head_bytes
+        self.queue.append(req)
         self.current = None
+        if self._holding() > self.settings.max_buffered_per_connection:
+            self._pause()
         self._wake_worker()
         if len(self.queue) >= self.settings.max_pipelined:
             self._pause()
 
     def pause_writing(self) -> None:
+        self._stalled_since = self.guard.clock() if self.guard is not None else 0.0
         if self.upstream is not None:
             self.upstream.pause_reading()
 
     def resume_writing(self) -> None:
+        self._stalled_since = 0.0
         if self.upstream is not None:
             self.upstream.resume_reading()
 
@@ -437,6 +545,12 @@ class HttpProxy(_FastEntry):
             self._fast_end()
             return
         conn.commit(client)
+
+    def fast_interim(self, conn: UpstreamConnection, head: bytes) -> None:
+        """An interim answer to a plain request (always HTTP/1.1): forwarded."""
+        client = self.transport
+        if not self.closed and client is not None and not client.is_closing():
+            client.write(head)
 
     def fast_whole(self, conn: UpstreamConnection, data: bytes, status: int) -> None:
         """The whole response arrived in one read: what fast_head, commit and
@@ -529,6 +643,12 @@ class HttpProxy(_FastEntry):
                     await self.wake.wait()
                     continue
                 req = self.queue.popleft()
+                if req.refusal is not None:  # (dataplane: _refuse) answered, then closed
+                    if self.transport is not None:
+                        self.transport.write(req.refusal)
+                        self.transport.close()
+                    self.closed = True
+                    return
                 self._maybe_resume()
                 self.inflight = True
                 try:
@@ -588,7 +708,9 @@ class HttpProxy(_FastEntry):
                 if active is not None:
                     active[address] = active.get(address, 0) + 1
                 try:
-                    await self._try(address, data, req.method == "HEAD", idempotent, client)
+                    await self._try(
+                        address, data, req.method == "HEAD", idempotent, client, req.http11
+                    )
                     key = served_key(address)
                     self.stats[key] = self.stats.get(key, 0) + 1
                     return
@@ -616,6 +738,7 @@ class HttpProxy(_FastEntry):
         head_only: bool,
         idempotent: bool,
         client: asyncio.Transport,
+        http11: bool = True,
     ) -> None:
         loop = asyncio.get_running_loop()
         for attempt in range(2):  # a stale pooled connection gets one fresh retry, same address
@@ -630,6 +753,8 @@ class HttpProxy(_FastEntry):
                     ) from None
             reused = conn.reused
             conn.start(data, head_only)
+            if http11:  # (an HTTP/1.0 client never gets an interim answer)
+                conn.interim_to = client
             self.upstream = conn
             head = conn.head
             assert head is not None and conn.done is not None

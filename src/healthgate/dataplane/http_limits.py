@@ -19,7 +19,13 @@
   and never answers, grew serve by 280 MiB (the 32 waiting requests were
   read whole); ~30 such connections would have had it killed;
 * **pipelining**: at most ``max_pipelined`` requests waiting behind the one
-  in flight; past that the connection stops being read until they drain;
+  in flight - their heads counted with the buffered bytes - ; past that the
+  connection stops being read, and what a read brought beyond is held
+  unparsed, until they drain;
+* **headers**: at most ``max_headers`` lines a request (431 beyond), a
+  chunked body's trailers dropped (never merged into the head);
+* **answers not read**: a client that stops reading an answer for
+  ``write_timeout`` seconds is disconnected;
 * **tries**: ``per_try_timeout`` to the first byte of a response,
   ``connect_timeout`` to an upstream connection; ``max_idle_per_upstream``
   pooled connections per upstream address.
@@ -41,6 +47,10 @@ class HttpSettings:
     max_buffered_per_connection: int = 16 * 1024 * 1024  # (at least one whole body)
     body_timeout: float = 30.0
     request_timeout: float = 60.0
+    max_headers: int = 100  # header lines per request (431 beyond; trailers dropped)
+    # an answer the client does not read: its connection is closed this long
+    # after the client stopped reading (what it held is freed)
+    write_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         if self.max_buffered_per_connection < self.max_body_bytes:

@@ -35,10 +35,13 @@ class Request:
         "groups",
         "head_bytes",
         "headers",
+        "held_head",
+        "http11",
         "hung",
         "keep_alive",
         "last_error",
         "method",
+        "refusal",
         "size",
         "url",
     )
@@ -49,7 +52,10 @@ class Request:
         self.body = bytearray()
         self.method = "GET"
         self.keep_alive = True
+        self.http11 = True  # (an HTTP/1.0 client gets no interim answers)
         self.head_bytes = 0
+        self.held_head = 0  # its head's bytes while it waits in the queue
+        self.refusal: bytes | None = None  # not a request: the answer that ends the connection
         self.size = 0  # the body's bytes (held in ``body``, then in ``data``)
         # set when the fast path made the first try: what it sent, the route
         # it used (when it had one), the endpoint not to try again, the
@@ -75,8 +81,8 @@ class Request:
         named = _connection_named(self.headers)
         for name, value in self.headers:
             low = name.lower()
-            if low in HOP_BY_HOP or low in named or low in SPOOFABLE:
-                continue
+            if low in HOP_BY_HOP or low in named or low in SPOOFABLE or b"_" in low:
+                continue  # ("_": a name that may mean "-" to a backend - nginx drops them)
             if low == b"x-forwarded-for":
                 forwarded = value
                 continue
@@ -91,6 +97,51 @@ class Request:
         self.body = bytearray()  # (held once, in data, while it is tried)
         self.data = data
         return data
+
+
+def check_head(req: Request) -> tuple[int, str, str] | None:
+    """What the proxy answers instead of forwarding a request whose head it
+    may not pass on - (status, reason, message) - or None; an absolute-form
+    target is made origin-form here, its authority the one Host.
+
+    * HTTP/1.1 needs exactly one ``Host`` (RFC 9112 §3.2: 400 without one
+      or with two - which one a backend would read is anyone's guess);
+    * a transfer coding other than ``chunked`` alone (``deflate, chunked``)
+      is not understood: 501, as nginx answers (the parser would take the
+      chunks off and forward a body still deflated, as if it were plain);
+    * ``http://host/path`` - the target's authority wins over ``Host``
+      (RFC 9112 §3.2.2), so it is forwarded as ``/path`` with that Host,
+      never with the client's other one; a userinfo part is refused.
+    """
+    hosts = [v for n, v in req.headers if n.lower() == b"host"]
+    codings: list[bytes] = []
+    for name, value in req.headers:
+        if name.lower() == b"transfer-encoding":
+            codings += [c.strip().lower() for c in value.split(b",") if c.strip()]
+    if codings and codings != [b"chunked"]:
+        return (
+            501,
+            "Not Implemented",
+            "only the chunked transfer coding is understood "
+            f"(got {b', '.join(codings)[:80].decode('latin-1')!r})",
+        )
+    url = bytes(req.url)
+    low = url[:8].lower()
+    if low.startswith((b"http://", b"https://")):
+        rest = url[url.index(b"//") + 2 :]
+        cut = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i >= 0), default=len(rest))
+        authority, path = rest[:cut], rest[cut:]
+        if not authority or b"@" in authority:
+            return 400, "Bad Request", "an absolute-form target needs a host and no userinfo"
+        req.url = bytearray(path if path.startswith(b"/") else b"/" + path)
+        req.headers = [(n, v) for n, v in req.headers if n.lower() != b"host"]
+        req.headers.insert(0, (b"Host", authority))
+        return None
+    if len(hosts) > 1:
+        return 400, "Bad Request", "a request may have one Host header, not several"
+    if not hosts and req.http11:
+        return 400, "Bad Request", "an HTTP/1.1 request needs a Host header (RFC 9112 §3.2)"
+    return None
 
 
 def _connection_named(headers: Sequence[tuple[bytes, bytes]]) -> frozenset[bytes]:

@@ -11,6 +11,20 @@ exchange at a time.
 * :class:`UpstreamPool` - idle kept-alive connections per address, and
   :class:`TryDeadlines`: the fast path's per-try deadlines, one timer for
   all of them.
+
+**One exchange, one response, then nothing.** A connection is pooled only
+between messages: bytes that arrive while no exchange is in flight (an
+upstream that answers twice, or speaks unasked) close it, and so does a
+second message that starts right behind the response in the same read -
+else the next request on it, maybe another client's, would read the
+previous client's answer. Interim answers (``1xx`` but ``101``) are not the
+response: they are split off before the parser sees them
+(:meth:`UpstreamConnection._interim`), forwarded to an HTTP/1.1 client as
+they arrive (never to an HTTP/1.0 one, RFC 9110 §15.2), and the exchange
+waits for the final status - which alone decides a retry. ``101`` is never
+asked for (upgrades are refused): it fails the exchange. Only the first
+read of an exchange may be taken whole by ``whole_response``: a read that
+continues a head begun earlier is the parser's.
 """
 
 from __future__ import annotations
@@ -29,6 +43,11 @@ from healthgate.http_scan import whole_response
 
 Address = tuple[str, int]
 
+# interim answers before the final one: at most this many, each at most this long
+MAX_INTERIM = 16
+MAX_INTERIM_BYTES = 64 * 1024
+_INTERIM_PREFIXES = (b"HTTP/1.1 1", b"HTTP/1.0 1")
+
 
 class FastOwner(Protocol):
     """The client side of a fast-path exchange (dataplane/http.py), told
@@ -43,6 +62,9 @@ class FastOwner(Protocol):
     def fast_failed(self, conn: UpstreamConnection, exc: Exception) -> None: ...
 
     def fast_expired(self) -> None: ...
+
+    def fast_interim(self, conn: UpstreamConnection, head: bytes) -> None:
+        """An interim (1xx) head arrived before the final answer."""
 
 
 class _PyUpstreamEntry(asyncio.Protocol):
@@ -59,10 +81,12 @@ class _PyUpstreamEntry(asyncio.Protocol):
     status: int
 
     def data_received(self, data: bytes) -> None:
+        first = not self.got_bytes  # (only an exchange's first read may be whole)
         self.got_bytes = True
         owner = self.owner
         if (
-            whole_response is not None
+            first
+            and whole_response is not None
             and owner is not None
             and not self.head_only
             and self.sink is None
@@ -110,6 +134,14 @@ class UpstreamConnection(_UpstreamEntry):
         self.head_only = False
         self.got_bytes = False
         self.status = 0  # the response's status, once its head is in
+        # interim answers: where they go (the general path's client, when
+        # HTTP/1.1; the fast path's go to the owner), what of a head is held
+        # until it is known to be one, how many came, and whether the final
+        # head has begun (from then on every byte is the parser's)
+        self.interim_to: asyncio.Transport | None = None
+        self.held = b""
+        self.interims = 0
+        self.final_begun = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -135,6 +167,16 @@ class UpstreamConnection(_UpstreamEntry):
         assert self.transport is not None
         self.transport.write(request)
 
+    def idle_now(self) -> bool:
+        """No exchange in flight: the connection is between messages."""
+        return self.owner is None and (self.done is None or self.done.done())
+
+    def _unasked(self) -> None:
+        """Bytes no request asked for: never pooled again, never read on."""
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
     def commit(self, client: asyncio.Transport) -> None:
         """Send what was buffered to the client; stream the rest directly."""
         self.sink = client
@@ -144,8 +186,59 @@ class UpstreamConnection(_UpstreamEntry):
                 client.write(buffer[0] if len(buffer) == 1 else b"".join(buffer))
             buffer.clear()
 
+    def _interim(self, data: bytes) -> bytes | None:
+        """Split interim heads off the front of ``data`` (what came before
+        is in ``held``): what is left for the parser, or None while a head
+        may still be an interim one (or after the exchange failed)."""
+        buf = self.held + data if self.held else data
+        while True:
+            n = min(len(buf), 10)
+            if not any(buf[:n] == p[:n] for p in _INTERIM_PREFIXES):
+                break  # the final head: the parser's from here on
+            end = buf.find(b"\r\n\r\n", 0, MAX_INTERIM_BYTES)
+            if n < 10 or end < 0:
+                if len(buf) >= MAX_INTERIM_BYTES:
+                    self._broken("an interim answer's head too large")
+                    return None
+                self.held = buf  # (wait for the rest of it)
+                return None
+            status = buf[9:12]
+            if not status.isdigit() or status == b"101" or buf[12:13] not in (b" ", b"\r"):
+                self._broken(
+                    "an unasked 101 Switching Protocols"
+                    if status == b"101"
+                    else "a malformed interim answer"
+                )
+                return None
+            self.interims += 1
+            if self.interims > MAX_INTERIM:
+                self._broken(f"more than {MAX_INTERIM} interim answers")
+                return None
+            head, buf = buf[: end + 4], buf[end + 4 :]
+            owner = self.owner
+            if owner is not None:
+                owner.fast_interim(self, head)
+            elif self.interim_to is not None and not self.interim_to.is_closing():
+                self.interim_to.write(head)
+        self.held = b""
+        self.final_begun = True
+        return buf
+
+    def _broken(self, why: str) -> None:
+        self.held = b""
+        self._fail(ConnectionError(f"malformed response from upstream: {why}"))
+        self._unasked()
+
     def _parse(self, data: bytes) -> None:
         """A read that is not a whole answer to a fast-path request."""
+        if self.idle_now():  # unasked bytes: the next request would read them
+            self._unasked()
+            return
+        if not self.final_begun:
+            rest = self._interim(data)
+            if not rest:
+                return
+            data = rest
         sink = self.sink
         if sink is not None:
             if not sink.is_closing():  # a client that left mid-response: read on, drop
@@ -154,12 +247,15 @@ class UpstreamConnection(_UpstreamEntry):
             self.buffer.append(data)
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade):
             self._fail(ConnectionError("malformed response from upstream"))
-            if self.transport is not None:
-                self.transport.close()
+            self._unasked()
 
     # httptools callbacks
+    def on_message_begin(self) -> None:
+        if self.idle_now():  # a second answer right behind the first one
+            self._unasked()
+
     def on_headers_complete(self) -> None:
         self.status = status = self.parser.get_status_code()
         if self.owner is not None:
@@ -173,6 +269,10 @@ class UpstreamConnection(_UpstreamEntry):
         self._complete(reusable=self.parser.should_keep_alive())
 
     def _complete(self, reusable: bool) -> None:
+        # the next exchange starts with its interim answers unread (the C
+        # first try sets only what start_fast sets)
+        self.final_begun = False
+        self.interims = 0
         owner = self.owner
         if owner is not None:
             self.owner = None
@@ -301,7 +401,7 @@ class UpstreamPool:
         idle = self.idle_connections.get(conn.address)
         if idle is None:
             idle = self.idle_connections[conn.address] = []
-        if conn.closed or len(idle) >= self.settings.max_idle_per_upstream:
+        if conn.closed or not conn.idle_now() or len(idle) >= self.settings.max_idle_per_upstream:
             self.discard(conn)
         else:
             conn.sink = None
