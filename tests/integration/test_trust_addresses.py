@@ -169,3 +169,89 @@ def test_a_stored_rule_on_serves_address_is_skipped_and_can_be_deleted(tmp_path:
         assert "not listening" in s.log.read_text()
         assert api.delete(fr).status_code == 200
         assert api.get(fr).status_code == 404
+
+
+# every spelling of an address the policy refuses (issue 38): a producer's
+# endpoint there is refused, and the description says what it carries
+SPELLINGS = [
+    ("::ffff:127.0.0.1", "loopback"),  # IPv4-mapped: stored as 127.0.0.1
+    ("::127.0.0.1", "loopback"),  # IPv4-compatible
+    ("::ffff:0:127.0.0.1", "loopback"),  # IPv4-translated
+    ("::ffff:169.254.169.254", "link-local"),
+    ("64:ff9b::127.0.0.1", "loopback"),  # NAT64, the well-known prefix
+    ("64:ff9b::a9fe:a9fe", "link-local"),  # ... the metadata address through it
+    ("64:ff9b:1:7f00:0:100::", "loopback"),  # NAT64, local use (RFC 8215, /48)
+    ("2002:7f00:1::", "loopback"),  # 6to4 of 127.0.0.1
+    ("2002:a9fe:a9fe::1", "link-local"),
+    ("fd00:ec2::254", "metadata"),  # AWS over IPv6
+    ("fd20:ce::254", "metadata"),  # Google over IPv6
+    ("100.100.100.200", "metadata"),  # Alibaba
+    ("168.63.129.16", "metadata"),  # Azure's wire server
+    ("0.1.2.3", "unspecified"),  # "this network": Linux connects it to this machine
+    ("224.0.0.1", "multicast"),
+    ("::ffff:0.0.0.0", "unspecified"),
+]
+
+
+@pytest.mark.parametrize(("ip", "rule"), SPELLINGS)
+def test_the_policy_holds_for_every_spelling(ip: str, rule: str) -> None:
+    policy = AddressPolicy()
+    why = policy.refusal(ip)
+    assert why is not None and rule in why, (ip, why)
+    # a range admits what it covers, however it is written
+    assert AddressPolicy.parse(["127.0.0.0/8"]).refusal("::ffff:127.0.0.1") is None
+
+
+def test_an_endpoint_in_another_spelling_is_refused_through_the_api() -> None:
+    code, body = apply_as(PRODUCER, [neg("10.0.0.1", "::ffff:127.0.0.1", "64:ff9b::7f00:1")])
+    assert code == 400, body
+    fields = {d["field"]: d["description"] for d in body["error"]["details"]}
+    assert set(fields) == {"endpoints[1].ipAddress", "endpoints[2].ipAddress"}
+    assert "loopback" in fields["endpoints[1].ipAddress"]
+    assert "carries 127.0.0.1" in fields["endpoints[2].ipAddress"]
+
+
+def test_a_mapped_address_is_stored_as_the_ipv4_address_it_is() -> None:
+    from healthgate.model.resource import normalise_ip
+
+    assert normalise_ip("::ffff:10.1.2.3") == "10.1.2.3"
+    assert normalise_ip("::FFFF:0A01:0203") == "10.1.2.3"
+    assert normalise_ip("2001:DB8::1") == "2001:db8::1"
+
+
+def test_a_udp_rule_on_a_mapped_wildcard_is_a_wildcard() -> None:
+    rule = {**rule_on("::ffff:0.0.0.0", 9000)[3], "IPProtocol": "UDP"}
+    code, body = apply_as(PRODUCER, [rule])
+    assert code == 400, body
+    assert "unspecified" in body["error"]["details"][0]["description"]
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "want"),
+    [
+        ("0.0.0.0", "127.0.0.1", True),
+        ("::", "127.0.0.1", True),  # a dual-stack wildcard covers IPv4 too
+        ("::", "::1", True),
+        ("0.0.0.0", "::1", False),
+        ("::ffff:127.0.0.1", "127.0.0.1", True),  # parsed, not compared as text
+        ("0:0:0:0:0:0:0:1", "::1", True),
+        ("127.0.0.1", "127.0.0.2", False),
+    ],
+)
+def test_listen_addresses_are_compared_parsed(a: str, b: str, want: bool) -> None:
+    from healthgate.model.addresses import overlaps
+
+    assert overlaps(a, b) is want and overlaps(b, a) is want
+
+
+def test_a_webhook_to_a_loopback_spelling_is_refused() -> None:
+    hook = {
+        "kind": "Webhook",
+        "project": "shop",
+        "name": "hook",
+        "url": "http://[::ffff:127.0.0.1]:9/hook",
+        "secret": "0123456789abcdef0123",
+    }
+    code, body = apply_as(PRODUCER, [hook])
+    assert code == 400, body
+    assert body["error"]["details"][0]["field"] == "url"

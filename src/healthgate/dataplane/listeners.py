@@ -25,7 +25,7 @@ from enum import StrEnum
 from typing import cast
 
 from healthgate.dataplane.tcp import TcpProxy
-from healthgate.model.addresses import Reserved
+from healthgate.model.addresses import Reserved, overlaps
 from healthgate.model.names import ResourcePath
 from healthgate.model.resources import BackendService, ForwardingRule, Resource
 
@@ -62,9 +62,7 @@ def taken(spec: ListenerSpec, reserved: Sequence[Reserved]) -> list[Reserved]:
     return [
         r
         for r in reserved
-        if protocol in r.protocols
-        and r.port in spec.ports
-        and (spec.ip == r.ip or "0.0.0.0" in (spec.ip, r.ip) or "::" in (spec.ip, r.ip))
+        if protocol in r.protocols and r.port in spec.ports and overlaps(spec.ip, r.ip)
     ]
 
 

@@ -69,15 +69,23 @@ _DOTTED = re.compile(
 
 
 def normalise_ip(value: str) -> str:
+    """An address in its one spelling: IPv6 compressed and lower-case, an
+    IPv4-mapped IPv6 address (``::ffff:127.0.0.1``, which a dual-stack
+    socket connects to - or listens on - as the IPv4 address) as that IPv4
+    address, so that every check made on the text sees what the kernel
+    will use (model/addresses.py checks the other embedded forms)."""
     # an IPv4 address written the canonical way (no leading zeros) is its own
     # normal form: one regular expression instead of ipaddress (3x faster,
     # a million endpoints in a manifest)
     if _DOTTED.fullmatch(value):
         return value
     try:
-        return str(ipaddress.ip_address(value))
+        addr = ipaddress.ip_address(value)
     except ValueError:
         raise ValueError(f"expected an IPv4 or IPv6 address, got {brief(value)}") from None
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return str(addr.ipv4_mapped)
+    return str(addr)
 
 
 @dataclass(frozen=True, slots=True)
