@@ -127,7 +127,7 @@ def overlaps(a: str, b: str) -> bool:
     if x == y:
         return True
     for wild, other in ((x, y), (y, x)):
-        if wild.is_unspecified and (wild.version == other.version or wild.version == 6):
+        if wild.is_unspecified and wild.version in (other.version, 6):
             return True
     return False
 
