@@ -173,7 +173,7 @@ def _register(
     ) -> dict[str, Any]:
         who = state.principal(authorization)
         path = path_of(where, collection, name)
-        state.check_write(who, state.stored(path).resource)
+        state.check_may_change(who, state.stored(path).resource)
         fp = fingerprint or if_match
         outcome = await state.control.delete([path], fingerprints={path: fp} if fp else None)
         await state.audit(who, "delete", outcome.plan)

@@ -7,15 +7,20 @@
     DELETE /v1/projects/{p}/shifts/{name}   (ends it now)
 
 Who: an admin anywhere; a producer or consumer in its own project (a
-consumer shifts its own PSC NEGs - a region of them, or one by path; a
-producer shifts its published service away from a region - its service
-attachments there, or one by path); viewers and metrics tokens never.
+consumer shifts its own PSC NEGs - a region of them, or one by path - and a
+consumer's region shift covers nothing else, ``covers: PSC_NEGS``, even in a
+project that also publishes; a producer shifts its published service away
+from a region - its service attachments there, or one by path); viewers and
+metrics tokens never.
 
 **The safety rule**: a shift that would leave some consumer front end with
 no NEG able to take traffic (none that is neither UNHEALTHY nor shifted),
 where it had one before, is refused - 409 FAILED_PRECONDITION naming the
 front ends the caller may read (and counting the others) - unless an admin
-sends ``"force": true``. Every accepted shift, extension and end is a
+sends ``"force": true``. It is checked inside the write
+(``ControlPlane.apply``'s ``check``), against the world the commit is made
+over: of two shifts sent at once, the second is checked with the first in.
+Every accepted shift, extension and end is a
 Change record (controlplane/changes.py); a shift that runs out is recorded
 by the engine itself (health/shifts.py). Shifts are resources in the store
 (kind Shift), so every node of a cluster obeys them, and a node that
@@ -113,14 +118,16 @@ class ShiftRules:
         """A region, or the full path of a PSC NEG or service attachment of ``project``."""
         if is_valid_name(away):
             return away
+        here = ResourcePath(project, GLOBAL, "shifts", "x")
+        collection = (
+            "serviceAttachments"
+            if "/serviceAttachments/" in f"/{away}"
+            else "networkEndpointGroups"
+        )
         try:
-            target = resolve_reference(
-                away, ResourcePath(project, GLOBAL, "shifts", "x"), "networkEndpointGroups"
-            )
+            target = resolve_reference(away, here, collection)
         except ValueError as exc:
             raise _invalid("awayFrom", str(exc)) from None
-        if target.collection not in ("networkEndpointGroups", "serviceAttachments"):
-            raise _invalid("awayFrom", "a region, a PSC NEG or a service attachment")
         if target.project != project:
             raise _invalid("awayFrom", f"{target} is not in project {project}")
         found = self.state.control.resources.get(target)
@@ -187,6 +194,7 @@ class ShiftRules:
             "actor": shift.actor,
             "comment": shift.comment,
             "force": shift.force,
+            "covers": shift.covers,
             "affects": visible,
             "affectsOtherProjects": len(negs) - len(visible),
             "fingerprint": stored.fingerprint,
@@ -228,6 +236,8 @@ class ShiftRules:
                 actor=who.name,
                 comment=body.comment,
                 force=body.force,
+                # a consumer's region shift covers only what a consumer owns
+                covers="PSC_NEGS" if who.role == "consumer" else "ALL",
             )
         except ValidationError as exc:  # (a comment with a control character, ...)
             issues = [
@@ -264,9 +274,14 @@ def shifts_router(state: ApiState) -> APIRouter:
             raise _invalid(
                 "", f"project {project} has {MAX_ACTIVE} active shifts, as many as it may"
             )
-        shift, negs = rules.new_shift(who, project, body, now)
-        rules.refuse_stranding(who, shift, negs)
-        outcome = await state.control.apply([Document(shift)], create_only=True)
+        shift, _ = rules.new_shift(who, project, body, now)
+
+        def safe() -> None:
+            """The safety rule, against the world each attempt commits over
+            (two shifts at once: the second is checked with the first in)."""
+            rules.refuse_stranding(who, shift, affected(shift, state.control.resources))
+
+        outcome = await state.control.apply([Document(shift)], create_only=True, check=safe)
         until = timestamp(shift.expire_time)
         await state.recorder.append_changes(
             change_records(

@@ -150,6 +150,28 @@ class ApiState:
                 403, f"this token ({who.role} of {who.project}) may not write {res.kind} {res.path}"
             )
 
+    def check_may_change(self, who: Principal, res: Resource, doc: Document | None = None) -> None:
+        """May ``who`` write (or replace, or delete) ``res``: its kind and
+        project (403), and a webhook's records - one that would deliver
+        records the caller may not read is not the caller's (a consumer
+        token of a project that also publishes may not redirect the
+        producer's webhook)."""
+        self.check_write(who, res)
+        kinds = who.event_kinds()
+        if isinstance(res, Webhook) and kinds is not None:
+            if not res.events or any(f.kind not in kinds for f in res.events):
+                message = (
+                    f"{res.path}: this token reads only records of kinds {', '.join(kinds)}: "
+                    "its webhook must name them in events"
+                )
+                if doc is None:  # (the stored one: not the caller's)
+                    raise AccessError(403, message + " (this one delivers others)")
+                raise ControlError(
+                    Refusal.INVALID,
+                    message,
+                    [doc.issue("events", f"each filter's kind one of {', '.join(kinds)}")],
+                )
+
     def check_document(self, who: Principal, doc: Document) -> None:
         """May ``who`` write this document: its kind and project (403), and,
         unless an admin, its addresses (SPEC §7's address policy: 400 naming
@@ -161,16 +183,10 @@ class ApiState:
                 f"/v1/projects/{doc.resource.project}/shifts (healthgate shift away), not a manifest",
                 [doc.issue("kind", "Shift: use the shifts API")],
             )
-        self.check_write(who, doc.resource)
-        if isinstance(doc.resource, Webhook) and who.event_kinds() is not None:
-            kinds = who.event_kinds() or ()
-            if not doc.resource.events or any(f.kind not in kinds for f in doc.resource.events):
-                raise ControlError(
-                    Refusal.INVALID,
-                    f"{doc.resource.path}: this token reads only records of kinds "
-                    f"{', '.join(kinds)}: its webhook must name them in events",
-                    [doc.issue("events", f"each filter's kind one of {', '.join(kinds)}")],
-                )
+        self.check_may_change(who, doc.resource, doc)
+        stored = self.control.stored.get(doc.resource.path)
+        if stored is not None:  # a replace: what is there must be the caller's to change too
+            self.check_may_change(who, stored.resource)
         if who.role == "admin":
             return
         refused = self.settings.address_policy.violations(doc.resource)

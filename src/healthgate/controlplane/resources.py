@@ -294,11 +294,18 @@ class ControlPlane:
         fingerprints: Mapping[ResourcePath, str] | None = None,
         create_only: bool = False,
         replace_only: bool = False,
+        check: Callable[[], None] | None = None,
     ) -> ApplyOutcome:
+        """``check``: a rule of the caller's over the world as it is now (the
+        mirror and the engine at ``base``), run again at every attempt -
+        raising refuses the write - so that it holds when the commit does
+        (the commit is refused if anything changed since ``base``)."""
         given = _fingerprints(fingerprints or {})
         for attempt in range(self.settings.write_attempts):
             base = self.revision
             current = self.resources
+            if check is not None:
+                check()
             if create_only or replace_only:  # (one resource, from the REST API)
                 for doc in documents:
                     path = doc.resource.path

@@ -4,7 +4,8 @@ A shift of project P away from:
 
 * a **region** R: P's own PSC NEGs in R (a consumer moving its traffic),
   and every PSC NEG of any project that targets one of P's service
-  attachments in R (a producer moving its consumers away from a region);
+  attachments in R (a producer moving its consumers away from a region) -
+  the latter unless the shift ``covers`` PSC NEGs only (a consumer's);
 * a **PSC NEG** path (P's own): that NEG;
 * a **service attachment** path (P's own): every NEG that targets it.
 
@@ -50,7 +51,8 @@ def affected(shift: Shift, resources: Mapping[ResourcePath, Resource]) -> list[s
             if path.project != shift.project or path.region != away:
                 continue
             if isinstance(r, ServiceAttachment):
-                attachments.add(str(path))
+                if shift.covers == "ALL":
+                    attachments.add(str(path))
             elif isinstance(r, NetworkEndpointGroup) and r.psc_target_service:
                 negs.add(str(path))
     else:

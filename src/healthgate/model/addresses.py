@@ -132,7 +132,6 @@ def overlaps(a: str, b: str) -> bool:
     return False
 
 
-
 def rule_ports(rule: ForwardingRule) -> list[tuple[int, int]]:
     """A rule's ports as (first, last) spans."""
     if rule.ports is not None:

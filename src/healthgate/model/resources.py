@@ -499,6 +499,11 @@ class Shift(Resource):
     actor: str = Field(min_length=1, max_length=63)
     comment: str = Field(min_length=1, max_length=500)
     force: bool = False  # the safety rule was overridden (by an admin)
+    # what a region shift covers: the project's own PSC NEGs there and the
+    # consumers of its attachments there (ALL: an admin's or a producer's),
+    # or its PSC NEGs only (PSC_NEGS: a consumer's - a consumer token of a
+    # project that also publishes never moves the producer's consumers)
+    covers: Literal["ALL", "PSC_NEGS"] = "ALL"
 
     SCOPES = frozenset({"global"})
 
