@@ -158,19 +158,20 @@ class ApiState:
         producer's webhook)."""
         self.check_write(who, res)
         kinds = who.event_kinds()
-        if isinstance(res, Webhook) and kinds is not None:
-            if not res.events or any(f.kind not in kinds for f in res.events):
-                message = (
-                    f"{res.path}: this token reads only records of kinds {', '.join(kinds)}: "
-                    "its webhook must name them in events"
-                )
-                if doc is None:  # (the stored one: not the caller's)
-                    raise AccessError(403, message + " (this one delivers others)")
-                raise ControlError(
-                    Refusal.INVALID,
-                    message,
-                    [doc.issue("events", f"each filter's kind one of {', '.join(kinds)}")],
-                )
+        if not isinstance(res, Webhook) or kinds is None:
+            return
+        if not res.events or any(f.kind not in kinds for f in res.events):
+            message = (
+                f"{res.path}: this token reads only records of kinds {', '.join(kinds)}: "
+                "its webhook must name them in events"
+            )
+            if doc is None:  # (the stored one: not the caller's)
+                raise AccessError(403, message + " (this one delivers others)")
+            raise ControlError(
+                Refusal.INVALID,
+                message,
+                [doc.issue("events", f"each filter's kind one of {', '.join(kinds)}")],
+            )
 
     def check_document(self, who: Principal, doc: Document) -> None:
         """May ``who`` write this document: its kind and project (403), and,
