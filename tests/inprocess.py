@@ -15,6 +15,7 @@ import httpx
 
 from healthgate.api.app import ApiSettings, ApiState, create_app
 from healthgate.api.auth import Access, TokenEntry
+from healthgate.api.listener import ApiListener
 from healthgate.controlplane.health_service import HealthService
 from healthgate.controlplane.recorder import TransitionRecorder
 from healthgate.controlplane.resources import ControlPlane
@@ -41,6 +42,8 @@ class InProcessApi:
         self._tasks: list[asyncio.Task[Any]] = []
         self.client: httpx.AsyncClient | None = None
         self.state: ApiState | None = None
+        self.app: Any = None
+        self._listeners: list[ApiListener] = []
 
     async def __aenter__(self) -> InProcessApi:
         await self.control.load()
@@ -52,12 +55,24 @@ class InProcessApi:
         state.ready = True
         self.state = state
         state.public_healthz = self.public_healthz
+        self.app = create_app(state)
         self.client = httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=create_app(state)), base_url="http://127.0.0.1:7400"
+            transport=httpx.ASGITransport(app=self.app), base_url="http://127.0.0.1:7400"
         )
         return self
 
+    async def listen(self) -> ApiListener:
+        """The same app on a real loopback socket, as serve's API listener
+        (its bounds from ``settings``); closed with this object."""
+        listener = ApiListener("127.0.0.1", 0, self.settings)
+        listener.bind()
+        await listener.serve(self.app)
+        self._listeners.append(listener)
+        return listener
+
     async def __aexit__(self, *exc: Any) -> None:
+        for listener in self._listeners:
+            await listener.close()
         if self.client is not None:
             await self.client.aclose()
         await self.control.close()

@@ -117,3 +117,172 @@ def test_one_source_holds_at_most_its_share_of_the_apis_connections() -> None:
     sources.release("10.0.0.1")
     assert sources.admit("10.0.0.1")
     assert sources.refused == 1
+
+
+# ---------------------------------------------------------------- bodies (issue 38)
+
+PRODUCER = {"token": "p" * 24, "project": "shop", "role": "producer"}
+OTHER = {"token": "o" * 24, "project": "web", "role": "producer"}
+
+
+async def raw_request(
+    port: int, head: bytes, body: bytes = b""
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(head + body)
+    await writer.drain()
+    return reader, writer  # (the writer kept: dropped, it would close the connection)
+
+
+def post_head(port: int, path: str, length: int, token: str | None = None) -> bytes:
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/yaml\r\n"
+        f"Content-Length: {length}\r\n{auth}\r\n"
+    ).encode()
+
+
+async def answer_and_close(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> bytes:
+    """What the server sends until it closes (bounded)."""
+    async with asyncio.timeout(10):
+        data = await conn[0].read()
+    conn[1].close()
+    return data
+
+
+def test_a_body_without_a_token_is_refused_before_it_is_read() -> None:
+    async def go() -> None:
+        from tests.inprocess import InProcessApi
+
+        async with InProcessApi([PRODUCER]) as api:
+            port = (await api.listen()).port
+            for token, status in ((None, b"401"), ("x" * 24, b"401")):
+                conn = await raw_request(port, post_head(port, "/v1/apply", 10_000_000, token))
+                got = await answer_and_close(conn)  # (not a byte of the body was sent)
+                assert got.startswith(b"HTTP/1.1 " + status), got[:200]
+                assert b"connection: close" in got.lower()
+
+    run_async(go())
+
+
+def test_a_slow_body_gets_408_and_holds_nothing_past_its_deadline() -> None:
+    async def go() -> None:
+        from healthgate.api.app import ApiSettings
+        from tests.inprocess import InProcessApi
+
+        async with InProcessApi([PRODUCER], settings=ApiSettings(body_timeout=0.5)) as api:
+            port = (await api.listen()).port
+            conn = await raw_request(
+                port, post_head(port, "/v1/apply", 1000, PRODUCER["token"]), b"kind: Heal"
+            )
+            got = await answer_and_close(conn)
+            assert got.startswith(b"HTTP/1.1 408"), got[:200]
+            assert b"did not arrive within 0.5 s" in got
+
+    run_async(go())
+
+
+def test_slow_manifests_of_one_token_do_not_hold_another_tenants_apply() -> None:
+    """Two manifests of one producer whose bodies never arrive: another
+    producer's apply is answered at once (the slots are taken after the
+    body has come, and one token holds one of them at most)."""
+
+    async def go() -> None:
+        from healthgate.api.app import ApiSettings
+        from tests.inprocess import InProcessApi
+
+        settings = ApiSettings(manifest_wait=2.0)
+        async with InProcessApi([PRODUCER, OTHER], settings=settings) as api:
+            port = (await api.listen()).port
+            stalled = [
+                await raw_request(
+                    port, post_head(port, "/v1/apply", 100_000, PRODUCER["token"]), b"kind"
+                )
+                for _ in range(2)
+            ]
+            manifest = yaml.safe_dump(
+                {"kind": "HealthCheck", "project": "web", "region": "r1", "name": "hc",
+                 "type": "TCP", "port": 80}
+            )  # fmt: skip
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                loop = asyncio.get_running_loop()
+                started = loop.time()
+                r = await client.post(
+                    "/v1/apply",
+                    content=manifest,
+                    headers={
+                        "Content-Type": "application/yaml",
+                        "Authorization": f"Bearer {OTHER['token']}",
+                    },
+                )
+                assert r.status_code == 200, r.text
+                assert loop.time() - started < 1.5  # (not after manifest_wait)
+            assert len(stalled) == 2
+
+    run_async(go())
+
+
+def test_a_flood_of_connections_leaves_the_health_answers_reachable() -> None:
+    """More connections than the API may hold, each holding its head back:
+    a health check still gets its answer (the connection that waited
+    longest gives up its place), and so does any other request."""
+
+    async def go() -> None:
+        from healthgate.api.app import ApiSettings
+        from tests.inprocess import InProcessApi
+
+        settings = ApiSettings(max_connections=10, reserved_for_health=4, max_per_source=1000)
+        async with InProcessApi(settings=settings) as api:
+            port = (await api.listen()).port
+            flood = []
+            for i in range(30):
+                reader, writer = await asyncio.open_connection(
+                    "127.0.0.1", port, local_addr=(f"127.0.1.{i + 1}", 0)
+                )
+                writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # never finished
+                await writer.drain()
+                flood.append((reader, writer))
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                assert (await client.get("/healthz")).status_code == 200
+                assert (await client.get("/v1/projects")).status_code == 200
+            # the oldest of the flood were closed to make room
+            async with asyncio.timeout(10):
+                assert await flood[0][0].read() == b""
+            for _, writer in flood:
+                writer.close()
+
+    run_async(go())
+
+
+def test_open_connections_keep_room_for_health_answers_when_all_are_busy() -> None:
+    from healthgate.api.capacity import OpenConnections, is_health_request_line
+
+    class Conn:
+        def __init__(self, waiting: bool) -> None:
+            self.is_waiting = waiting
+            self.evicted = False
+
+        def waiting(self) -> bool:
+            return self.is_waiting
+
+        def evict(self) -> None:
+            self.evicted = True
+
+    pool = OpenConnections(max_connections=2, reserved=1)
+    a, b, c = Conn(False), Conn(False), Conn(False)
+    assert [pool.admit(x) for x in (a, b)] == [True, True]
+    assert pool.admit(c) is False  # every one busy: the reserve, a health answer's only
+    assert pool.admit(Conn(False)) is None  # no room left at all
+    pool.release(a)
+    pool.release(c)
+    idle = Conn(True)
+    assert pool.admit(idle) is True
+    newer = Conn(True)
+    assert pool.admit(newer) is True  # full: the one waiting longest gives way
+    assert idle.evicted and pool.evicted == 1 and pool.open == 2
+    assert is_health_request_line(b"GET /healthz HTTP/1.1")
+    assert is_health_request_line(
+        b"GET /v1/projects/p/regions/r/forwardingRules/f/healthz?x HTTP/1.1"
+    )
+    assert not is_health_request_line(b"POST /healthz HTTP/1.1")
+    assert not is_health_request_line(b"GET /v1/projects HTTP/1.1")

@@ -82,7 +82,11 @@ def test_haproxy_export_accepts_addresses_and_names() -> None:
     run_async(go(), timeout=30)
 
 
-def test_manifests_wait_for_a_slot_before_their_bodies_are_read() -> None:
+def test_manifests_are_read_whole_before_they_wait_for_a_slot() -> None:
+    """A manifest's body is read (within the body deadline and the bytes
+    every body may hold: api/bodies.py) before it takes a slot - so a slow
+    body holds no slot while it trickles in (issue 38); one that waits too
+    long for a slot gets 503, and the slot is given back either way."""
     settings = ApiSettings(manifests_at_once=1, manifest_wait=0.3)
     read: list[bytes] = []
 
@@ -101,7 +105,7 @@ def test_manifests_wait_for_a_slot_before_their_bodies_are_read() -> None:
             )
             assert resp.status_code == 503, resp.text
             assert "try again" in resp.json()["error"]["message"]
-            assert read == []  # never read while waiting
+            assert read == [b"x"]  # read first, then it waited
             hg.state.manifest_slots.release()
             parsed = await hg.client.post(
                 "/v1/apply",
@@ -109,8 +113,9 @@ def test_manifests_wait_for_a_slot_before_their_bodies_are_read() -> None:
                 headers={**bearer(PRODUCER), "Content-Type": "application/json"},
             )
             assert "holds no resources" in parsed.text  # read and parsed this time
-            assert read == [b"x"]
+            assert read == [b"x", b"x"]
             # the slot is given back after each manifest, refused or not
             assert not hg.state.manifest_slots.locked()
+            assert hg.state.token_slots == {}
 
     run_async(go(), timeout=30)

@@ -15,17 +15,15 @@ whose refusals carry a kind that api/errors.py maps to an HTTP code.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from healthgate import __version__
 from healthgate.api.auth import AccessError
+from healthgate.api.bodies import BodyGate, BodyLimits
 from healthgate.api.browsers import BrowserGuard
 from healthgate.api.capacity import RequestCapacity
 from healthgate.api.errors import error_response, refusal_response
@@ -42,48 +40,6 @@ from healthgate.api.topology import topology_router
 from healthgate.controlplane.errors import ControlError
 
 __all__ = ["ApiSettings", "ApiState", "create_app"]
-
-
-class BodyLimit:
-    """Refuse request bodies over the limit (413) before reading them whole."""
-
-    def __init__(self, app: ASGIApp, limit_for: Callable[[str], int]) -> None:
-        self.app = app
-        self.limit_for = limit_for
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        limit = self.limit_for(scope["path"])
-        for name, value in scope.get("headers", []):
-            if name == b"content-length" and value.isdigit() and int(value) > limit:
-                await error_response(413, f"request body larger than {limit} bytes")(
-                    scope, receive, send
-                )
-                return
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > limit:
-                    raise _TooLarge(limit)
-            return message
-
-        try:
-            await self.app(scope, limited, send)
-        except _TooLarge as exc:
-            await error_response(413, f"request body larger than {exc.limit} bytes")(
-                scope, receive, send
-            )
-
-
-class _TooLarge(Exception):
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
 
 
 def create_app(state: ApiState) -> FastAPI:
@@ -141,7 +97,10 @@ def create_app(state: ApiState) -> FastAPI:
     def limit_for(path: str) -> int:
         return s.max_manifest_bytes if path in MANIFEST_PATHS else s.max_body_bytes
 
-    app.add_middleware(BodyLimit, limit_for=limit_for)
+    limits = BodyLimits(
+        limit_for, s.body_timeout, s.max_body_bytes_held, s.max_bodies_per_principal
+    )
+    app.add_middleware(BodyGate, access=lambda: state.access, limits=limits)
     app.add_middleware(
         RequestCapacity, max_requests=s.max_connections, reserved=s.reserved_for_health
     )

@@ -10,15 +10,24 @@ check, so they dropped every region. So:
   forwarding rules' ``.../healthz`` may use ``reserved`` requests beyond
   ``max_requests``; everything else gets 503 past ``max_requests``
   (:class:`RequestCapacity`, ASGI middleware);
+* **a flood of connections does not hold the API**: past
+  ``max_connections`` open connections, a new one takes the place of the
+  one that has waited longest for a request head (slow or idle: what a
+  flood holds); when every one is being answered, ``reserved`` more are
+  accepted whose first request must be a health answer's (anything else
+  gets 503 and the connection closes) - so the health endpoints stay
+  reachable (:class:`OpenConnections`, kept by the API's protocol,
+  api/listener.py);
 * **one source address holds at most** ``max_per_source`` connections
   (:class:`SourceConnections`, kept by the API's protocol: a connection
   over it is closed at once);
-* **event streams per principal**: at most ``max_streams_per_principal``
-  live streams per token's (project, role) - 429 beyond
-  (api/events.py).
+* **event streams per token**: at most ``max_streams_per_principal``
+  live streams per token - 429 beyond (api/events.py).
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -81,3 +90,60 @@ class SourceConnections:
             self.by_source[source] = left
         else:
             self.by_source.pop(source, None)
+
+
+class Waiting(Protocol):
+    def waiting(self) -> bool:
+        """No request of this connection is being answered (it waits for a head)."""
+
+    def evict(self) -> None:
+        """Close it: a newer connection needs its place."""
+
+
+class OpenConnections:
+    """The API's open connections (one per server). Past ``max_connections``
+    a new connection takes the place of the one that has waited longest for
+    a request head (a slow or idle one: what a flood of connections holds),
+    or, when every connection is being answered, one of ``reserved`` more
+    places kept for health answers."""
+
+    def __init__(self, max_connections: int, reserved: int) -> None:
+        self.max_connections = max_connections
+        self.reserved = reserved
+        self.members: dict[Waiting, None] = {}  # (oldest first)
+        self.refused = 0
+        self.evicted = 0
+
+    @property
+    def open(self) -> int:
+        return len(self.members)
+
+    def admit(self, conn: Waiting) -> bool | None:
+        """A new connection: True (any request), False (a health answer's
+        only: it is in the reserve) or None (refused: close it)."""
+        if len(self.members) >= self.max_connections:
+            oldest = next((c for c in self.members if c.waiting()), None)
+            if oldest is not None:
+                del self.members[oldest]
+                self.evicted += 1
+                oldest.evict()
+            elif len(self.members) >= self.max_connections + self.reserved:
+                self.refused += 1
+                return None
+            else:
+                self.members[conn] = None
+                return False
+        self.members[conn] = None
+        return True
+
+    def release(self, conn: Waiting) -> None:
+        self.members.pop(conn, None)
+
+
+def is_health_request_line(line: bytes) -> bool:
+    """``GET /healthz HTTP/1.1`` and the like: may a reserved connection ask it?"""
+    parts = line.split(b" ")
+    if len(parts) != 3 or parts[0] not in (b"GET", b"HEAD"):
+        return False
+    path = parts[1].split(b"?", 1)[0].decode("latin-1")
+    return is_health_path(path)

@@ -10,7 +10,9 @@ The API's own bounds (docs/operations.md, "Limits and protections"): h11
 bounds a request head as it arrives and it must be whole within
 ``head_timeout`` (:class:`_H11WithHeadTimeout`: uvicorn has no such
 timeout), idle keep-alive connections close after 5 s, and past
-``max_connections`` new connections get 503 instead of descriptors. uvicorn
+``max_connections`` new connections get 503 instead of descriptors - but
+``reserved_for_health`` more may still ask for a health answer
+(api/capacity.py). Bodies are the middleware's (api/bodies.py). uvicorn
 installs no signal handlers: the runtime owns the signals.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 from collections.abc import Iterator
 from typing import Any
@@ -26,7 +29,8 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from healthgate.api.app import ApiSettings
-from healthgate.api.capacity import SourceConnections
+from healthgate.api.capacity import OpenConnections, SourceConnections, is_health_request_line
+from healthgate.api.errors import error_body
 
 
 class _H11WithHeadTimeout(H11Protocol):
@@ -37,8 +41,12 @@ class _H11WithHeadTimeout(H11Protocol):
 
     HEAD_TIMEOUT = 10.0
     SOURCES: SourceConnections | None = None  # (set per server: see ApiListener.serve)
+    CONNECTIONS: OpenConnections | None = None  # (likewise)
     _head_timer: asyncio.TimerHandle | None = None
     _source: str | None = None
+    _counted = False
+    # in the health reserve: the first request line is checked (what came so far)
+    _health_only: bytearray | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         sources = self.SOURCES
@@ -49,8 +57,58 @@ class _H11WithHeadTimeout(H11Protocol):
                 transport.close()  # one address may not hold every connection
                 return
             self._source = source
+        connections = self.CONNECTIONS
+        if connections is not None:
+            self.transport = transport  # (evict() may close it from now on)
+            admitted = connections.admit(self)
+            if admitted is None:
+                self._release()
+                transport.close()
+                return
+            self._counted = True
+            if not admitted:
+                self._health_only = bytearray()
         super().connection_made(transport)
         self._arm_head_timer()
+
+    def _release(self) -> None:
+        if self._source is not None and self.SOURCES is not None:
+            self.SOURCES.release(self._source)
+            self._source = None
+        if self._counted and self.CONNECTIONS is not None:
+            self.CONNECTIONS.release(self)
+            self._counted = False
+
+    def waiting(self) -> bool:
+        return self._waiting_for_head()
+
+    def evict(self) -> None:
+        self._counted = False  # (no longer among the open connections)
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def _health_line(self, data: bytes) -> bytes | None:
+        """A reserved connection's bytes until its request line is whole and
+        asks for a health answer (then all of them); None meanwhile, or when
+        it asks for something else (answered 503, closed)."""
+        held = self._health_only
+        assert held is not None
+        held += data
+        end = held.find(b"\r\n")
+        if end < 0 and len(held) < 2048:
+            return None
+        if end >= 0 and is_health_request_line(bytes(held[:end])):
+            self._health_only = None
+            return bytes(held)
+        body = json.dumps(
+            error_body(503, "the API is answering as many connections as it may")
+        ).encode()
+        self.transport.write(
+            b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+        )
+        self.transport.close()
+        return None
 
     def _arm_head_timer(self) -> None:
         if self._head_timer is None:
@@ -60,6 +118,11 @@ class _H11WithHeadTimeout(H11Protocol):
         return self.cycle is None or self.cycle.response_complete
 
     def data_received(self, data: bytes) -> None:
+        if self._health_only is not None:
+            whole = self._health_line(data)
+            if whole is None:
+                return
+            data = whole
         if self._waiting_for_head():
             self._arm_head_timer()
         super().data_received(data)
@@ -73,9 +136,7 @@ class _H11WithHeadTimeout(H11Protocol):
             self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._source is not None and self.SOURCES is not None:
-            self.SOURCES.release(self._source)
-            self._source = None
+        self._release()
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
@@ -103,6 +164,7 @@ class ApiListener:
         self._server: _QuietUvicorn | None = None
         self._task: asyncio.Task[None] | None = None
         self.sources = SourceConnections(settings.max_per_source)
+        self.connections = OpenConnections(settings.max_connections, settings.reserved_for_health)
 
     def bind(self) -> None:
         """Take the address now (OSError naming ``--listen`` when it is taken)."""
@@ -135,12 +197,18 @@ class ApiListener:
             http=type(
                 "H11Protocol",
                 (_H11WithHeadTimeout,),
-                {"HEAD_TIMEOUT": s.head_timeout, "SOURCES": self.sources},
+                {
+                    "HEAD_TIMEOUT": s.head_timeout,
+                    "SOURCES": self.sources,
+                    "CONNECTIONS": self.connections,
+                },
             ),
             h11_max_incomplete_event_size=s.max_head_bytes,
             timeout_keep_alive=5,
-            # (the API's own middleware keeps room for health answers within it)
-            limit_concurrency=s.max_connections + s.reserved_for_health,
+            # (no limit of uvicorn's: it would answer 503 to health requests too;
+            # the protocol bounds connections with a reserve for health answers,
+            # the API's middleware requests in flight: api/capacity.py)
+            limit_concurrency=None,
         )
         self._server = server = _QuietUvicorn(config)
         self._task = task = asyncio.create_task(server.serve(sockets=[self.sock]), name="api")

@@ -1,7 +1,9 @@
 """Manifests over HTTP: ``POST /v1/apply`` (atomic, or its plan with
 ``dryRun``) and ``POST /v1/delete``. The writer's role is checked before the
-body is read, and a manifest slot taken (two at once by default); parsing, checking, planning and encoding the answer run off
-the event loop (controlplane/offload.py)."""
+body is read (api/bodies.py, which reads it whole within a deadline), then a
+manifest slot is taken (two at once by default, one per token); parsing,
+checking, planning and encoding the answer run off the event loop
+(controlplane/offload.py)."""
 
 from __future__ import annotations
 
@@ -106,11 +108,11 @@ def manifest_router(state: ApiState) -> APIRouter:
     @router.post("/v1/apply", tags=["manifests"], openapi_extra=apply_body)
     async def apply(request: Request, authorization: Auth = None) -> Response:
         who = state.writer(authorization)
-        async with state.manifest_slot():
-            return await applied(request, who)
+        raw = await ManifestBody.read(request)  # (read whole already: api/bodies.py)
+        async with state.manifest_slot(who):
+            return await applied(raw, who)
 
-    async def applied(request: Request, who: Principal) -> Response:
-        raw = await ManifestBody.read(request)
+    async def applied(raw: ManifestBody, who: Principal) -> Response:
         with collector_paused:  # (see offload.py: the big objects die inside)
             docs, dry_run = await off_loop(documents_of, raw, who)
             try:
@@ -138,8 +140,9 @@ def manifest_router(state: ApiState) -> APIRouter:
     @router.post("/v1/delete", tags=["manifests"], openapi_extra=apply_body)
     async def delete_manifest(request: Request, authorization: Auth = None) -> dict[str, Any]:
         who = state.writer(authorization)
-        async with state.manifest_slot():
-            docs, dry_run = await off_loop(documents_of, await ManifestBody.read(request), who)
+        raw = await ManifestBody.read(request)  # (read whole already: api/bodies.py)
+        async with state.manifest_slot(who):
+            docs, dry_run = await off_loop(documents_of, raw, who)
         outcome = await state.control.delete([d.resource.path for d in docs], dry_run=dry_run)
         if not dry_run:
             await state.audit(who, "delete", outcome.plan)

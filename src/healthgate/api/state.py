@@ -61,8 +61,14 @@ class ApiSettings:
     reserved_for_health: int = 64  # ... and this many more for the health answers
     max_per_source: int = 256  # connections of one client address
     max_streams_per_principal: int = 32  # live event streams of one token
-    # manifests read and worked on at once (each may be 16 MiB and seconds of
-    # parsing); the others wait - before their bodies are read - this long
+    # a request body must arrive whole within this (408 beyond); bodies read
+    # or held by every request together, and by one token (api/bodies.py)
+    body_timeout: float = 30.0
+    max_body_bytes_held: int = 64 * 1024 * 1024
+    max_bodies_per_principal: int = 8
+    # manifests worked on at once (each may be 16 MiB and seconds of parsing),
+    # one of them a token's at most; the others wait - their bodies read
+    # (api/bodies.py) - this long
     manifests_at_once: int = 2
     manifest_wait: float = 60.0
     # names (besides IP addresses and localhost) a request's Host may give
@@ -90,28 +96,47 @@ class ApiState:
     agent_address: tuple[str, int] | None = None  # where HAProxy's agent-check is answered
     cluster_status: Callable[[], dict[str, Any]] | None = None  # cluster mode: this node's view
     manifest_slots: asyncio.Semaphore = field(init=False)
+    # one manifest slot per token at most: a token's second waits for its first
+    # (token -> its lock and how many of its requests hold or wait for it)
+    token_slots: dict[str, tuple[asyncio.Lock, list[int]]] = field(init=False)
 
     def __post_init__(self) -> None:
         self.manifest_slots = asyncio.Semaphore(self.settings.manifests_at_once)
+        self.token_slots = {}
 
     @contextlib.asynccontextmanager
-    async def manifest_slot(self) -> AsyncIterator[None]:
-        """One of the few manifest slots, taken before the body is read (a
-        thousand 16 MiB manifests read at once would be 16 GiB); 503 after
-        ``manifest_wait`` seconds in line."""
+    async def manifest_slot(self, who: Principal) -> AsyncIterator[None]:
+        """One of the few manifest slots, taken once the body has been read
+        (api/bodies.py bounds how long that takes and how much is held), one
+        per token at a time - so no tenant's manifests hold every slot; 503
+        after ``manifest_wait`` seconds in line."""
+        key = f"{who.project}/{who.role}/{who.name}"
+        own, users = self.token_slots.setdefault(key, (asyncio.Lock(), [0]))
+        users[0] += 1
         try:
-            async with asyncio.timeout(self.settings.manifest_wait):
-                await self.manifest_slots.acquire()
-        except TimeoutError:
-            raise ControlError(
-                Refusal.UNAVAILABLE,
-                f"{self.settings.manifests_at_once} manifests are being applied and others "
-                "wait: try again",
-            ) from None
-        try:
-            yield
+            try:
+                async with asyncio.timeout(self.settings.manifest_wait):  # (the wait alone)
+                    await own.acquire()
+                    try:
+                        await self.manifest_slots.acquire()
+                    except BaseException:
+                        own.release()
+                        raise
+            except TimeoutError:
+                raise ControlError(
+                    Refusal.UNAVAILABLE,
+                    f"{self.settings.manifests_at_once} manifests are being applied and others "
+                    "wait: try again",
+                ) from None
+            try:
+                yield
+            finally:
+                self.manifest_slots.release()
+                own.release()
         finally:
-            self.manifest_slots.release()
+            users[0] -= 1
+            if not users[0]:
+                self.token_slots.pop(key, None)
 
     def quorum(
         self, backend_service: ResourcePath, ip: str, port: int | None
