@@ -22,9 +22,16 @@ data plane. So:
   normal client were refused meanwhile); now it takes its share, and the
   others keep theirs - as nginx's ``limit_conn`` or HAProxy's
   ``src_conn_cur`` would have it.
-* **UDP sessions count too**: each holds an upstream socket, so a session
-  is admitted against the same cap and per-source limit (a flood of source
-  ports used to run the process out of descriptors, and probes failed).
+* **UDP sessions have a budget of their own** (``max_udp_sessions``): each
+  holds an upstream socket, so they are bounded (a flood of source ports
+  used to run the process out of descriptors, and probes failed) - but
+  apart from the connections' cap, which a few hundred spoofed datagrams
+  used to fill for every TCP and HTTP front end of every tenant. A
+  session is admitted within its source address's limit and its prefix's
+  (``max_sessions_per_prefix``, by /24 for IPv4 and /64 for IPv6: a
+  spoofer has many addresses of one network); when the budget is full the
+  session idle longest (at least ``SESSION_EVICT_IDLE`` seconds) gives
+  way, else the new one is refused.
 * **Buffered request bodies, all connections together** (``max_buffered``):
   a body that would pass it gets 503 (dataplane/http_limits.py has the
   per-connection bound and the body timeouts).
@@ -40,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import time
 from collections.abc import Callable
@@ -48,6 +56,26 @@ from typing import Protocol, cast
 log = logging.getLogger("healthgate.dataplane")
 
 SWEEP_EVERY = 1.0
+SESSION_EVICT_IDLE = 1.0  # a UDP session idle this long may give way under pressure
+
+
+def prefix_of(source: str) -> str:
+    """The network a source address is counted in: its /24 (IPv4) or /64 (IPv6)."""
+    try:
+        addr = ipaddress.ip_address(source)
+    except ValueError:
+        return source
+    bits = 24 if addr.version == 4 else 64
+    return str(ipaddress.ip_network(f"{addr}/{bits}", strict=False))
+
+
+class SessionOwner(Protocol):
+    """A UDP listener, whose idlest session may give way (dataplane/udp.py)."""
+
+    def idlest(self) -> float | None:
+        """When its session idle longest was last active (None: it has none)."""
+
+    def evict_idlest(self) -> None: ...
 
 
 class Expiring(Protocol):
@@ -64,9 +92,13 @@ class ConnectionGuard:
         clock: Callable[[], float] = time.monotonic,
         max_buffered: int = 256 * 1024 * 1024,
         max_per_source: int = 0,
+        max_udp_sessions: int = 0,
+        max_sessions_per_prefix: int = 0,
     ) -> None:
         self.max_connections = max_connections
         self.max_per_source = max_per_source or max(64, max_connections // 8)
+        self.max_udp_sessions = max_udp_sessions or max(256, max_connections // 4)
+        self.max_sessions_per_prefix = max_sessions_per_prefix or 4 * self.max_per_source
         self.max_buffered = max_buffered
         self.buffered = 0  # request-body bytes held by every connection together
         self.header_timeout = header_timeout
@@ -75,8 +107,13 @@ class ConnectionGuard:
         self.refused = 0
         self.refused_source = 0
         self._open: dict[asyncio.BaseTransport, str] = {}  # connection -> its source address
-        self._by_source: dict[str, int] = {}  # source -> its connections and UDP sessions
+        self._by_source: dict[str, int] = {}  # source -> its connections
         self.sessions = 0  # UDP sessions (each holds an upstream socket)
+        self._sessions_by_source: dict[str, int] = {}
+        self._sessions_by_prefix: dict[str, int] = {}
+        self.session_owners: set[SessionOwner] = set()
+        self.sessions_refused = 0
+        self.sessions_evicted = 0
         self._emptied: asyncio.Event | None = None
         self._last_log = float("-inf")
         self._watched: set[Expiring] = set()
@@ -97,17 +134,17 @@ class ConnectionGuard:
         return len(self._open)
 
     def _room(self, source: str) -> str | None:
-        """Why one more connection or session of ``source`` may not come in (None: it may)."""
-        if len(self._open) + self.sessions >= self.max_connections:
+        """Why one more connection of ``source`` may not come in (None: it may)."""
+        if len(self._open) >= self.max_connections:
             self.refused += 1
             return (
-                f"front ends hold {len(self._open)} connections and {self.sessions} UDP "
-                f"sessions, the cap: new ones are refused ({self.refused} so far)"
+                f"front ends hold {len(self._open)} connections, the cap: new ones are "
+                f"refused ({self.refused} so far)"
             )
         if self._by_source.get(source, 0) >= self.max_per_source:
             self.refused_source += 1
             return (
-                f"{source} holds {self.max_per_source} connections or sessions, as many as one "
+                f"{source} holds {self.max_per_source} connections, as many as one "
                 f"source may: its new ones are refused ({self.refused_source} so far)"
             )
         return None
@@ -140,25 +177,49 @@ class ConnectionGuard:
             self._emptied.set()
 
     def admit_session(self, source: str) -> bool:
-        """A new UDP session of ``source``: within the cap and its source's limit?"""
-        why = self._room(source)
+        """A new UDP session of ``source``: within its address's and its
+        prefix's limits, and the sessions' budget (see the module doc)?"""
+        prefix = prefix_of(source)
+        why = None
+        if self._sessions_by_source.get(source, 0) >= self.max_per_source:
+            why = f"{source} holds {self.max_per_source} UDP sessions, as many as one source may"
+        elif self._sessions_by_prefix.get(prefix, 0) >= self.max_sessions_per_prefix:
+            why = (
+                f"{prefix} holds {self.max_sessions_per_prefix} UDP sessions, as many as one "
+                "network may"
+            )
+        elif self.sessions >= self.max_udp_sessions and not self._evict_idlest():
+            why = f"front ends hold {self.sessions} UDP sessions, all active: the budget"
         if why is not None:
-            self._say(why)
+            self.sessions_refused += 1
+            self._say(f"{why}: new ones are refused ({self.sessions_refused} so far)")
             return False
         self.sessions += 1
-        self._by_source[source] = self._by_source.get(source, 0) + 1
+        self._sessions_by_source[source] = self._sessions_by_source.get(source, 0) + 1
+        self._sessions_by_prefix[prefix] = self._sessions_by_prefix.get(prefix, 0) + 1
         return True
+
+    def _evict_idlest(self) -> bool:
+        """The budget is full: the session idle longest gives way, if it has
+        been idle long enough. True when one did."""
+        idlest: tuple[float, SessionOwner] | None = None
+        for owner in self.session_owners:
+            last = owner.idlest()
+            if last is not None and (idlest is None or last < idlest[0]):
+                idlest = (last, owner)
+        if idlest is None or asyncio.get_running_loop().time() - idlest[0] < SESSION_EVICT_IDLE:
+            return False
+        idlest[1].evict_idlest()  # (which releases its session here)
+        self.sessions_evicted += 1
+        return self.sessions < self.max_udp_sessions
 
     def release_session(self, source: str) -> None:
         self.sessions = max(0, self.sessions - 1)
-        self._count_down(source)
+        _count_down(self._sessions_by_source, source)
+        _count_down(self._sessions_by_prefix, prefix_of(source))
 
     def _count_down(self, source: str) -> None:
-        left = self._by_source.get(source, 1) - 1
-        if left > 0:
-            self._by_source[source] = left
-        else:
-            self._by_source.pop(source, None)
+        _count_down(self._by_source, source)
 
     async def drain(self, grace: float) -> int:
         """Wait up to ``grace`` seconds for the open connections to end, then
@@ -195,3 +256,11 @@ class ConnectionGuard:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+
+
+def _count_down(counts: dict[str, int], key: str) -> None:
+    left = counts.get(key, 1) - 1
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)

@@ -25,6 +25,7 @@ from enum import StrEnum
 from typing import cast
 
 from healthgate.dataplane.tcp import TcpProxy
+from healthgate.dataplane.udp_socket import PktInfoEndpoint, is_wildcard, udp_socket
 from healthgate.model.addresses import Reserved, overlaps
 from healthgate.model.names import ResourcePath
 from healthgate.model.resources import BackendService, ForwardingRule, Resource
@@ -130,12 +131,13 @@ async def open_listener(
     loop = asyncio.get_running_loop()
     for port in spec.ports:
         try:
-            if spec.layer is Layer.UDP:
-                transport, _ = await loop.create_datagram_endpoint(
-                    cast(Callable[[], asyncio.DatagramProtocol], factory),
-                    local_addr=(spec.ip, port),
-                    reuse_port=reuse_port or None,
-                )
+            if spec.layer is Layer.UDP:  # (its own socket: dataplane/udp_socket.py)
+                sock = udp_socket(spec.ip, port, reuse_port)
+                protocol = cast(Callable[[], asyncio.DatagramProtocol], factory)
+                if is_wildcard(spec.ip):
+                    transport: asyncio.BaseTransport = PktInfoEndpoint(sock, protocol())
+                else:
+                    transport, _ = await loop.create_datagram_endpoint(protocol, sock=sock)
                 listener.datagrams.append(transport)
                 continue
             server = await loop.create_server(

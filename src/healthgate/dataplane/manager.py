@@ -77,8 +77,13 @@ class DataPlaneSettings:
     # open client connections of every front end together (dataplane/guard.py);
     # 0: half of the open-file limit less 4,096 kept for the rest
     max_connections: int = 0
-    # connections and UDP sessions of one client address (0: an eighth of the cap, >= 64)
+    # connections of one client address, and UDP sessions of one (0: an eighth of the cap, >= 64)
     max_per_source: int = 0
+    # UDP sessions of every front end together, and of one /24 or /64 network
+    # (0: a quarter of the cap, >= 256; four sources' share) - apart from the
+    # connections' cap (dataplane/guard.py)
+    max_udp_sessions: int = 0
+    max_sessions_per_prefix: int = 0
     # HTTP: request bodies held by every front-end connection together (503 beyond)
     max_buffered: int = 256 * 1024 * 1024
     header_timeout: float = 10.0  # HTTP: a request head must be whole within this
@@ -118,6 +123,8 @@ class DataPlane:
             s.idle_timeout,
             max_buffered=s.max_buffered,
             max_per_source=s.max_per_source,
+            max_udp_sessions=s.max_udp_sessions,
+            max_sessions_per_prefix=s.max_sessions_per_prefix,
         )
         self.choice = UpstreamChoice(engine, s.balance, self.listeners)
         self._live: dict[str, set[TcpProxy]] = {}

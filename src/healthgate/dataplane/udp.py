@@ -7,12 +7,18 @@ UDP socket to it; datagrams then flow both ways through that socket until the
 session has been idle for ``idle_timeout`` seconds. A session keeps its
 upstream for its lifetime (a failover moves *new* sessions), like a TCP
 connection. When no upstream is available the datagram is dropped and counted.
+
+Sessions are bounded by the guard's UDP budget, per source address and per
+network (dataplane/guard.py); under pressure the session idle longest gives
+way (they are kept in order of their last datagram, either way). A wildcard
+listener answers from the address it was asked at (dataplane/udp_socket.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import cast
 
@@ -35,7 +41,7 @@ class _Upstream(asyncio.DatagramProtocol):
         self.transport = cast(asyncio.DatagramTransport, transport)
 
     def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
-        self.last = asyncio.get_running_loop().time()
+        self.listener.touch(self)
         self.listener.reply(data, self.client)
 
     def error_received(self, exc: Exception) -> None:
@@ -57,21 +63,43 @@ class UdpListener(asyncio.DatagramProtocol):
         self.stats = stats
         self.max_sessions = max_sessions
         self.transport: asyncio.DatagramTransport | None = None
-        self.sessions: dict[Address, _Upstream] = {}
+        # (idle longest first: under pressure the first gives way - dataplane/guard.py)
+        self.sessions: OrderedDict[Address, _Upstream] = OrderedDict()
         self.pending: dict[Address, list[bytes]] = {}
         self._sweeper: asyncio.TimerHandle | None = None
         self._opening: set[asyncio.Task[None]] = set()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.DatagramTransport, transport)
+        if self.guard is not None:
+            self.guard.session_owners.add(self)
         self._schedule_sweep()
+
+    def touch(self, session: _Upstream) -> None:
+        """A datagram of ``session``'s, either way: it is the least idle now."""
+        session.last = asyncio.get_running_loop().time()
+        if self.sessions.get(session.client) is session:
+            self.sessions.move_to_end(session.client)
+
+    def idlest(self) -> float | None:
+        for session in self.sessions.values():
+            return session.last
+        return None
+
+    def evict_idlest(self) -> None:
+        if self.sessions:
+            client, session = self.sessions.popitem(last=False)
+            if session.transport is not None:
+                session.transport.close()
+            self.stats["evicted"] = self.stats.get("evicted", 0) + 1
+            self._ended(client)
 
     def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
         client = (str(addr[0]), int(addr[1]))
         session = self.sessions.get(client)
         loop = asyncio.get_running_loop()
         if session is not None and session.transport is not None:
-            session.last = loop.time()
+            self.touch(session)
             session.transport.sendto(data)
             return
         if client in self.pending:  # the session's upstream socket is being opened
@@ -125,16 +153,21 @@ class UdpListener(asyncio.DatagramProtocol):
 
     def _sweep(self) -> None:
         now = asyncio.get_running_loop().time()
-        for client, session in list(self.sessions.items()):
-            if now - session.last > self.idle_timeout:
-                if session.transport is not None:
-                    session.transport.close()
-                del self.sessions[client]
-                self._ended(client)
+        sessions = self.sessions
+        while sessions:  # (idle longest first: only the expired are looked at)
+            client, session = next(iter(sessions.items()))
+            if now - session.last <= self.idle_timeout:
+                break
+            sessions.popitem(last=False)
+            if session.transport is not None:
+                session.transport.close()
+            self._ended(client)
         if self.transport is not None and not self.transport.is_closing():
             self._schedule_sweep()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.guard is not None:
+            self.guard.session_owners.discard(self)
         if self._sweeper is not None:
             self._sweeper.cancel()
         for client, session in self.sessions.items():
