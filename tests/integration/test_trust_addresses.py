@@ -255,3 +255,89 @@ def test_a_webhook_to_a_loopback_spelling_is_refused() -> None:
     code, body = apply_as(PRODUCER, [hook])
     assert code == 400, body
     assert body["error"]["details"][0]["field"] == "url"
+
+
+# ---------------------------------------------------------------- ports (issue 38)
+
+
+def test_a_rule_may_listen_on_a_bounded_number_of_ports() -> None:
+    wide = {**rule_on("10.0.0.1", 8000)[3], "ports": None, "portRange": "8000-10000"}
+    del wide["ports"]
+    code, body = apply_as(ADMIN, [*rule_on("10.0.0.1", 1)[:3], wide])
+    assert code == 400, body
+    detail = body["error"]["details"][0]
+    assert detail["field"] == "portRange" and "at most 100 ports" in detail["description"]
+
+
+def test_a_project_may_listen_on_a_bounded_number_of_ports() -> None:
+    docs = rule_on("10.0.0.1", 1)[:3]
+    for i in range(11):
+        rule = {
+            **rule_on("10.0.0.1", 1, f"fr-{i}")[3],
+            "portRange": f"{1000 + 100 * i}-{1099 + 100 * i}",
+        }
+        del rule["ports"]
+        docs.append(rule)
+    code, body = apply_as(ADMIN, docs[:13])  # 10 rules of 100 ports: the project's share
+    assert code == 200, body
+    code, body = apply_as(ADMIN, docs)  # (an admin's too)
+    assert code == 400, body
+    detail = body["error"]["details"][0]
+    assert detail["field"] == "portRange" and "more than the 1000" in detail["description"]
+
+
+def test_rules_past_the_data_planes_sockets_get_no_listener_until_they_fit() -> None:
+    from healthgate.dataplane.manager import DataPlane, DataPlaneSettings
+    from healthgate.health.engine import HealthEngine
+    from tests.helpers import resources
+
+    base = rule_on("127.0.0.1", 1)[:3]
+    ports = [free_port() for _ in range(6)]
+
+    def rule(name: str, first: int) -> dict[str, Any]:
+        r = {**rule_on("127.0.0.1", 1, name)[3], "ports": ports[first : first + 3]}
+        return r
+
+    async def go() -> None:
+        engine = HealthEngine()
+        dp = DataPlane(engine, DataPlaneSettings(max_listening_sockets=5))
+        world = {r.path: r for r in resources([*base, rule("a", 0), rule("b", 3)])}
+        await dp.sync(world)
+        errors = {p.rsplit("/", 1)[1]: li.error for p, li in dp.listeners.items()}
+        assert errors["a"] is None
+        assert errors["b"] is not None and "5 listening sockets" in errors["b"]
+        # "a" goes: "b" fits now, at the next sync
+        await dp.sync({r.path: r for r in resources([*base, rule("b", 3)])})
+        (only,) = dp.listeners.values()
+        assert only.error is None and len(only.servers) == 3
+        await dp.close()
+
+    run_async(go())
+
+
+def test_serve_starts_with_a_stored_rule_that_does_not_fit(tmp_path: Path) -> None:
+    """The issue's trap: a stored rule of 2,000 ports took every descriptor,
+    and serve could not start again while it was stored."""
+    db = tmp_path / "ports.db"
+    with ServeProcess(db) as s, s.client() as api:
+        r = api.post("/v1/apply", json={"manifest": yaml.safe_dump_all(rule_on("127.0.0.1", 1))})
+        assert r.status_code == 200, r.text
+    with sqlite3.connect(db) as conn:  # as an older version could have stored it
+        (value,) = conn.execute(
+            "SELECT value FROM documents WHERE key LIKE '%forwardingRules/squatter'"
+        ).fetchone()
+        doc = json.loads(value)
+        del doc["ports"]
+        doc["portRange"] = "20000-21999"
+        conn.execute(
+            "UPDATE documents SET value = ? WHERE key LIKE '%forwardingRules/squatter'",
+            (json.dumps(doc, sort_keys=True),),
+        )
+    with ServeProcess(db) as s, s.client() as api:
+        assert api.get("/healthz").status_code == 200  # it starts, and answers
+        assert "at most 100 ports a rule" in s.log.read_text()  # what it skipped, and why
+        fr = "/v1/projects/shop/regions/us-east1/forwardingRules/squatter"
+        assert api.get(fr).status_code == 404
+        # a corrected rule written over it is served
+        r = api.post("/v1/apply", json={"manifest": yaml.safe_dump_all(rule_on("127.0.0.1", 1))})
+        assert r.status_code == 200, r.text

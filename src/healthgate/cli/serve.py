@@ -20,6 +20,16 @@ def positive_float(text: str) -> float:
     return value
 
 
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {text}")
+    return value
+
+
 def try_timeout(text: str) -> float:
     """A per-try timeout: more than 0, at most an hour (NaN and infinity refused)."""
     value = positive_float(text)
@@ -133,6 +143,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             balance=Balance(args.balance),
             workers=args.dataplane_workers,
             http=HttpSettings(per_try_timeout=args.per_try_timeout),
+            max_listening_sockets=args.max_listening_sockets,
         ),
         agent=args.agent,
         public_healthz=args.public_healthz,
@@ -440,6 +451,14 @@ def _dataplane_options(p: argparse.ArgumentParser) -> None:
         type=try_timeout,
         default=2.0,
         help="HTTP front ends: seconds to the first response byte before a retry in the next region",
+    )
+    g.add_argument(
+        "--max-listening-sockets",
+        type=positive_int,
+        default=0,
+        metavar="N",
+        help="listening sockets of every forwarding rule together; a rule that does not fit "
+        "gets no listener (default: a sixteenth of the open-file limit, 64 to 4,096)",
     )
 
 

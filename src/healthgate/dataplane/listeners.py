@@ -55,6 +55,7 @@ class Listener:
     live: set[TcpProxy] = field(default_factory=set)  # open L4 connections
     error: str | None = None
     stats: dict[str, int] = field(default_factory=dict)
+    retry: bool = False  # refused for want of room: tried again at the next sync
 
 
 def taken(spec: ListenerSpec, reserved: Sequence[Reserved]) -> list[Reserved]:

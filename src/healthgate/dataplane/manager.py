@@ -90,6 +90,15 @@ class DataPlaneSettings:
     idle_timeout: float = 60.0  # HTTP: a keep-alive connection with no request is closed
     # serve's own addresses: a rule asking for one gets no listener (model/addresses.py)
     reserved: tuple[Reserved, ...] = ()
+    # listening sockets of every rule together (0: a sixteenth of the open-file
+    # limit, 64 to 4,096): a rule that does not fit gets no listener, with a log line
+    max_listening_sockets: int = 0
+
+    def listening_budget(self) -> int:
+        if self.max_listening_sockets:
+            return self.max_listening_sockets
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return min(4096, max(64, soft // 16))
 
     def connection_cap(self) -> int:
         if self.max_connections:
@@ -128,6 +137,7 @@ class DataPlane:
         )
         self.choice = UpstreamChoice(engine, s.balance, self.listeners)
         self._live: dict[str, set[TcpProxy]] = {}
+        self._unfitted: set[str] = set()  # rules without a listener for want of sockets
         self._hinted = not s.reuse_port
 
     # what tests and the fast path read of the choice
@@ -159,21 +169,37 @@ class DataPlane:
             hint = reuse_port_hint()
             if hint is not None:
                 log.warning("%s", hint)
-        for path in [p for p in self.listeners if desired.get(p) != self.listeners[p].spec]:
+        for path in [
+            p for p, li in self.listeners.items() if li.retry or desired.get(p) != li.spec
+        ]:
             await close_listener(self.listeners.pop(path))
+        budget = self.settings.listening_budget()
+        sockets = sum(len(li.servers) + len(li.datagrams) for li in self.listeners.values())
         for path, spec in desired.items():
             if path not in self.listeners:
                 conflicts = taken(spec, self.settings.reserved)
                 if conflicts:
                     self.listeners[path] = self._refused(path, spec, conflicts)
                     continue
+                if sockets + len(spec.ports) > budget:
+                    error = (
+                        f"not listening: its {len(spec.ports)} port(s) would pass the "
+                        f"{budget} listening sockets the data plane may hold ({sockets} held)"
+                    )
+                    if path not in self._unfitted:  # (once, not at every sync)
+                        self._unfitted.add(path)
+                        log.error("%s: %s (serve --max-listening-sockets)", path, error)
+                    self.listeners[path] = Listener(spec, error=error, retry=True)
+                    continue
                 listener = Listener(spec)
                 factory = self._factory(path, spec, listener.stats)
                 # the TCP connections the factory's proxies add themselves to
                 listener.live = self._live.pop(path, listener.live)
-                self.listeners[path] = await open_listener(
+                self._unfitted.discard(path)
+                self.listeners[path] = opened = await open_listener(
                     path, spec, factory, self.settings.reuse_port, listener
                 )
+                sockets += len(opened.servers) + len(opened.datagrams)
 
     @staticmethod
     def _refused(path: str, spec: ListenerSpec, conflicts: list[Reserved]) -> Listener:

@@ -12,7 +12,7 @@ from typing import Any
 
 from healthgate.model.addresses import Reserved, reserved_conflicts, reserved_message
 from healthgate.model.names import ResourcePath
-from healthgate.model.resources import ForwardingRule, Resource
+from healthgate.model.resources import MAX_PORTS_PER_PROJECT, ForwardingRule, Resource
 from healthgate.model.rules import validate_documents
 from healthgate.model.validation import Document, Issue, check_delete
 
@@ -104,6 +104,7 @@ def plan_apply(
     world = [by_path.get(p) or Document(r) for p, r in plan.result.items()]
     found = validate_documents(world) + _duplicates(documents)
     written = set(plan.create) | set(plan.update)
+    ports = _ports_by_project(plan.result)
     for doc in documents:
         rule = doc.resource
         if isinstance(rule, ForwardingRule) and rule.path in written:
@@ -111,9 +112,26 @@ def plan_apply(
                 doc.issue("IPAddress", reserved_message(r))
                 for r in reserved_conflicts(rule, reserved)
             ]
+            if ports.get(rule.project, 0) > MAX_PORTS_PER_PROJECT:
+                found.append(
+                    doc.issue(
+                        "portRange" if rule.port_range is not None else "ports",
+                        f"project {rule.project}'s forwarding rules would listen on "
+                        f"{ports[rule.project]} ports, more than the {MAX_PORTS_PER_PROJECT} "
+                        "a project may (each is a listening socket)",
+                    )
+                )
     plan.issues = [i for i in found if not i.warning]
     plan.warnings = [i for i in found if i.warning]
     return plan
+
+
+def _ports_by_project(world: Mapping[ResourcePath, Resource]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for res in world.values():
+        if isinstance(res, ForwardingRule):
+            out[res.project] = out.get(res.project, 0) + res.port_count()
+    return out
 
 
 def plan_delete(current: Mapping[ResourcePath, Resource], paths: Sequence[ResourcePath]) -> Plan:

@@ -370,6 +370,12 @@ class CompositeHealthCheck(Resource):
 # --------------------------------------------------------------------- front ends
 
 
+# each port of a rule is a listening socket (a descriptor in every data-plane
+# process): one rule of 2,000 ports once took every descriptor serve had
+MAX_PORTS_PER_RULE = 100
+MAX_PORTS_PER_PROJECT = 1000  # the ports of a project's rules together (model/plan.py)
+
+
 class ForwardingRule(Resource):
     kind: Literal["ForwardingRule"]
     ip_address: str = Field(alias="IPAddress")
@@ -435,6 +441,11 @@ class ForwardingRule(Resource):
             raise ValueError("ports: give exactly one of ports or portRange")
         if self.ports is not None and len(set(self.ports)) != len(self.ports):
             raise ValueError("ports: duplicate port")
+        if self.port_range is not None and self.port_count() > MAX_PORTS_PER_RULE:
+            raise ValueError(
+                f"portRange: at most {MAX_PORTS_PER_RULE} ports a rule (each is a listening "
+                f"socket), got {self.port_count()}"
+            )
         if (self.dns_name is not None or self.dns_ttl_sec is not None) and not self.is_global:
             raise ValueError("dnsName: only global (consumer) forwarding rules have one")
         if self.dns_ttl_sec is not None and self.dns_name is None:
@@ -445,6 +456,12 @@ class ForwardingRule(Resource):
             if not is_valid_name(self.data_plane_region):
                 raise ValueError(f"dataPlaneRegion: expected a region name ({NAME_RULE})")
         return self
+
+    def port_count(self) -> int:
+        if self.ports is not None:
+            return len(self.ports)
+        lo, _, hi = (self.port_range or "0").partition("-")
+        return int(hi or lo) - int(lo) + 1
 
     def port_list(self) -> list[int]:
         if self.ports is not None:
