@@ -295,8 +295,7 @@ def test_rules_past_the_data_planes_sockets_get_no_listener_until_they_fit() -> 
     ports = [free_port() for _ in range(6)]
 
     def rule(name: str, first: int) -> dict[str, Any]:
-        r = {**rule_on("127.0.0.1", 1, name)[3], "ports": ports[first : first + 3]}
-        return r
+        return {**rule_on("127.0.0.1", 1, name)[3], "ports": ports[first : first + 3]}
 
     async def go() -> None:
         engine = HealthEngine()

@@ -538,7 +538,7 @@ def test_a_project_cannot_borrow_another_projects_accepted_psc_neg() -> None:
     ("ip", "protocol", "ports", "project", "overlaps"),
     [
         ("127.0.0.1", "TCP", {"portRange": "8088"}, "web", True),  # the front end's own
-        ("127.0.0.1", "TCP", {"portRange": "8000-9000"}, "other", True),
+        ("127.0.0.1", "TCP", {"portRange": "8050-8100"}, "other", True),
         ("0.0.0.0", "TCP", {"ports": [8088]}, "other", True),  # a wildcard overlaps all
         ("127.0.0.1", "UDP", {"portRange": "8088"}, "web", False),  # another protocol
         ("127.0.0.2", "TCP", {"portRange": "8088"}, "web", False),  # another address
