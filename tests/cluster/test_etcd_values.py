@@ -72,6 +72,25 @@ def still_answers(n: Node, name: str) -> None:
         (b"n/evil", b'{"region": "../../etc"}', "ignoring the member key"),
         (b"e/decisions/dead", b"\xff\xff", "not a node name"),
         (b"l/00000000000000099999", b'{"time": 1e300, "kind": "Endpoint"}', "skipping the log key"),
+        # nested deeper than any decoder goes: RecursionError used to escape
+        # every handler, and the mirror retried that revision for ever
+        (
+            b"r/resources/projects/shop/regions/us-east1/healthChecks/deep",
+            b"[" * 200_000 + b"]" * 200_000,
+            "nested too deeply",
+        ),
+        (
+            b"r/resources/projects/shop/regions/us-east1/healthChecks/deeper",
+            b'{"v": ' + b'{"a": ' * 50_000 + b"1" + b"}" * 50_000 + b', "c": 1e9, "u": 1e9}',
+            "nested too deeply",
+        ),
+        (
+            b"o/projects/shop/regions/us-east1/backendServices/web/endpoints/10.0.0.2:80/us-east1",
+            b"[" * 100_000 + b"]" * 100_000,
+            "nested too deeply",
+        ),
+        (b"l/00000000000000099998", b"[" * 100_000 + b"]" * 100_000, "skipping the log key"),
+        (b"n/deep", b"[" * 100_000 + b"]" * 100_000, "ignoring the member key"),
     ],
 )
 def test_a_forged_or_garbled_key_is_skipped_and_the_node_goes_on(

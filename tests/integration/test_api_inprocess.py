@@ -402,3 +402,42 @@ def test_the_topology_is_one_call_and_follows_the_access_rules() -> None:
         assert refused.status_code == 403
 
     run(scenario, tokens)
+
+
+def _just_under_the_bound(i: int) -> str:
+    """A document of aliases that expands to ~670,000 nodes: under the
+    bound of one document (1,000,000), a few hundred bytes."""
+    return "\n".join(
+        ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+        + [f"a{k}: &a{k} [" + ", ".join([f"*a{k - 1}"] * 9) + "]" for k in range(1, 5)]
+        + ["kind: HealthCheck", f"name: hc-{i}", "project: p", "region: r", "type: TCP"]
+        + ["port: 80", "description: [" + ", ".join(["*a4"] * 9) + "]"]
+    )
+
+
+def test_many_alias_documents_each_under_the_bound_are_refused_quickly() -> None:
+    """Each document alone is within max_nodes; together, aliases expanded,
+    they pass the manifest's max_total_nodes - refused before each is built
+    and validated (which cost minutes of CPU a request, brief()'s whole
+    repr of every value included)."""
+    from healthgate.model.manifest import load_manifest
+    from healthgate.model.names import brief
+    from healthgate.model.validation import InvalidResources
+
+    text = "\n---\n".join(_just_under_the_bound(i) for i in range(200))
+    assert len(text) < 200_000
+    started = time.perf_counter()
+    try:
+        load_manifest(text)
+    except InvalidResources as exc:
+        assert "together" in str(exc) and "8,000,000" in str(exc)
+    else:
+        raise AssertionError("200 documents of aliases loaded")
+    assert time.perf_counter() - started < 5
+    # the repr of an error's value is bounded as it is built
+    shared: list[object] = ["x"] * 9
+    for _ in range(8):
+        shared = [shared] * 9  # 387 million leaves
+    started = time.perf_counter()
+    assert len(brief(shared)) < 200
+    assert time.perf_counter() - started < 0.5

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 
 from healthgate.cluster.session import Session
 from healthgate.model.names import is_valid_name
-from healthgate.store.base import StoreError
+from healthgate.store.base import StoreError, decode_json
 from healthgate.store.etcd_client import EtcdClient, KeyValue
 
 log = logging.getLogger("healthgate.cluster")
@@ -40,7 +40,7 @@ def member_of(kv: KeyValue) -> tuple[str, str] | None:
     """(node, region) of a member key; None (logged) when it cannot be trusted."""
     node = kv.key[len(MEMBERS) :]
     try:
-        region = json.loads(kv.value)["region"]
+        region = decode_json(kv.value)["region"]
     except (ValueError, KeyError, TypeError):
         region = None
     if not is_valid_name(node) or not isinstance(region, str) or not is_valid_name(region):

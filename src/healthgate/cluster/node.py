@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Coroutine
 from typing import Any
@@ -36,7 +35,7 @@ from healthgate.cluster.probing import ClusterProbing, ClusterSettings
 from healthgate.cluster.session import Session
 from healthgate.controlplane.recorder import TransitionRecorder
 from healthgate.controlplane.saved_states import engine_states
-from healthgate.store.base import Guard, StoreError, sane_time
+from healthgate.store.base import Guard, StoreError, decode_json, sane_time
 from healthgate.store.etcd import EtcdStore
 from healthgate.store.etcd_client import Event, KeyValue, follow
 
@@ -208,7 +207,7 @@ class ClusterNode:
             return
         try:
             event_id = int(ev.kv.key[len(LOG) :])
-            record = json.loads(ev.kv.value)
+            record = decode_json(ev.kv.value)
             if not isinstance(record, dict) or event_id <= 0:
                 raise ValueError("not a record")
             record["time"] = sane_time(record.get("time", 0.0))

@@ -31,7 +31,7 @@ from typing import Any
 from healthgate.cluster.session import Session
 from healthgate.health.states import HealthState
 from healthgate.model.names import is_valid_name, split_endpoint_path
-from healthgate.store.base import StoreError, sane_time
+from healthgate.store.base import StoreError, decode_json, sane_time
 from healthgate.store.etcd_client import EtcdClient, GuardFailed, KeyValue
 
 log = logging.getLogger("healthgate.cluster")
@@ -80,7 +80,7 @@ def parse_opinion(kv: KeyValue) -> tuple[str, str, Opinion | None]:
         return "", "", None
     endpoint, vantage = where
     try:
-        d = json.loads(kv.value)
+        d = decode_json(kv.value)
         if not isinstance(d, dict):
             raise ValueError("not an object")
         state = HealthState[str(d["state"])]

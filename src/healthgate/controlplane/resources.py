@@ -441,7 +441,11 @@ def _precondition_error(exc: PreconditionFailed) -> ControlError:
 
 
 def _parse_stored(key: str, value: Mapping[str, Any]) -> Resource | None:
-    res, issues = parse_resource(value)
+    try:
+        res, issues = parse_resource(value)
+    except RecursionError:  # (a value nested past every bound: skipped, never a frozen mirror)
+        log.error("stored resource %s no longer parses: nested too deeply", key)
+        return None
     if res is None:  # written by a newer or older version: keep serving the rest
         log.error("stored resource %s no longer parses: %s", key, "; ".join(map(str, issues)))
     return res

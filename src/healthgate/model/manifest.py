@@ -8,7 +8,9 @@ where it is. It is bounded, because a manifest is input from outside:
 * each document is *composed* (YAML's node graph, where an alias is the same
   node again, not a copy) and measured before anything is built from it:
   nesting deeper than ``max_depth`` or more than ``max_nodes`` nodes *as
-  expanded* is refused. An alias bomb (nine anchors of nine aliases each: a
+  expanded* is refused, and so are more than ``max_total_nodes`` in all the
+  documents together (many documents of aliases, each just under the
+  bound, once cost minutes of CPU a request). An alias bomb (nine anchors of nine aliases each: a
   few hundred bytes that expand to 387 million nodes) is measured in
   microseconds from the graph - each node's expanded size computed once -
   and never expanded;
@@ -69,14 +71,28 @@ class ManifestLimits:
     max_documents: int = 20_000
     max_depth: int = 32  # the deepest resource is 4 levels; 32 leaves room for mistakes
     max_nodes: int = 1_000_000  # per document, aliases expanded (a NEG: ~5 per endpoint)
+    # every document together, aliases expanded: many documents each just under
+    # max_nodes (aliases of one another) once cost minutes of CPU a request;
+    # a 16 MiB manifest without aliases has fewer than ~6 million
+    max_total_nodes: int = 8_000_000
 
 
-def measure(node: yaml.Node, limits: ManifestLimits) -> str | None:
+def measure(node: yaml.Node, limits: ManifestLimits, budget: int | None = None) -> str | None:
     """What is wrong with a composed document's size, or None.
 
     Walks the node graph iteratively (no recursion however deep) and gives
     every node its expanded size once, so shared (aliased) nodes cost their
-    size at each use without being expanded."""
+    size at each use without being expanded. ``budget``: what the manifest
+    has left of ``max_total_nodes`` (the size is :func:`expanded_size`'s)."""
+    problem, _ = expanded_size(node, limits, budget)
+    return problem
+
+
+def expanded_size(
+    node: yaml.Node, limits: ManifestLimits, budget: int | None = None
+) -> tuple[str | None, int]:
+    """(what is wrong, or None; the document's size, aliases expanded)."""
+    cap = limits.max_nodes if budget is None else min(limits.max_nodes, budget)
     sizes: dict[int, int] = {}
     stack: list[tuple[yaml.Node, int, bool]] = [(node, 1, False)]
     while stack:
@@ -85,7 +101,7 @@ def measure(node: yaml.Node, limits: ManifestLimits) -> str | None:
         if key in sizes:
             continue
         if depth > limits.max_depth:
-            return f"nested more than {limits.max_depth} levels deep"
+            return f"nested more than {limits.max_depth} levels deep", 0
         if isinstance(current, yaml.ScalarNode):
             sizes[key] = 1
             continue
@@ -95,13 +111,20 @@ def measure(node: yaml.Node, limits: ManifestLimits) -> str | None:
             stack.extend((c, depth + 1, False) for c in children if id(c) not in sizes)
             continue
         total = 1 + sum(sizes.get(id(c), 0) for c in children)
-        if total > limits.max_nodes:
+        if total > cap:
+            if cap < limits.max_nodes:
+                return (
+                    f"the manifest's documents expand to more than {limits.max_total_nodes:,} "
+                    "YAML nodes together (anchors and aliases counted at each use)",
+                    total,
+                )
             return (
                 f"expands to more than {limits.max_nodes:,} YAML nodes "
-                "(anchors and aliases counted at each use)"
+                "(anchors and aliases counted at each use)",
+                total,
             )
         sizes[key] = total
-    return None
+    return None, sizes.get(id(node), 1)
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:
@@ -155,6 +178,7 @@ def _parse_manifest(text: str, limits: ManifestLimits | None) -> list[Document]:
     documents: list[Document] = []
     issues: list[Issue] = []
     index = 0
+    expanded = 0  # nodes of the documents so far, aliases expanded
     loader: yaml.SafeLoader | None = None
     try:
         loader = Loader(text)  # reads (and may reject) the stream at once
@@ -168,10 +192,13 @@ def _parse_manifest(text: str, limits: ManifestLimits | None) -> list[Document]:
             if node is None:
                 continue
             line = node.start_mark.line + 1
-            problem = measure(node, limits)
+            problem, nodes = expanded_size(node, limits, limits.max_total_nodes - expanded)
             if problem is not None:
                 issues.append(Issue("", f"document too large: {problem}", index, line))
+                if expanded + nodes > limits.max_total_nodes:
+                    break  # (the manifest's budget is spent: nothing more is read)
                 continue
+            expanded += nodes
             data = loader.construct_document(node)
             if data is None:
                 continue  # an empty document (a stray '---')

@@ -17,6 +17,7 @@ referrer is global).
 from __future__ import annotations
 
 import re
+import reprlib
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -77,11 +78,29 @@ def split_endpoint_path(path: str) -> tuple[str, str]:
     return (bs, name) if sep else ("", "")
 
 
+_BRIEF = reprlib.Repr()
+_BRIEF.maxlevel = 3
+_BRIEF.maxstring = _BRIEF.maxother = 200
+_BRIEF.maxlist = _BRIEF.maxtuple = _BRIEF.maxdict = _BRIEF.maxset = 8
+
+
 def brief(value: object, limit: int = 80) -> str:
     """The repr of a rejected value, cut short: error messages never echo a
-    whole input (a manifest field may be megabytes, or an alias bomb)."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+    whole input (a manifest field may be megabytes, or an alias bomb). The
+    repr itself is bounded as it is built (reprlib: a few levels, a few
+    items of each), so a value that expands to millions of nodes costs
+    microseconds, not the minutes its whole repr took."""
+    if isinstance(value, str):
+        text = repr(value[: limit + 1])
+        size = len(value)
+    else:
+        text = _BRIEF.repr(value)
+        size = len(text)
+    if len(text) <= limit and size <= limit:
+        return text
+    return (
+        f"{text[:limit]}... ({size} characters)" if isinstance(value, str) else f"{text[:limit]}..."
+    )
 
 
 def is_valid_name(name: str) -> bool:

@@ -38,6 +38,7 @@ Keys of resources are ``resources/<full resource path>``.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +48,25 @@ EXISTS: Final = -1  # an expectation: the document exists, whatever its revision
 
 # times read back from a store outside these are not trusted (epoch seconds)
 EARLIEST, LATEST = 0.0, 4_102_444_800.0  # 2100-01-01
+
+
+# a value read from etcd (or any process that is not this one) is decoded
+# only within these bounds: anyone who can write to etcd can put anything there
+MAX_VALUE_BYTES = 64 * 1024 * 1024
+
+
+def decode_json(raw: bytes | str) -> Any:
+    """A JSON value read from outside: ValueError (never another error) when
+    it is too large or not JSON - deep nesting included, which the decoder
+    refuses at its recursion limit (RecursionError, raised by json's C
+    scanner before the stack is at risk) and which used to escape every
+    handler and freeze the mirror at that revision."""
+    if len(raw) > MAX_VALUE_BYTES:
+        raise ValueError(f"a value of {len(raw)} bytes, more than {MAX_VALUE_BYTES}")
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 def sane_time(value: Any) -> float:

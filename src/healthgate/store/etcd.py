@@ -61,6 +61,7 @@ from healthgate.store.base import (
     StoreError,
     Txn,
     Unavailable,
+    decode_json,
     record_matches,
     sane_time,
 )
@@ -80,7 +81,7 @@ LOG_ID_WIDTH = 20
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:
-    value = json.loads(raw)
+    value = decode_json(raw)
     if not isinstance(value, dict):
         raise ValueError("not a JSON object")
     return value
@@ -416,7 +417,7 @@ class EtcdStore:
         out: dict[str, Any] = {}
         for kv in kvs:
             try:
-                out[kv.key[2:]] = json.loads(kv.value)
+                out[kv.key[2:]] = decode_json(kv.value)
             except ValueError as exc:
                 self._skip(kv.key, exc)
         return out
