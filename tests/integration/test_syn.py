@@ -64,9 +64,10 @@ def listeners(n: int) -> list[socket.socket]:
 def test_checksum_matches_the_kernels_arithmetic() -> None:
     """The prebuilt SYN's checksum, updated per sequence number, sums to
     0xffff over the pseudo-header and the segment (RFC 793)."""
-    packet = SynPacket("127.0.0.9", 40000, "10.1.2.3", 8080)
-    for seq in (0, 1, 0xFFFF, 0x10000, 0xDEADBEEF, 0xFFFFFFFF):
-        segment = bytes(packet.stamp(seq))
+    packet = SynPacket("127.0.0.9", "10.1.2.3", 8080)
+    for seq, sport in ((0, 40000), (1, 1), (0xFFFF, 65535), (0x10000, 32768),
+                       (0xDEADBEEF, 40001), (0xFFFFFFFF, 12345)):  # fmt: skip
+        segment = bytes(packet.stamp(seq, sport))
         pseudo = socket.inet_aton("127.0.0.9") + socket.inet_aton("10.1.2.3") + b"\x00\x06\x00\x18"
         data = pseudo + segment
         total = sum(int.from_bytes(data[i : i + 2], "big") for i in range(0, len(data), 2))
@@ -74,6 +75,32 @@ def test_checksum_matches_the_kernels_arithmetic() -> None:
             total = (total & 0xFFFF) + (total >> 16)
         assert total == 0xFFFF, seq
         assert int.from_bytes(segment[4:8], "big") == seq
+        assert int.from_bytes(segment[0:2], "big") == sport
+
+
+@raw
+def test_sequence_numbers_and_ports_cannot_be_guessed_from_the_last_probe() -> None:
+    """Consecutive sequence numbers from one port let anyone who saw one
+    probe forge the answer to the next (a reset: "refused"): each probe now
+    draws a random number and one of several ports, and numbers in flight
+    are never drawn twice."""
+    from healthgate.probes.syn import SOURCE_PORTS, SynSocket
+
+    syn = SynSocket.open("127.0.0.1")
+    assert syn is not None
+    try:
+        packet = syn.packet("127.0.0.1", 9)
+        sent = [syn.send(packet, "127.0.0.1") for _ in range(2000)]
+        seqs = [seq for seq, _ in sent]
+        steps = {(b - a) & 0xFFFFFFFF for a, b in zip(seqs, seqs[1:], strict=False)}
+        assert len(steps) > 1990  # no step repeats (it was always 1)
+        ports = {port for _, port in sent}
+        assert len(ports) == SOURCE_PORTS == len(set(syn.ports))
+        taken = {seqs[-1]}
+        for _ in range(100):
+            assert syn.send(packet, "127.0.0.1", taken)[0] not in taken
+    finally:
+        syn.close()
 
 
 @raw

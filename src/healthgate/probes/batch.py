@@ -179,6 +179,7 @@ class _Probe:
         "deadline",
         "fd",
         "key",
+        "local_port",
         "pending",
         "request",
         "reused",
@@ -203,6 +204,7 @@ class _Probe:
         self.reused = False
         self.active = True
         self.seq = -1  # a raw SYN's sequence number (probes/syn.py)
+        self.local_port = 0  # ... and the port it left from
 
 
 class BatchProber:
@@ -307,7 +309,7 @@ class BatchProber:
                 else "this process cannot open a raw socket (that needs root or CAP_NET_RAW)",
             )
         else:
-            log.info("half-open TCP checks send raw SYNs from port %d", self._syn.port)
+            log.info("half-open TCP checks send raw SYNs (random sequence numbers and ports)")
         return self._syn
 
     def _send_syn(
@@ -328,7 +330,7 @@ class BatchProber:
             p = _Probe(key, spec, now)
             self._packets[key] = (spec, packet, p)
         try:
-            seq = syn.send(packet, spec.ip)
+            seq, p.local_port = syn.send(packet, spec.ip, self._by_seq)
         except OSError as exc:
             p.active = False
             return errno_result(exc.errno or 0, now - p.start)
@@ -346,9 +348,9 @@ class BatchProber:
         by_seq = self._by_seq
         while True:
             answers, more = syn.answers()
-            for seq, src, sport, up in answers:
+            for seq, src, sport, dport, up in answers:
                 p = by_seq.get(seq)
-                if p is None or src != p.spec.ip or sport != p.spec.port:
+                if p is None or src != p.spec.ip or sport != p.spec.port or dport != p.local_port:
                     continue  # late (the probe timed out), or not an answer to it
                 self._finish(p, False)
                 done.append((p.key, ProbeResult(_OK if up else _REFUSED, now - p.start)))

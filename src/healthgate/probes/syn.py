@@ -11,19 +11,25 @@ or ``CAP_NET_RAW``) it pays none of them:
   (a 24-byte TCP header with an MSS option, its checksum summed over the
   pseudo-header once): a probe writes its sequence number and the checksum's
   update into it and sends it (one ``sendto``).
-* **One source port**, held by a bound, unconnected TCP socket: no other
-  socket of this machine gets that port, and since no socket is *connected*
-  on it, the kernel answers each SYN+ACK with a reset itself - the server's
-  half-open connection is gone at once, as with HAProxy's check.
+* **A few source ports** (:data:`SOURCE_PORTS`), each held by a bound,
+  unconnected TCP socket: no other socket of this machine gets them, and
+  since no socket is *connected* on them, the kernel answers each SYN+ACK
+  with a reset itself - the server's half-open connection is gone at once,
+  as with HAProxy's check. Each probe leaves from one of them, drawn at
+  random.
 * **A kernel packet filter** (classic BPF on the raw socket) lets through
-  only TCP packets to that port, so Python reads the answers to its own
+  only TCP packets to those ports, so Python reads the answers to its own
   probes and nothing else of the machine's traffic.
 * **Answers are matched by sequence number**: every probe sends a sequence
-  number of its own, and a SYN+ACK or a reset that answers it acknowledges
-  that number + 1, from the endpoint's address and port. SYN+ACK: up; reset:
+  number of its own, drawn from the kernel's random source (``os.urandom``,
+  in batches) - not one more than the last, which let anyone who saw one
+  probe forge the answer (a reset: "refused") to the next - and a SYN+ACK
+  or a reset that answers it acknowledges that number + 1, from the
+  endpoint's address and port to the probe's own port. SYN+ACK: up; reset:
   refused; nothing by the deadline: timeout (one SYN, no retransmission - a
   lost packet is a failed check, which the thresholds are there to absorb;
-  ICMP errors are not read, so an unreachable host is a timeout too).
+  ICMP errors are not read, so an unreachable host is a timeout too). The
+  ports are never logged.
 
 IPv4 only: IPv6 endpoints, and every endpoint when the raw socket cannot be
 opened, take the connect-based half-open check (:mod:`healthgate.probes.batch`,
@@ -34,9 +40,10 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import random
+import os
 import socket
 import struct
+from collections.abc import Container
 from typing import Final
 
 log = logging.getLogger("healthgate.probes")
@@ -51,22 +58,28 @@ _LEN: Final = _HEADER.size + len(_MSS)  # 24
 _ANSWER: Final = struct.Struct("!HHII")  # source port, destination port, seq, ack
 _pack_seq: Final = struct.Struct("!I").pack_into
 _pack_sum: Final = struct.Struct("!H").pack_into
+_pack_port: Final = _pack_sum
 SYN_READ: Final = 256  # answers read per call at most (poll checks its time budget between reads)
 
 
-def _filter(port: int) -> bytes:
+SOURCE_PORTS: Final = 16  # ports a probe's SYN may leave from (one drawn per probe)
+_RANDOM_BATCH: Final = 4096  # sequence numbers drawn from the kernel at once
+
+
+def _filter(ports: list[int]) -> bytes:
     """Classic BPF: accept a TCP segment (the raw socket hands whole IPv4
-    packets) whose destination port is ``port``, drop everything else."""
+    packets) whose destination port is one of ``ports``, drop everything else."""
     ins = struct.Struct("=HBBI")
-    return b"".join(
-        (
-            ins.pack(0xB1, 0, 0, 0),  # ldxb 4*([0]&0xf)   X = IP header length
-            ins.pack(0x48, 0, 0, 2),  # ldh [x+2]          A = TCP destination port
-            ins.pack(0x15, 0, 1, port),  # jeq #port, accept, drop
-            ins.pack(0x06, 0, 0, 96),  # ret #96          accept (headers are enough)
-            ins.pack(0x06, 0, 0, 0),  # ret #0           drop
-        )
-    )
+    k = len(ports)
+    program = [
+        ins.pack(0xB1, 0, 0, 0),  # ldxb 4*([0]&0xf)   X = IP header length
+        ins.pack(0x48, 0, 0, 2),  # ldh [x+2]          A = TCP destination port
+    ]
+    for i, port in enumerate(ports):  # jeq #port, to accept, else the next test
+        program.append(ins.pack(0x15, k - i, 0, port))
+    program.append(ins.pack(0x06, 0, 0, 0))  # ret #0     drop
+    program.append(ins.pack(0x06, 0, 0, 96))  # ret #96   accept (headers are enough)
+    return b"".join(program)
 
 
 def _words(data: bytes) -> int:
@@ -74,22 +87,24 @@ def _words(data: bytes) -> int:
 
 
 class SynPacket:
-    """The SYN for one endpoint, built once: :meth:`stamp` sets a sequence
-    number and the checksum's matching update."""
+    """The SYN for one endpoint, built once: :meth:`stamp` sets a source
+    port and a sequence number, and the checksum's matching update."""
 
     __slots__ = ("buf", "partial")
 
-    def __init__(self, src: str, sport: int, dst: str, dport: int) -> None:
-        header = _HEADER.pack(sport, dport, 0, 0, (_LEN // 4) << 4, _SYN, 65535, 0, 0) + _MSS
+    def __init__(self, src: str, dst: str, dport: int) -> None:
+        header = _HEADER.pack(0, dport, 0, 0, (_LEN // 4) << 4, _SYN, 65535, 0, 0) + _MSS
         pseudo = socket.inet_aton(src) + socket.inet_aton(dst) + struct.pack("!HH", 6, _LEN)
-        self.partial = _words(pseudo) + _words(header)  # everything but the sequence number
+        # everything but the source port and the sequence number
+        self.partial = _words(pseudo) + _words(header)
         self.buf = bytearray(header)
 
-    def stamp(self, seq: int) -> bytearray:
-        total = self.partial + (seq >> 16) + (seq & 0xFFFF)
+    def stamp(self, seq: int, sport: int) -> bytearray:
+        total = self.partial + sport + (seq >> 16) + (seq & 0xFFFF)
         total = (total & 0xFFFF) + (total >> 16)
         total = (total & 0xFFFF) + (total >> 16)
         buf = self.buf
+        _pack_port(buf, 0, sport)
         _pack_seq(buf, 4, seq)
         _pack_sum(buf, 16, ~total & 0xFFFF)
         return buf
@@ -99,13 +114,16 @@ class SynSocket:
     """The raw socket, the held port and the filter; :meth:`open` returns
     None (and says why) where raw sockets are not allowed."""
 
-    def __init__(self, raw: socket.socket, holder: socket.socket, source: str | None) -> None:
+    def __init__(
+        self, raw: socket.socket, holders: list[socket.socket], source: str | None
+    ) -> None:
         self.raw = raw
-        self.holder = holder
-        self.port: int = holder.getsockname()[1]
+        self.holders = holders
+        self.ports: list[int] = [h.getsockname()[1] for h in holders]
+        self._port_set = frozenset(self.ports)
         self.source = source
         self._sources: dict[str, str] = {}  # destination -> the source address the route gives
-        self._seq = random.getrandbits(32)
+        self._random = memoryview(b"")  # sequence numbers to come (os.urandom, in batches)
         self._buf = bytearray(128)
 
     @classmethod
@@ -117,12 +135,15 @@ class SynSocket:
         except OSError as exc:
             log.warning("no raw socket (%s)", exc.strerror)
             return None
-        holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        holders: list[socket.socket] = []
         try:
-            holder.bind((source or "0.0.0.0", 0))
+            for _ in range(SOURCE_PORTS):
+                holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                holders.append(holder)
+                holder.bind((source or "0.0.0.0", 0))
             if source is not None:
                 raw.bind((source, 0))
-            program = _filter(holder.getsockname()[1])
+            program = _filter([h.getsockname()[1] for h in holders])
             code = ctypes.create_string_buffer(program, len(program))
             fprog = struct.pack("@HP", len(program) // 8, ctypes.addressof(code))
             raw.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, fprog)
@@ -130,11 +151,22 @@ class SynSocket:
             raw.setblocking(False)
         except OSError:
             raw.close()
-            holder.close()
+            for holder in holders:
+                holder.close()
             raise
-        syn = cls(raw, holder, source)
+        syn = cls(raw, holders, source)
         syn.drain()  # what arrived before the filter was attached
         return syn
+
+    def _draw(self) -> tuple[int, int]:
+        """A sequence number and a source port, from the kernel's random source."""
+        left = self._random
+        if len(left) < 6:
+            left = memoryview(os.urandom(6 * _RANDOM_BATCH))
+        seq = int.from_bytes(left[:4], "big")
+        port = self.ports[left[4] % len(self.ports)]
+        self._random = left[6:]
+        return seq, port
 
     def source_for(self, dst: str) -> str:
         """The source address of a packet to ``dst``: ``--probe-source``, or
@@ -149,21 +181,26 @@ class SynSocket:
         return src
 
     def packet(self, dst: str, dport: int) -> SynPacket:
-        return SynPacket(self.source_for(dst), self.port, dst, dport)
+        return SynPacket(self.source_for(dst), dst, dport)
 
-    def send(self, packet: SynPacket, dst: str) -> int:
-        """Send ``packet`` with a fresh sequence number; returns the number
-        (an OSError propagates: the caller turns it into a result)."""
-        seq = self._seq = (self._seq + 1) & 0xFFFFFFFF
-        self.raw.sendto(packet.stamp(seq), (dst, 0))
-        return seq
+    def send(self, packet: SynPacket, dst: str, taken: Container[int] = ()) -> tuple[int, int]:
+        """Send ``packet`` with a fresh random sequence number (none of
+        ``taken``: the numbers in flight) from a random one of the ports;
+        returns (the number, the port) - an OSError propagates: the caller
+        turns it into a result."""
+        seq, port = self._draw()
+        while seq in taken:
+            seq, port = self._draw()
+        self.raw.sendto(packet.stamp(seq, port), (dst, 0))
+        return seq, port
 
-    def answers(self) -> tuple[list[tuple[int, str, int, bool]], bool]:
+    def answers(self) -> tuple[list[tuple[int, str, int, int, bool]], bool]:
         """The answers waiting, from at most ``SYN_READ`` packets: (the
-        sequence number they acknowledge, source address, source port,
-        SYN+ACK or reset); and whether packets may still be waiting."""
-        out: list[tuple[int, str, int, bool]] = []
-        raw, buf, port = self.raw, self._buf, self.port
+        sequence number they acknowledge, source address, source port, the
+        port they came to, SYN+ACK or reset); and whether packets may still
+        be waiting."""
+        out: list[tuple[int, str, int, int, bool]] = []
+        raw, buf, ports = self.raw, self._buf, self._port_set
         unpack = _ANSWER.unpack_from
         for _ in range(SYN_READ):
             try:
@@ -175,7 +212,7 @@ class SynSocket:
                 continue
             sport, dport, _seq, ack = unpack(buf, ihl)
             flags = buf[ihl + 13]
-            if dport != port or not flags & _ACK:
+            if dport not in ports or not flags & _ACK:
                 continue
             if flags & _RST:
                 up = False
@@ -184,7 +221,7 @@ class SynSocket:
             else:
                 continue
             src = socket.inet_ntoa(bytes(buf[12:16]))
-            out.append(((ack - 1) & 0xFFFFFFFF, src, sport, up))
+            out.append(((ack - 1) & 0xFFFFFFFF, src, sport, dport, up))
         return out, True
 
     def drain(self) -> None:
@@ -196,7 +233,8 @@ class SynSocket:
 
     def close(self) -> None:
         self.raw.close()
-        self.holder.close()
+        for holder in self.holders:
+            holder.close()
 
 
 def can_open_raw() -> bool:
