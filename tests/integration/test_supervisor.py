@@ -104,3 +104,31 @@ def test_frames_over_the_limit_or_of_the_wrong_type_are_refused() -> None:
         assert await read_frame(reader) is None  # the end of the stream
 
     run_async(go(), timeout=10)
+
+
+def test_a_worker_never_imports_code_from_the_working_directory(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever serve's working directory holds - a package named like one
+    a worker imports - the worker imports the installed code."""
+    from pathlib import Path
+
+    planted = Path(str(tmp_path)) / "planted"
+    marker = Path(str(tmp_path)) / "ran"
+    for name in ("healthgate", "uvloop"):
+        (planted / name).mkdir(parents=True)
+        (planted / name / "__init__.py").write_text(
+            f"open({str(marker)!r}, 'a').write({name!r})\nraise SystemExit(3)\n"
+        )
+    monkeypatch.chdir(planted)
+
+    async def go() -> None:
+        pool = pool_of(1)
+        await pool.start()
+        try:
+            await until(lambda: 0 in pool._totals, 15, "the worker's first totals")
+        finally:
+            await pool.close()
+
+    run_async(go())
+    assert not marker.exists()

@@ -110,6 +110,10 @@ class Supervisor:
         level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
+            # -P: the working directory is not on the path - serve's may be
+            # anyone's, and a healthgate/ or uvloop.py planted there would be
+            # imported by every worker
+            "-P",
             "-m",
             "healthgate.process.run",
             self.module,
