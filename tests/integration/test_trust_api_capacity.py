@@ -35,7 +35,8 @@ def test_event_streams_are_capped_per_principal_and_not_taken_from_a_url(
     tmp_path: Path,
 ) -> None:
     tokens = tmp_path / "tokens.yaml"
-    tokens.write_text(yaml.safe_dump([VIEWER]))
+    other = {**VIEWER, "token": "w" * 24}  # another viewer of the same project
+    tokens.write_text(yaml.safe_dump([VIEWER, other]))
     tokens.chmod(0o600)
     with ServeProcess(tmp_path / "s.db", "--tokens", str(tokens)) as s:
         opened = []
@@ -48,6 +49,10 @@ def test_event_streams_are_capped_per_principal_and_not_taken_from_a_url(
             opened.append(sock)
             assert first.startswith(b"HTTP/1.1 429"), first[:200]
             assert b"32 event streams open" in first
+            # the cap is the token's, not its role's: another viewer still gets one
+            sock, first = open_stream(s.port, other["token"])
+            opened.append(sock)
+            assert first.startswith(b"HTTP/1.1 200"), first[:200]
             with s.client() as anonymous:  # a token in the URL is not a token
                 url = f"/v1/projects/shop/events/stream?access_token={VIEWER['token']}"
                 assert anonymous.get(url).status_code == 401

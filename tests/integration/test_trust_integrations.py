@@ -203,3 +203,135 @@ def test_nxdomain_does_not_scan_every_name(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(dns.name.Name, "is_subdomain", counting)
     assert answer(directory, q).rcode() == dns.rcode.NXDOMAIN
     assert compared[0] <= 3, compared[0]  # (10,000 before)
+
+
+# ---------------------------------------------------------------- slots held (issue 38)
+
+
+def test_the_agent_answers_within_its_bound_however_slowly_bytes_trickle() -> None:
+    """Each byte used to start the 100 ms wait anew - and the connection's
+    5 s bound with it: a byte every 90 ms held a connection for minutes."""
+    import asyncio
+
+    from healthgate.integrations.agent import AgentServer
+
+    async def go() -> tuple[float, bytes]:
+        server = AgentServer(lambda path: "up", "127.0.0.1", 0, read_timeout=0.5)
+        await server.start()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            got = b""
+            for byte in b"web/us-east1/shop-us-east1-and-more"[:30]:  # one byte every 50 ms
+                writer.write(bytes([byte]))
+                await asyncio.sleep(0.05)
+                if reader.at_eof() or got:
+                    break
+                try:
+                    async with asyncio.timeout(0.001):
+                        got += await reader.read(100)
+                except TimeoutError:
+                    pass
+            async with asyncio.timeout(5):
+                got += await reader.read()
+            took = loop.time() - started
+            writer.close()
+            return took, got
+        finally:
+            await server.close()
+
+    took, got = run_async(go())
+    assert took < 1.0, took  # the bound, not 30 bytes x 50 ms = 1.5 s and more
+    assert got.endswith(b"\n")
+
+
+def test_dns_over_tcp_connections_end_and_are_bounded_per_source() -> None:
+    import asyncio
+    import struct
+
+    from healthgate.integrations.dns import DnsServer
+
+    world = resources(example_world())
+    engine = HealthEngine()
+    engine.apply(world, 0.0)
+    directory = DnsDirectory(engine)
+    directory.update({r.path: r for r in world})
+
+    async def go() -> tuple[float, int]:
+        server = DnsServer(directory, "127.0.0.1", 0, tcp_lifetime=0.5, max_tcp_per_source=3)
+        await server.start()
+        try:
+            query = dns.message.make_query("shop.example.", "A").to_wire()
+            framed = struct.pack("!H", len(query)) + query
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            while not reader.at_eof() and loop.time() - started < 5:  # a query every 100 ms
+                writer.write(framed)
+                try:
+                    async with asyncio.timeout(0.1):
+                        await reader.read(65536)
+                except TimeoutError:
+                    pass
+                except ConnectionError:
+                    break
+                await asyncio.sleep(0.1)
+            lived = loop.time() - started
+            writer.close()
+            held = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(4)]
+            async with asyncio.timeout(5):
+                closed = sum([await r.read() == b"" for r, _ in held[3:]])
+            for _, w in held:
+                w.close()
+            return lived, closed
+        finally:
+            await server.close()
+
+    lived, closed = run_async(go())
+    assert lived < 1.5, lived  # its lifetime (0.5 s), not for as long as it asks
+    assert closed == 1  # the fourth of one address, closed at once
+
+
+def test_an_xds_client_holds_its_share_of_the_streams_and_its_nacks_are_logged_short(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import asyncio
+    import logging
+
+    async def go() -> list[str]:
+        server = XdsServer("127.0.0.1", 0, max_streams_per_client=2)
+        server.update(Snapshot({"web/shop": _cluster("web/shop").SerializeToString()}, {}))
+        await server.start()
+        outcomes = []
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel)
+                calls = []
+                for i in range(3):
+                    call = stub.StreamAggregatedResources()
+                    if i < 2:  # (the third is refused as it opens: a write would race it)
+                        nack = discovery_pb2.DiscoveryRequest(type_url=CLUSTER_TYPE)
+                        nack.node.id = "n" * 100_000
+                        nack.error_detail.message = "e" * 100_000
+                        await call.write(nack)
+                        await call.write(nack)  # (twice: logged once)
+                    calls.append(call)
+                    try:
+                        async with asyncio.timeout(5):
+                            response = await call.read()
+                        outcomes.append("ok" if response is not grpc.aio.EOF else "EOF")  # type: ignore[attr-defined]
+                    except grpc.RpcError as exc:
+                        outcomes.append(exc.code().name)
+                for call in calls:
+                    call.cancel()
+        finally:
+            await server.close()
+        return outcomes
+
+    with caplog.at_level(logging.WARNING, logger="healthgate.xds"):
+        outcomes = run_async(go())
+    assert outcomes == ["ok", "ok", "RESOURCE_EXHAUSTED"]
+    nacks = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert 1 <= len(nacks) <= 2  # one per stream at most (two streams were served)
+    assert all(len(m) < 1000 for m in nacks)

@@ -66,6 +66,12 @@ class Principal:
     role: Role
     name: str = "local"  # the actor of its writes (``local``: no tokens, on loopback)
 
+    @property
+    def key(self) -> str:
+        """This principal's token, as a key for its shares (streams, bodies,
+        manifest slots): never the token itself."""
+        return f"{self.project}/{self.role}/{self.name}"
+
     def can_read(self, project: str) -> bool:
         return self.role != "metrics" and self.project in ("*", project)
 

@@ -118,7 +118,7 @@ class BodyGate:
             raise _Refused(exc.code, exc.message) from None
         if not who.may_write:
             raise _Refused(403, f"this token ({who.role} of {who.project}) may not write")
-        key = f"{who.project}/{who.role}/{who.name}"
+        key = who.key
         n = self.by_principal.get(key, 0)
         if n >= self.limits.max_per_principal:
             raise _Refused(

@@ -140,12 +140,14 @@ class EventStreams:
 
     def __init__(self, state: ApiState) -> None:
         self.state = state
-        self.open: dict[tuple[str, str], int] = {}  # (project, role) -> live streams
+        # a token's live streams (by the token, not by its role: one consumer
+        # token's streams used to take the share of every consumer of its project)
+        self.open: dict[str, int] = {}
 
     def room(self, who: Principal) -> None:
         """429 when ``who`` holds as many streams as it may."""
         cap = self.state.settings.max_streams_per_principal
-        if self.open.get((who.project, who.role), 0) >= cap:
+        if self.open.get(who.key, 0) >= cap:
             raise AccessError(
                 429,
                 f"this token ({who.role} of {who.project}) has {cap} event streams open, "
@@ -155,7 +157,7 @@ class EventStreams:
     async def counted(self, who: Principal, q: LogQuery) -> AsyncIterator[bytes]:
         """A stream counted while it lives (the route refused one over the
         cap; one that got past it in the same instant ends here)."""
-        key, open_ = (who.project, who.role), self.open
+        key, open_ = who.key, self.open
         if open_.get(key, 0) >= self.state.settings.max_streams_per_principal:
             yield b'event: error\ndata: {"message": "too many event streams for this token"}\n\n'
             return

@@ -110,7 +110,7 @@ class ApiState:
         (api/bodies.py bounds how long that takes and how much is held), one
         per token at a time - so no tenant's manifests hold every slot; 503
         after ``manifest_wait`` seconds in line."""
-        key = f"{who.project}/{who.role}/{who.name}"
+        key = who.key
         own, users = self.token_slots.setdefault(key, (asyncio.Lock(), [0]))
         users[0] += 1
         try:

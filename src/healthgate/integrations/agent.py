@@ -10,8 +10,10 @@ put it in earlier (a NEG that was not accepted, or not there yet), which
 
 Bounded: a request is one line of at most 512 bytes (the name is answered
 at the first newline, or when nothing more came for 100 ms - HAProxy's
-``agent-send`` may carry no newline); a connection that sends nothing is
-closed after ``read_timeout``; at most ``max_connections`` at once.
+``agent-send`` may carry no newline); whatever it sends, a connection is
+answered and closed ``read_timeout`` after it opened (each byte used to
+start the wait anew, so a byte every 90 ms held a connection for
+minutes); at most ``max_connections`` at once.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ class _AgentConnection(asyncio.Protocol):
         self.server = server
         self.buf = b""
         self.transport: asyncio.Transport | None = None
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer: asyncio.TimerHandle | None = None  # the settle wait
+        self.deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if len(self.server.live) >= self.server.max_connections:
@@ -58,7 +61,10 @@ class _AgentConnection(asyncio.Protocol):
             return
         self.transport = transport  # type: ignore[assignment]
         self.server.live.add(self)
-        self._arm(self.server.read_timeout)
+        # the connection's whole life, whatever arrives (never re-armed)
+        self.deadline = asyncio.get_running_loop().call_later(
+            self.server.read_timeout, self._answer
+        )
 
     def _arm(self, delay: float) -> None:
         if self.timer is not None:
@@ -88,6 +94,8 @@ class _AgentConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.timer is not None:
             self.timer.cancel()
+        if self.deadline is not None:
+            self.deadline.cancel()
         self.server.live.discard(self)
         self.transport = None
 

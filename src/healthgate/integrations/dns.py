@@ -25,7 +25,9 @@ tokens every zone must name its project (SPEC §7).
 A rule whose route refuses traffic (FAIL_CLOSED, every region down) has no
 address: NODATA. The wire format is dnspython's; UDP answers are truncated
 (TC) past 512 bytes or the client's EDNS size, TCP messages are
-length-prefixed and at most 65,535 bytes.
+length-prefixed and at most 65,535 bytes. A TCP connection lives at most
+``tcp_lifetime`` seconds, each of its reads and writes ``tcp_timeout``; at
+most ``max_tcp_connections`` at once, ``max_tcp_per_source`` of one address.
 """
 
 from __future__ import annotations
@@ -256,14 +258,21 @@ class DnsServer:
         port: int,
         tcp_timeout: float = 10.0,
         max_tcp_connections: int = 256,
+        tcp_lifetime: float = 30.0,
+        max_tcp_per_source: int = 16,
     ) -> None:
         self.directory = directory
         self.host, self.port = host, port
-        self.tcp_timeout = tcp_timeout
+        self.tcp_timeout = tcp_timeout  # each read and write of a TCP connection
         self.max_tcp = max_tcp_connections
+        # a TCP connection's whole life, however often it asks (a query every
+        # 9 s used to hold its slot for ever), and one address's connections
+        self.tcp_lifetime = tcp_lifetime
+        self.max_tcp_per_source = max_tcp_per_source
         self._udp: asyncio.DatagramTransport | None = None
         self._tcp: asyncio.Server | None = None
         self._conns: set[asyncio.Task[None]] = set()
+        self._by_source: dict[str, int] = {}
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -278,28 +287,41 @@ class DnsServer:
 
     async def _serve_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
-        if len(self._conns) >= self.max_tcp or task is None:
+        peer = writer.get_extra_info("peername")
+        source = str(peer[0]) if peer else ""
+        held = self._by_source.get(source, 0)
+        if len(self._conns) >= self.max_tcp or held >= self.max_tcp_per_source or task is None:
             writer.close()
             return
         self._conns.add(task)
+        self._by_source[source] = held + 1
         try:
-            while True:  # several queries per connection, each length-prefixed
-                async with asyncio.timeout(self.tcp_timeout):
-                    head = await reader.readexactly(2)
-                (length,) = struct.unpack("!H", head)
-                async with asyncio.timeout(self.tcp_timeout):
-                    wire = await reader.readexactly(length)
-                reply = handle(self.directory, wire, 65535)
-                if reply is None:
-                    break
-                writer.write(struct.pack("!H", len(reply)) + reply)
-                async with asyncio.timeout(self.tcp_timeout):  # (a client that never reads)
-                    await writer.drain()
+            async with asyncio.timeout(self.tcp_lifetime):
+                await self._queries(reader, writer)
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             self._conns.discard(task)
+            left = self._by_source.get(source, 1) - 1
+            if left > 0:
+                self._by_source[source] = left
+            else:
+                self._by_source.pop(source, None)
             writer.close()
+
+    async def _queries(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:  # several queries per connection, each length-prefixed
+            async with asyncio.timeout(self.tcp_timeout):
+                head = await reader.readexactly(2)
+            (length,) = struct.unpack("!H", head)
+            async with asyncio.timeout(self.tcp_timeout):
+                wire = await reader.readexactly(length)
+            reply = handle(self.directory, wire, 65535)
+            if reply is None:
+                return
+            writer.write(struct.pack("!H", len(reply)) + reply)
+            async with asyncio.timeout(self.tcp_timeout):  # (a client that never reads)
+                await writer.drain()
 
     async def close(self) -> None:
         if self._udp is not None:

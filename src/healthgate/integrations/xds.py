@@ -40,9 +40,11 @@ With TLS (``--xds-tls-cert/--xds-tls-key/--xds-client-ca``) every Envoy
 must present a certificate of that CA, and its common name is mapped to
 the projects whose clusters it receives (``--xds-client NAME=P1,P2``); a
 certificate whose name is not mapped is refused (PERMISSION_DENIED).
-Streams are capped (``max_streams``: RESOURCE_EXHAUSTED beyond), and what
-an Envoy sends is bounded (resource names it may subscribe to, the size of
-a request).
+Streams are capped (``max_streams`` in all, ``max_streams_per_client`` of
+one certificate - or one address without TLS: RESOURCE_EXHAUSTED beyond),
+and what an Envoy sends is bounded (resource names it may subscribe to, the
+size of a request; what a NACK says is logged cut short, once in 10 s a
+stream).
 
 Versions: every change of the whole snapshot (clusters or assignments)
 makes a new version, pushed at once to every stream that subscribed; a
@@ -70,7 +72,7 @@ from healthgate.health.engine import HealthEngine
 from healthgate.health.states import HealthState
 from healthgate.integrations.verdicts import agent_answer
 from healthgate.model.lookups import published_address
-from healthgate.model.names import ResourcePath
+from healthgate.model.names import ResourcePath, brief
 from healthgate.model.resources import BackendService, ForwardingRule, Resource
 
 log = logging.getLogger("healthgate.xds")
@@ -195,14 +197,17 @@ class XdsTls:
 
 
 MAX_NAMES = 10_000  # resource names one subscription may list
+NACK_LOG_EVERY = 10.0  # seconds between two logged NACKs of one stream
 MAX_REQUEST = 1 << 20  # bytes of one request from an Envoy
 
 
 class _Stream:
     """One Envoy's ADS stream: what it subscribed to, what it was sent."""
 
-    def __init__(self, projects: frozenset[str] | None = None) -> None:
+    def __init__(self, projects: frozenset[str] | None = None, client: str = "") -> None:
         self.projects = projects  # the projects it may read (None: every one)
+        self.client = client  # its certificate's name (or its address, without TLS)
+        self.last_nack_log = float("-inf")
         self.names: dict[str, tuple[str, ...]] = {}  # type -> resource names (() = all)
         self.sent: dict[str, tuple[int, tuple[str, ...]]] = {}  # type -> (version, names)
         self.nonce = 0
@@ -217,11 +222,15 @@ class XdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ignor
         tls: XdsTls | None = None,
         clients: Mapping[str, frozenset[str]] | None = None,
         max_streams: int = 256,
+        max_streams_per_client: int = 16,
     ) -> None:
         self.host, self.port = host, port
         self.tls = tls
         self.clients = dict(clients or {})  # certificate common name -> its projects
         self.max_streams = max_streams
+        # one certificate's streams (one address's without TLS): one Envoy's
+        # key may not take every stream
+        self.max_streams_per_client = max_streams_per_client
         self.snapshot = Snapshot({}, {})
         self.version = 0
         self._streams: set[_Stream] = set()
@@ -264,13 +273,18 @@ class XdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ignor
         request_iterator: AsyncIterator[discovery_pb2.DiscoveryRequest],
         context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
     ) -> AsyncIterator[discovery_pb2.DiscoveryResponse]:
-        projects = await self._projects_of(context)
+        projects, client = await self._projects_of(context)
         if len(self._streams) >= self.max_streams:
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"this ADS server holds {self.max_streams} streams, as many as it may",
             )
-        stream = _Stream(projects)
+        if sum(1 for s in self._streams if s.client == client) >= self.max_streams_per_client:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"this client holds {self.max_streams_per_client} streams, as many as one may",
+            )
+        stream = _Stream(projects, client)
         self._streams.add(stream)
         reader = asyncio.ensure_future(self._read(request_iterator, stream))
         try:
@@ -288,20 +302,24 @@ class XdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ignor
     async def _projects_of(
         self,
         context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
-    ) -> frozenset[str] | None:
-        """The projects this stream's Envoy may read (None: every one - no TLS)."""
+    ) -> tuple[frozenset[str] | None, str]:
+        """The projects this stream's Envoy may read (None: every one - no
+        TLS) and who it is (its certificate's name, else its address)."""
         if self.tls is None:
-            return None
+            peer = context.peer() or ""
+            return None, peer.rsplit(":", 1)[0]
         names = list(context.auth_context().get("x509_common_name", []))
         name = names[0].decode("utf-8", "replace") if names else ""
         projects = self.clients.get(name)
         if projects is None:
-            log.warning("an Envoy with certificate name %r is not an --xds-client: refused", name)
+            log.warning(
+                "an Envoy with certificate name %s is not an --xds-client: refused", brief(name)
+            )
             await context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,
                 "this certificate's name is not given any project (--xds-client NAME=PROJECT)",
             )
-        return projects
+        return projects, name
 
     async def _read(
         self, requests: AsyncIterator[discovery_pb2.DiscoveryRequest], stream: _Stream
@@ -310,13 +328,18 @@ class XdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ignor
             if request.type_url not in (CLUSTER_TYPE, ENDPOINT_TYPE):
                 continue
             if request.HasField("error_detail"):
-                log.warning(
-                    "Envoy %s refused %s version %s: %s",
-                    request.node.id,
-                    request.type_url.rsplit(".", 1)[-1],
-                    request.version_info,
-                    request.error_detail.message[:300],
-                )
+                # (every field is the Envoy's to fill: each cut short, and a
+                # stream's NACKs logged once in NACK_LOG_EVERY seconds)
+                now = asyncio.get_running_loop().time()
+                if now - stream.last_nack_log >= NACK_LOG_EVERY:
+                    stream.last_nack_log = now
+                    log.warning(
+                        "Envoy %s refused %s version %s: %s",
+                        brief(request.node.id, 100),
+                        request.type_url.rsplit(".", 1)[-1],
+                        brief(request.version_info, 40),
+                        brief(request.error_detail.message, 300),
+                    )
             names = request.resource_names
             if len(names) > MAX_NAMES:
                 log.warning(
