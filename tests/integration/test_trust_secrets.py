@@ -128,3 +128,23 @@ def test_the_database_and_its_lock_are_private_and_a_symlinked_lock_is_refused(
     with pytest.raises(StoreError, match="symbolic link"):
         SqliteStore(linked)
     assert elsewhere.read_text() == "keep me"
+
+
+def test_a_database_path_that_is_a_dangling_symlink_is_refused(tmp_path: Path) -> None:
+    """SQLite follows a link to a file that does not exist and creates it -
+    wherever another user's link in a shared directory points."""
+    from healthgate.store.base import StoreError
+    from healthgate.store.sqlite import SqliteStore
+
+    target = tmp_path / "elsewhere" / "planted.db"
+    target.parent.mkdir()
+    db = tmp_path / "shared.db"
+    db.symlink_to(target)
+    with pytest.raises(StoreError, match="symbolic link to .* which does not exist"):
+        SqliteStore(db)
+    assert not target.exists()
+    # a link to a database that is there is the operator's choice, and works
+    SqliteStore(tmp_path / "real.db").close()
+    linked = tmp_path / "linked.db"
+    linked.symlink_to(tmp_path / "real.db")
+    SqliteStore(linked).close()

@@ -142,8 +142,17 @@ def _lock_file(db_path: str) -> int:
 
 def _create_private(path: str) -> None:
     """A new database file is created 0600 (its WAL and shared-memory files
-    take the same mode): the resources, states and log are no one else's."""
-    if path == ":memory:" or os.path.exists(path):
+    take the same mode): the resources, states and log are no one else's.
+    A symbolic link that points at nothing is refused: SQLite would create
+    the file it points at - wherever another user's link sends it."""
+    if path == ":memory:":
+        return
+    if os.path.islink(path) and not os.path.exists(path):
+        raise StoreError(
+            f"{path} is a symbolic link to {os.readlink(path)!r}, which does not exist: "
+            "refused (remove the link, or give --db the real file)"
+        )
+    if os.path.exists(path):
         return
     with contextlib.suppress(FileExistsError):
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
@@ -162,7 +171,11 @@ class SqliteStore:
         self.history = history  # revisions of change history kept for watches
         self._lock_fd = _lock_file(self.path) if exclusive else -1
         self._lock = threading.RLock()
-        _create_private(self.path)
+        try:
+            _create_private(self.path)
+        except StoreError:
+            self._release_lock()
+            raise
         try:
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             self._refuse_newer()  # (before even the journal mode is set)
