@@ -140,7 +140,7 @@ def test_a_database_path_that_is_a_dangling_symlink_is_refused(tmp_path: Path) -
     target.parent.mkdir()
     db = tmp_path / "shared.db"
     db.symlink_to(target)
-    with pytest.raises(StoreError, match="symbolic link to .* which does not exist"):
+    with pytest.raises(StoreError, match=r"symbolic link to .* which does not exist"):
         SqliteStore(db)
     assert not target.exists()
     # a link to a database that is there is the operator's choice, and works
