@@ -54,10 +54,18 @@ from healthgate.health.placement import rendezvous
 from healthgate.health.states import HealthState, Outcome, ProbeResult, RecordKind, Transition
 from healthgate.model.names import endpoint_path
 from healthgate.model.resources import Resource
+from healthgate.model.validation import resource_from_wire
 from healthgate.probes.prober import ProbeSettings
 from healthgate.probes.scheduler import SchedulerSettings
 from healthgate.probes.stats import FailureLogLimiter, ProbeTotals
-from healthgate.process.frames import expect, read_frame, stdio_streams, write
+from healthgate.process.frames import (
+    expect,
+    message,
+    read_frame,
+    register_model,
+    stdio_streams,
+    write,
+)
 from healthgate.process.limits import open_file_limit
 from healthgate.process.supervisor import Supervisor
 
@@ -117,7 +125,11 @@ def worker_name(index: int) -> str:
 
 # ---------------------------------------------------------------------- messages
 
+# resources in messages: their wire form, parsed again by the reader
+register_model(Resource, Resource.to_wire, resource_from_wire)
 
+
+@message
 @dataclass(frozen=True, slots=True)
 class Setup:
     """The first message to a worker: who it is and how to probe."""
@@ -130,11 +142,13 @@ class Setup:
     failure_log_rate: float
 
 
+@message
 @dataclass(frozen=True, slots=True)
 class World:
     resources: list[Resource]
 
 
+@message
 @dataclass(frozen=True, slots=True)
 class Assign:
     """Probe these endpoint paths (None: every endpoint); ``states``: where
@@ -144,6 +158,7 @@ class Assign:
     states: dict[str, tuple[int, float]]
 
 
+@message
 @dataclass(frozen=True, slots=True)
 class Shards:
     """The pool now has ``count`` workers: shards move (rendezvous)."""
@@ -152,16 +167,19 @@ class Shards:
     states: dict[str, tuple[int, float]]
 
 
+@message
 @dataclass(frozen=True, slots=True)
 class Flips:
     decided: list[Decided]
 
 
+@message
 @dataclass(frozen=True, slots=True)
 class Observations:
     items: list[tuple[str, Observed]]
 
 
+@message
 @dataclass(frozen=True, slots=True)
 class Failures:
     """Probe failures to log (at most the owner's rate), and how many more
@@ -171,6 +189,7 @@ class Failures:
     left_out: int
 
 
+@message
 @dataclass(frozen=True, slots=True)
 class Totals:
     totals: ProbeTotals

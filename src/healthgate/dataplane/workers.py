@@ -42,9 +42,18 @@ from prometheus_client.core import CounterMetricFamily, Metric
 
 from healthgate.dataplane.manager import PROPAGATION_BUCKETS, DataPlane, DataPlaneSettings
 from healthgate.health.engine import EndpointKey, HealthEngine, RouteTable
+from healthgate.health.types import Route
 from healthgate.model.names import ResourcePath
 from healthgate.model.resources import ForwardingRule, Resource
-from healthgate.process.frames import expect, read_frame, stdio_streams, write
+from healthgate.model.validation import resource_from_wire
+from healthgate.process.frames import (
+    expect,
+    message,
+    read_frame,
+    register_model,
+    stdio_streams,
+    write,
+)
 from healthgate.process.supervisor import Supervisor
 
 log = logging.getLogger("healthgate.dataplane")
@@ -57,31 +66,38 @@ BackendEndpoints = dict[ResourcePath, tuple[tuple[EndpointKey, ...], ...]]
 
 # ---------------------------------------------------------------- messages
 
+# resources in messages: their wire form, parsed again by the reader
+register_model(Resource, Resource.to_wire, resource_from_wire)
 
+
+@message
 @dataclass(frozen=True, slots=True)
 class Setup:
     settings: DataPlaneSettings
     grace: float  # on stop, open connections get this long
 
 
+@message
 @dataclass(frozen=True, slots=True)
 class Resources:
     resources: dict[ResourcePath, Resource]
 
 
+@message
 @dataclass(frozen=True, slots=True)
 class Health:
     """What a worker's listeners read of health (see :func:`health_snapshot`)."""
 
     version: int
-    routes: dict[str, Any]
+    routes: dict[str, Route]
     published: float
     endpoints: BackendEndpoints
 
 
+@message
 @dataclass(frozen=True, slots=True)
 class Stats:
-    status: dict[str, dict[str, object]]
+    status: dict[str, dict[str, Any]]
     propagation: list[int]
     propagation_sum: float
 

@@ -186,3 +186,13 @@ def check_delete(remaining: Iterable[Resource], deleted: Iterable[ResourcePath])
                 )
             )
     return issues
+
+
+def resource_from_wire(data: object) -> Resource:
+    """A resource written as its wire form by another healthgate process
+    (process/frames.py): parsed and checked again, ValueError naming the
+    problems when it is not one."""
+    res, issues = parse_resource(data)
+    if res is None:
+        raise ValueError("; ".join(map(str, issues))[:300] or "not a resource")
+    return res
