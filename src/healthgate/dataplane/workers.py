@@ -103,7 +103,7 @@ class Stats:
 
 
 def health_snapshot(engine: HealthEngine, resources: Mapping[ResourcePath, Resource]) -> Health:
-    """What a worker's listeners read of health, in a form that pickles."""
+    """What a worker's listeners read of health, as plain data (process/frames.py)."""
     table = engine.route_table()
     endpoints: BackendEndpoints = {}
     for res in resources.values():

@@ -3,8 +3,9 @@
 
 The worker's module is imported by its own name and its ``worker_main``
 run - never executed as ``__main__``, whose classes would not be the ones
-the owner pickles its messages with (``healthgate.dataplane.workers.Setup``
-and ``__main__.Setup`` are two classes). Only the modules named here run.
+the owner's frames name (``healthgate.dataplane.workers.Setup`` and
+``__main__.Setup`` are two classes: process/frames.py). Only the modules
+named here run.
 
 Every worker, whatever it does: logs to stderr (its stdout carries frames)
 at the owner's level, labelled with its kind and index; ignores SIGINT (a

@@ -140,7 +140,7 @@ class Supervisor:
                     self.on_message(worker.index, message)
                 except Exception:
                     log.exception("%s: a message could not be handled", self.label(worker.index))
-        except (FrameTooLarge, ValueError, EOFError, ImportError) as exc:  # (pickle's errors too)
+        except (FrameTooLarge, ValueError, EOFError) as exc:
             log.error(
                 "%s sent an unreadable frame (%s): replacing it", self.label(worker.index), exc
             )
