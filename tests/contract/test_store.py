@@ -10,6 +10,7 @@ namespace starts at the cluster's revision), so the tests count from
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -123,6 +124,26 @@ def test_delete_removes_and_counts_as_a_change(store: Store) -> None:
     assert rev == z + 2
     changes = store.changes_since(z + 1)
     assert changes == [Change(z + 2, "a", None, changes[0].time)]
+
+
+def test_a_delete_is_timed_by_its_commit_not_by_its_reader(store: Store) -> None:
+    """A delete has no document, hence no stored time: the store stamps it
+    with its commit's, so that every node that reads it (later, from its
+    watch) times what it causes alike (etcd: the r/commit key)."""
+    z = put(store, "a") - 1
+    before = time.time()
+    store.commit(Txn(deletes=["a"]))
+    after = time.time()
+    time.sleep(0.3)  # (the reader comes later: its clock would say so)
+    (change,) = store.changes_since(z + 1)
+    assert change.value is None and before - 0.05 <= change.time <= after + 0.05
+
+    async def watched() -> float:
+        async for batch in store.watch(z + 1):
+            return batch[0].time
+        raise AssertionError("no batch")
+
+    assert abs(run_async(watched(), timeout=10) - change.time) < 1e-6
 
 
 def test_a_transaction_that_changes_nothing_makes_no_revision(store: Store) -> None:

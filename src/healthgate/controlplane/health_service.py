@@ -79,9 +79,11 @@ class HealthService:
             self._expiry.cancel()
         await self.source.close()
 
-    def apply(self, resources: Iterable[Resource]) -> ApplyResult:
+    def apply(self, resources: Iterable[Resource], when: float | None = None) -> ApplyResult:
+        """The world changed at ``when`` (a commit's stored time; None: now):
+        what the change causes is recorded at that time."""
         world = list(resources)
-        result = self.engine.apply(world, self.clock())
+        result = self.engine.apply(world, self.clock() if when is None else when)
         self.emit(result.records)
         self.source.apply(world, result)
         self.schedule_timers()

@@ -222,7 +222,11 @@ class ControlPlane:
             created = before.created if before else change.time
             self.stored[res.path] = Stored(res, change.revision, created, change.time)
         if batch:
-            await self._publish(deleted)
+            # what the write causes (a dial's route change) is timed by the
+            # commit's stored time - the same on every node - not by when
+            # this node's watch delivered it (a new writer recorded such a
+            # change twice, each node's with its own clock)
+            await self._publish(deleted, max(c.time for c in batch))
             self._advance(batch[-1].revision)
 
     def _pop(self, path_text: str) -> Stored | None:
@@ -244,10 +248,11 @@ class ControlPlane:
         await self._publish(gone)
         self._advance(snap.revision)
 
-    async def _publish(self, deleted: list[str]) -> None:
-        """The mirror changed: the engine takes the new world, saved states of
-        what is gone are forgotten, and every change listener is told."""
-        result = self.health.apply(s.resource for s in self.stored.values())
+    async def _publish(self, deleted: list[str], when: float | None = None) -> None:
+        """The mirror changed (at ``when``, the commit's time; None: now): the
+        engine takes the new world, saved states of what is gone are
+        forgotten, and every change listener is told."""
+        result = self.health.apply((s.resource for s in self.stored.values()), when)
         self.health.forget_states(deleted + result.removed_paths)
         resources = self.resources
         for callback in self.on_change:

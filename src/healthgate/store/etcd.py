@@ -10,6 +10,8 @@ Key layout, under the client's namespace (``/healthgate`` by default)::
 
     <ns>/r/<key>         resources: {"v": document, "c": created, "u": updated}
     <ns>/m/resources     touched by every resource write (the base_revision guard)
+    <ns>/r/commit        ... and this too, with the commit's time (not a resource:
+                         the watch delivers it with the write's resources)
     <ns>/s/<key>         saved engine states (StateStore)
     <ns>/l/<id:020d>     the transition log; <ns>/m/log holds the last id
     <ns>/o/<endpoint>/<vantage region>   endpoint opinions of probers (cluster)
@@ -78,6 +80,8 @@ from healthgate.store.etcd_client import (
 log = logging.getLogger("healthgate.store.etcd")
 
 LOG_ID_WIDTH = 20
+COMMIT_KEY = "commit"  # under r/: the last resource commit's time (see the layout)
+_COMMIT = "r/" + COMMIT_KEY
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:
@@ -279,6 +283,16 @@ class EtcdStore:
                 if k in found
             ]
             ops.append(pb.RequestOp(request_put=pb.PutRequest(key=self._meta, value=b"")))
+            # the commit's time, in the watch's own batch: deletes carry none, and
+            # every node must time what a write causes alike (ControlPlane._take)
+            stamp = json.dumps({"v": {}, "c": now, "u": now}, separators=(",", ":"))
+            ops.append(
+                pb.RequestOp(
+                    request_put=pb.PutRequest(
+                        key=self.client.key("r/" + COMMIT_KEY), value=stamp.encode()
+                    )
+                )
+            )
             resp = self.client.txn(compares, ops)
             if resp.succeeded:
                 rev = int(resp.header.revision)
@@ -335,15 +349,11 @@ class EtcdStore:
             for resp in stream:
                 if resp.compact_revision:
                     raise Compacted(revision, int(resp.compact_revision))
-                for ev in resp.events:
-                    event = self._event(ev)
-                    if event is None:
-                        continue
-                    if event.revision > revision + limit:
+                events = [e for e in map(self._event, resp.events) if e is not None]
+                for change in self._changes_of(events):
+                    if change.revision > revision + limit:
                         return out
-                    change = self._change_of(event)
-                    if change is not None:
-                        out.append(change)
+                    out.append(change)
                 if out and out[-1].revision >= top:
                     return out
         except grpc.RpcError as exc:
@@ -363,18 +373,37 @@ class EtcdStore:
     def watch(self, from_revision: int) -> AsyncIterator[list[Change]]:
         async def changes() -> AsyncIterator[list[Change]]:
             async for batch in self.client.watch_prefix("r/", from_revision + 1):
-                out = [c for c in map(self._change_of, batch) if c is not None]
+                out = self._changes_of(batch)
                 if out:
                     yield out
 
         return changes()
 
-    def _change_of(self, ev: Event) -> Change | None:
+    def _changes_of(self, events: Sequence[Event]) -> list[Change]:
+        """Watch events as resource changes, each timed by its commit's stamp
+        (``r/commit``, written with every resource write: a delete carries
+        no time of its own), the stamp itself left out."""
+        stamps: dict[int, float] = {}
+        for ev in events:
+            if ev.kv.key == _COMMIT and not ev.deleted:
+                change = self._change_of(ev)
+                if change is not None:
+                    stamps[ev.revision] = change.time
+        out = []
+        for ev in events:
+            if ev.kv.key == _COMMIT:
+                continue
+            change = self._change_of(ev, stamps.get(ev.revision))
+            if change is not None:
+                out.append(change)
+        return out
+
+    def _change_of(self, ev: Event, stamp: float | None = None) -> Change | None:
         """A watch event as a resource change (None: a value that is not one,
         skipped - the watch goes on past it)."""
         key = ev.kv.key[2:]
-        if ev.deleted:
-            return Change(ev.revision, key, None, time.time())
+        if ev.deleted:  # (no stamp: written by an older healthgate)
+            return Change(ev.revision, key, None, time.time() if stamp is None else stamp)
         try:
             body = _json_object(ev.kv.value)
             value = body["v"]
