@@ -318,6 +318,18 @@ def record(project: str, kind: str, path: str, to: str, t: float) -> dict[str, A
     return {"time": t, "project": project, "kind": kind, "path": path, "to": to, "from": "x"}
 
 
+def test_an_append_of_unknown_outcome_is_found_by_its_write_ids(store: Store) -> None:
+    """A writer whose append timed out asks which of its records the log
+    holds (``written``) instead of appending them again; readers never see
+    the write ids."""
+    a = {**record("shop", "Route", "projects/shop/global/forwardingRules/f", "x", 1), "_w": "w-1"}
+    b = {**record("shop", "Route", "projects/shop/global/forwardingRules/f", "y", 2), "_w": "w-2"}
+    ids = store.append_log([a, b])
+    store.append_log([record("shop", "Route", "projects/shop/global/forwardingRules/g", "z", 3)])
+    assert store.written(["w-1", "w-2", "w-3"]) == {"w-1": ids[0], "w-2": ids[1]}
+    assert all("_w" not in e.record for e in store.query_log(LogQuery()))
+
+
 def test_log_ids_increase_and_queries_filter(store: Store) -> None:
     ids = store.append_log(
         [

@@ -133,3 +133,51 @@ def test_metric_labels_hold_one_kind_of_value() -> None:
         ]
     )
     assert recorder.counts == {("HealthSource", "HEALTHY"): 1, ("Route", "normal"): 1}
+
+
+class AppliedButNeverAnswered(MemoryStore):
+    """A frozen etcd member's trick: the first append is applied, and then
+    its answer never comes (the client gives up: Unavailable)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lost_answers = 1
+
+    def append_log(
+        self, records: Sequence[Mapping[str, Any]], guard: Guard | None = None
+    ) -> list[int]:
+        ids = super().append_log(records, guard)
+        if self.lost_answers:
+            self.lost_answers -= 1
+            raise Unavailable("etcd 127.0.0.1:2379: Deadline Exceeded")
+        return ids
+
+
+@pytest.mark.parametrize("idempotent", [True, False], ids=["write-ids", "without"])
+def test_an_append_applied_but_never_answered_is_not_written_twice(idempotent: bool) -> None:
+    """Cluster mode gives every record a write id: the retry finds the first
+    attempt in the log and appends only what is not there yet."""
+    store = AppliedButNeverAnswered()
+    first = Transition(1.0, "p", "r", RecordKind.NEG, "n", "projects/p/regions/r/networkEndpointGroups/n",
+                       HealthState.HEALTHY, HealthState.UNHEALTHY, "down")  # fmt: skip
+    second = Transition(2.0, "p", "r", RecordKind.NEG, "n", first.path,
+                        HealthState.UNHEALTHY, HealthState.HEALTHY, "up")  # fmt: skip
+
+    async def go() -> None:
+        recorder = TransitionRecorder(store)
+        recorder.idempotent = idempotent
+        task = asyncio.create_task(recorder.run())
+        recorder.on_records([first])
+        await asyncio.sleep(0)  # (the first batch is on its way: the second comes after)
+        recorder.on_records([second])
+        await asyncio.wait_for(recorder.flush(), 10)
+        task.cancel()
+
+    run_async(go(), timeout=20)
+    entries = store.query_log(LogQuery())
+    states = [str(e.record["to"]) for e in entries]
+    if idempotent:
+        assert states == ["UNHEALTHY", "HEALTHY"]
+        assert all("_w" not in e.record for e in entries)  # (the write id is not read back)
+    else:
+        assert states.count("UNHEALTHY") == 2  # (what happened before: written twice)

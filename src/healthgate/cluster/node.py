@@ -35,7 +35,7 @@ from healthgate.cluster.probing import ClusterProbing, ClusterSettings
 from healthgate.cluster.session import Session
 from healthgate.controlplane.recorder import TransitionRecorder
 from healthgate.controlplane.saved_states import engine_states
-from healthgate.store.base import Guard, StoreError, decode_json, sane_time
+from healthgate.store.base import WRITE_ID, Guard, StoreError, decode_json, sane_time
 from healthgate.store.etcd import EtcdStore
 from healthgate.store.etcd_client import Event, KeyValue, follow
 
@@ -75,6 +75,7 @@ class ClusterNode:
         self._members: dict[str, str] = {}  # as the member watch has them (placed per batch)
         recorder.persist = False
         recorder.broadcast_writes = False
+        recorder.idempotent = True  # (an append that timed out is never made twice)
 
     @property
     def leader(self) -> str | None:
@@ -210,6 +211,7 @@ class ClusterNode:
             record = decode_json(ev.kv.value)
             if not isinstance(record, dict) or event_id <= 0:
                 raise ValueError("not a record")
+            record.pop(WRITE_ID, None)
             record["time"] = sane_time(record.get("time", 0.0))
         except (ValueError, TypeError) as exc:
             log.warning("skipping the log key %s: %s", ev.kv.key[:80], exc)

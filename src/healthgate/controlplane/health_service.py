@@ -81,9 +81,12 @@ class HealthService:
 
     def apply(self, resources: Iterable[Resource], when: float | None = None) -> ApplyResult:
         """The world changed at ``when`` (a commit's stored time; None: now):
-        what the change causes is recorded at that time."""
+        what the change causes is recorded at that time - never later than
+        this process's now (a time ahead of it, from a writer whose clock
+        runs fast, would have the engine skip a shift's expiry, say)."""
         world = list(resources)
-        result = self.engine.apply(world, self.clock() if when is None else when)
+        now = self.clock()
+        result = self.engine.apply(world, now if when is None else min(when, now))
         self.emit(result.records)
         self.source.apply(world, result)
         self.schedule_timers()

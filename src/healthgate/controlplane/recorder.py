@@ -19,12 +19,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from healthgate.controlplane.saved_states import encode_record_states
 from healthgate.health.states import Record, timestamp
-from healthgate.store.base import Guard, LogQuery, NotLeader, Store, StoreError
+from healthgate.store.base import WRITE_ID, Guard, LogQuery, NotLeader, Store, StoreError
 
 log = logging.getLogger("healthgate.recorder")
 transition_log = logging.getLogger("healthgate.transitions")
@@ -70,6 +71,15 @@ class TransitionRecorder:
         self.persist = True
         self.guard: Guard | None = None
         self.broadcast_writes = True
+        # cluster mode: every record written carries a write id (store/base.py,
+        # WRITE_ID), and after an append whose outcome was not known (etcd
+        # timed out, a connection broke after the request went) the records
+        # the log already holds are not appended again - a frozen etcd member
+        # could apply a write and never answer it
+        self.idempotent = False
+        self._write_prefix = secrets.token_hex(6)
+        self._write_count = 0
+        self._uncertain = False
         # records a non-leader computed and has not seen in the stored log
         # yet: written by this node if it is elected before they appear
         # (every node computes the same records, with the same times) - and
@@ -290,11 +300,41 @@ class TransitionRecorder:
         self._pending_states = states
         self._pending_deletes[:0] = deletes
 
+    def _stamp(self, batch: list[dict[str, Any]]) -> dict[str, int]:
+        """(In a worker thread.) Write ids on records not yet given one; after
+        an append of unknown outcome, the ones the log holds already (write
+        id -> log id)."""
+        for d in batch:
+            if WRITE_ID not in d:
+                self._write_count += 1
+                d[WRITE_ID] = f"{self._write_prefix}-{self._write_count}"
+        if not self._uncertain:
+            return {}
+        written = self.store.written([d[WRITE_ID] for d in batch])
+        self._uncertain = False
+        if written:
+            log.warning(
+                "%d transitions of an append that timed out were written after all: "
+                "not written again",
+                len(written),
+            )
+        return written
+
     def _write(
         self, batch: list[dict[str, Any]], states: dict[str, Any], deletes: list[str]
     ) -> list[int]:
+        """(In a worker thread.) The batch's log ids, in its order."""
         guard = self.guard
-        ids: list[int] = list(self.store.append_log(batch, guard)) if batch else []
+        written = self._stamp(batch) if self.idempotent and batch else {}
+        fresh = [d for d in batch if d.get(WRITE_ID) not in written] if written else batch
+        try:
+            new = iter(self.store.append_log(fresh, guard) if fresh else [])
+        except NotLeader:
+            raise  # (the guard failed: nothing was written)
+        except Exception:
+            self._uncertain = self.idempotent  # (it may have been applied)
+            raise
+        ids = [written[d[WRITE_ID]] if d.get(WRITE_ID) in written else next(new) for d in batch]
         if states or deletes:
             self.store.save_states(states, deletes, guard)
         if ids:

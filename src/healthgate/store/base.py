@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
@@ -221,6 +221,14 @@ class StateStore(Protocol):
         ...
 
 
+# A record may carry a write id under this key (cluster mode: the recorder's,
+# one per record): stored with it, never returned by query_log - it lets a
+# writer whose append timed out find whether it was applied (``written``)
+# instead of appending it a second time.
+WRITE_ID: Final = "_w"
+WRITTEN_SCAN: Final = 1000  # log entries ``written`` looks back through
+
+
 class TransitionLog(Protocol):
     def append_log(
         self, records: Sequence[Mapping[str, Any]], guard: Guard | None = None
@@ -228,6 +236,31 @@ class TransitionLog(Protocol):
     def query_log(self, query: LogQuery) -> list[LogEntry]: ...
     def last_log_id(self) -> int: ...
     def trim_log(self, keep: int) -> int: ...
+    def written(self, write_ids: Collection[str]) -> dict[str, int]:
+        """Which of these write ids the last ``WRITTEN_SCAN`` log entries
+        carry: write id -> log id (an append whose outcome was not known -
+        a timeout, a connection lost - may have been applied)."""
+        ...
+
+
+def without_write_id(record: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A stored record as readers get it (no write id)."""
+    if WRITE_ID not in record:
+        return record
+    return {k: v for k, v in record.items() if k != WRITE_ID}
+
+
+def written_among(
+    entries: Iterable[tuple[int, Mapping[str, Any]]], write_ids: Collection[str]
+) -> dict[str, int]:
+    """``written`` over (id, stored record) pairs."""
+    wanted = set(write_ids)
+    out: dict[str, int] = {}
+    for entry_id, record in entries:
+        wid = record.get(WRITE_ID)
+        if isinstance(wid, str) and wid in wanted:
+            out[wid] = entry_id
+    return out
 
 
 class Store(ResourceStore, StateStore, TransitionLog, Protocol):

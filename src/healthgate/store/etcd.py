@@ -41,7 +41,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -50,6 +50,8 @@ from aetcd.rpc import rpc_pb2_grpc as stubs
 
 from healthgate.store.base import (
     EXISTS,
+    WRITE_ID,
+    WRITTEN_SCAN,
     Change,
     Compacted,
     Document,
@@ -66,6 +68,7 @@ from healthgate.store.base import (
     decode_json,
     record_matches,
     sane_time,
+    written_among,
 )
 from healthgate.store.etcd_client import (
     MAX_OPS,
@@ -546,10 +549,24 @@ class EtcdStore:
             key = self.client.strip(kv.key)
             record = _json_object(kv.value)
             record["time"] = sane_time(record.get("time", 0.0))
+            record.pop(WRITE_ID, None)
             return LogEntry(int(key[2:]), record)
         except (ValueError, TypeError) as exc:
             self._skip(key, exc)
             return None
+
+    def written(self, write_ids: Collection[str]) -> dict[str, int]:
+        last = self.last_log_id()
+        start = self._log_key(max(1, last - WRITTEN_SCAN + 1))
+        resp = self.client.range(start, prefix_end(self.client.key("l/")))
+        entries = []
+        for kv in resp.kvs:
+            try:
+                key = self.client.strip(kv.key)
+                entries.append((int(key[2:]), _json_object(kv.value)))
+            except (ValueError, TypeError):
+                continue  # (logged by the readers that need it)
+        return written_among(entries, write_ids)
 
     def last_log_id(self) -> int:
         return self._last_id(self.client.range(self._log_meta).kvs)

@@ -12,10 +12,11 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from healthgate.store.base import (
+    WRITTEN_SCAN,
     Change,
     Compacted,
     Document,
@@ -25,6 +26,8 @@ from healthgate.store.base import (
     Snapshot,
     Txn,
     record_matches,
+    without_write_id,
+    written_among,
 )
 from healthgate.store.txn import check_txn
 from healthgate.store.watch import WatchHub
@@ -145,7 +148,7 @@ class MemoryStore:
                 if query.until is not None and t >= query.until:
                     continue
                 if record_matches(query, entry.record):
-                    out.append(entry)
+                    out.append(LogEntry(entry.id, without_write_id(entry.record)))
                     if len(out) >= query.limit:
                         break
         return out
@@ -153,6 +156,10 @@ class MemoryStore:
     def last_log_id(self) -> int:
         with self._lock:
             return self._log_id
+
+    def written(self, write_ids: Collection[str]) -> dict[str, int]:
+        with self._lock:
+            return written_among(((e.id, e.record) for e in self._log[-WRITTEN_SCAN:]), write_ids)
 
     def trim_log(self, keep: int) -> int:
         with self._lock:

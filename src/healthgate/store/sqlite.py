@@ -28,11 +28,12 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from healthgate.store.base import (
+    WRITTEN_SCAN,
     Change,
     Compacted,
     Document,
@@ -43,6 +44,8 @@ from healthgate.store.base import (
     StoreError,
     Txn,
     Unavailable,
+    without_write_id,
+    written_among,
 )
 from healthgate.store.txn import check_txn
 from healthgate.store.watch import WatchHub
@@ -419,7 +422,14 @@ class SqliteStore:
         args.append(query.limit)
         with self._lock:
             rows = self._db.execute(" ".join(sql), args).fetchall()
-        return [LogEntry(int(i), json.loads(rec)) for i, rec in rows]
+        return [LogEntry(int(i), without_write_id(json.loads(rec))) for i, rec in rows]
+
+    def written(self, write_ids: Collection[str]) -> dict[str, int]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, record FROM log ORDER BY id DESC LIMIT ?", (WRITTEN_SCAN,)
+            ).fetchall()
+        return written_among(((int(i), json.loads(r)) for i, r in rows), write_ids)
 
     def last_log_id(self) -> int:
         with self._lock:
