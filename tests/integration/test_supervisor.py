@@ -14,6 +14,7 @@ import time
 import pytest
 
 from healthgate.controlplane.probe_workers import ProbePool, Totals, World
+from healthgate.model.change import WorldChange
 from healthgate.model.resources import Resource
 from healthgate.probes.prober import ProbeSettings
 from healthgate.probes.scheduler import SchedulerSettings
@@ -33,6 +34,8 @@ async def until(predicate: object, timeout: float, what: str) -> None:
 
 def test_a_worker_that_stops_reading_is_replaced_and_never_blocks_the_loop() -> None:
     world: list[Resource] = resources(example_world())
+    by_path = {r.path: r for r in world}
+    whole = WorldChange(1, 0.0, by_path, by_path, whole=True)  # (~20 KB: the world again)
 
     async def go() -> tuple[float, int, int]:
         pool = pool_of(1)
@@ -47,7 +50,7 @@ def test_a_worker_that_stops_reading_is_replaced_and_never_blocks_the_loop() -> 
             worst = 0.0
             for _ in range(400):  # worlds of ~20 KB each: more than the pipe and the backlog hold
                 t = loop.time()
-                pool.world(world)
+                pool.change(whole)
                 worst = max(worst, loop.time() - t)
                 await asyncio.sleep(0)
                 if pool.pids() and pool.pids()[0] != first:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from healthgate.cluster.opinions import Opinion, OpinionWriter, parse_opinion
 from healthgate.controlplane.probe_workers import ProbePool
 from healthgate.controlplane.probing import Decided, Feed, LocalProber, set_states, spec_of
-from healthgate.health.engine import ApplyResult, HealthEngine
+from healthgate.health.engine import ApplyResult, HealthEngine, ProbeTarget
 from healthgate.health.placement import by_region, probers
 from healthgate.health.states import (
     HealthState,
@@ -45,8 +45,9 @@ from healthgate.health.states import (
     Transition,
 )
 from healthgate.health.vantage import vantages_of, verdict
+from healthgate.model.change import WorldChange
 from healthgate.model.names import endpoint_path
-from healthgate.model.resources import HealthCheck, Resource
+from healthgate.model.resources import HealthCheck
 from healthgate.probes.prober import ProbeSettings
 from healthgate.probes.scheduler import SchedulerSettings
 from healthgate.probes.stats import FailureLogLimiter, ProbeTotals
@@ -120,6 +121,10 @@ class ClusterProbing:
         self._borrowed: set[int] = set()
         self.route_lags: deque[float] = deque(maxlen=1000)
         self.shares: dict[str, int] = {}  # node -> endpoints it probes (by placement)
+        # prober slot -> (its endpoint path, the nodes that probe it): kept
+        # as endpoints come and go, so that a change places only its own
+        self._placed: dict[int, tuple[str, frozenset[str]]] = {}
+        self._placed_mine: set[int] = set()
         failure_log = failure_log or FailureLogLimiter(0.0)
         # worker processes probe this node's share, or (None) this process's scheduler does
         self.pool: ProbePool | None = None
@@ -165,18 +170,36 @@ class ClusterProbing:
     def pids(self) -> list[int]:
         return self.pool.pids() if self.pool is not None else []
 
-    def apply(self, world: Sequence[Resource], result: ApplyResult) -> None:
-        probing = self.prober.apply(world, self.clock())
+    def apply(self, change: WorldChange, result: ApplyResult) -> None:
+        """A commit: this node's prober table takes the change, and only the
+        endpoints it added, changed or removed are placed and decided (the
+        whole of it when the change is a new world)."""
+        probing = self.prober.apply_change(change.world, change.changed, self.clock())
         if self.pool is not None:
-            self.pool.world(world)
+            self.pool.change(change)
         for slot in probing.removed:
-            if self.local is not None:
-                self.local.scheduler.remove(slot)
-            gone = self.mine.pop(slot, None)
-            if gone is not None:
-                self._mine_by_path.pop(gone[0], None)
-        self._place({t.slot for t in probing.changed})
-        self._decide_all()
+            self._unplace(slot)
+        if change.whole:
+            self._place({t.slot for t in probing.changed})
+            self._decide_all()
+            return
+        targets = [*probing.added, *probing.changed]
+        self._place_targets(targets, {t.slot for t in probing.changed})
+        if self.pool is not None and (targets or probing.removed):
+            self.pool.assign(self._mine_by_path)
+        self._decide([endpoint_path(t.backend_service, t.ip, t.port) for t in targets])
+
+    def _unplace(self, slot: int) -> None:
+        """A prober slot gone: not probed, not counted, not decided."""
+        if self.local is not None:
+            self.local.scheduler.remove(slot)
+        gone = self.mine.pop(slot, None)
+        if gone is not None:
+            self._mine_by_path.pop(gone[0], None)
+        placed = self._placed.get(slot)
+        if placed is not None:
+            self.endpoints.pop(placed[0], None)
+        self._unplace_count(slot)
 
     # ------------------------------------------------------------------ membership
 
@@ -242,30 +265,57 @@ class ClusterProbing:
             self._decide(due)
 
     def _place(self, changed: set[int]) -> None:
-        """Probe what rendezvous hashing gives this node; stop probing the rest."""
+        """Probe what rendezvous hashing gives this node of every endpoint;
+        stop probing the rest (membership moved, or a new world)."""
+        self.endpoints = {}
+        self._placed = {}
+        self.shares = dict.fromkeys(self.members, 0)
+        targets = list(self.prober.targets())
+        orphans = self._place_targets(targets, changed)
+        seen = {t.slot for t in targets}
+        scheduler = self.local.scheduler if self.local is not None else None
+        for slot in [s for s in self.mine if s not in seen or s not in self._placed_mine]:
+            path, _ = self.mine.pop(slot)
+            self._mine_by_path.pop(path, None)
+            if scheduler is not None:
+                scheduler.remove(slot)
+        if self.pool is not None:  # (the workers find spec changes in the world themselves)
+            self.pool.assign(self._mine_by_path)
+        self._report_orphans(orphans)
+
+    def _place_targets(self, targets: Iterable[ProbeTarget], changed: set[int]) -> set[str]:
+        """Place these prober targets (rendezvous over the live members of
+        each vantage region): this node probes its own, counts everyone's,
+        knows each endpoint's vantages. The regions without a live node."""
         me = self.cluster.node
-        endpoints: dict[str, _Endpoint] = {}
-        seen: set[int] = set()
         orphans: set[str] = set()
-        shares: dict[str, int] = dict.fromkeys(self.members, 0)
         engine = self.feed.engine
         scheduler = self.local.scheduler if self.local is not None else None
-        for t in self.prober.targets():
+        self._placed_mine = set()
+        for t in targets:
+            self._unplace_count(t.slot)
             path = endpoint_path(t.backend_service, t.ip, t.port)
             region = t.backend_service.region
             vantages = vantages_of(region, t.check.vantage_regions)
             main = engine.slot_of(t.backend_service, t.ip, t.port)
             if main is not None:
-                endpoints[path] = _Endpoint(main, region, vantages, confirm_window(t.check))
+                self.endpoints[path] = _Endpoint(main, region, vantages, confirm_window(t.check))
             if self.members and region not in self.regions:
                 orphans.add(region)
             owners = probers(path, region, vantages, self.regions) if self.members else {}
-            for owner in set(owners.values()):
-                shares[owner] = shares.get(owner, 0) + 1
+            distinct = frozenset(owners.values())
+            for owner in distinct:
+                self.shares[owner] = self.shares.get(owner, 0) + 1
+            self._placed[t.slot] = (path, distinct)
             mine = frozenset(v for v, n in owners.items() if n == me)
             if not mine:
+                before = self.mine.pop(t.slot, None)
+                if before is not None:
+                    self._mine_by_path.pop(before[0], None)
+                    if scheduler is not None:
+                        scheduler.remove(t.slot)
                 continue
-            seen.add(t.slot)
+            self._placed_mine.add(t.slot)
             before = self.mine.get(t.slot)
             if before is None or before[1] != mine:
                 self._take_over(t.slot, path, mine)
@@ -273,16 +323,14 @@ class ClusterProbing:
             self._mine_by_path[path] = (t.slot, mine)
             if scheduler is not None and (before is None or t.slot in changed):
                 scheduler.upsert(t.slot, spec_of(t))
-        for slot in [s for s in self.mine if s not in seen]:
-            path, _ = self.mine.pop(slot)
-            self._mine_by_path.pop(path, None)
-            if scheduler is not None:
-                scheduler.remove(slot)
-        if self.pool is not None:  # (the workers find spec changes in the world themselves)
-            self.pool.assign(self._mine_by_path)
-        self.endpoints = endpoints
-        self.shares = shares
-        self._report_orphans(orphans)
+        return orphans
+
+    def _unplace_count(self, slot: int) -> None:
+        """Take a slot's last placement out of the shares (it is placed again)."""
+        placed = self._placed.pop(slot, None)
+        if placed is not None:
+            for owner in placed[1]:
+                self.shares[owner] = max(0, self.shares.get(owner, 1) - 1)
 
     def _report_orphans(self, orphans: set[str]) -> None:
         if orphans == self._orphans:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from healthgate.controlplane.probing import Feed, InProcessProbing, ProbeSource
 from healthgate.health.engine import ApplyResult, HealthEngine, RouteTable
 from healthgate.health.states import Record, RecordKind
+from healthgate.model.change import WorldChange
 from healthgate.model.resources import Resource
 from healthgate.probes.prober import ProbeSettings
 from healthgate.probes.scheduler import SchedulerSettings
@@ -80,15 +81,25 @@ class HealthService:
         await self.source.close()
 
     def apply(self, resources: Iterable[Resource], when: float | None = None) -> ApplyResult:
-        """The world changed at ``when`` (a commit's stored time; None: now):
-        what the change causes is recorded at that time - never later than
-        this process's now (a time ahead of it, from a writer whose clock
-        runs fast, would have the engine skip a shift's expiry, say)."""
-        world = list(resources)
+        """The world is now ``resources`` (compared with the last: tests and
+        tools; serve is told changes, :meth:`apply_change`)."""
+        world = {r.path: r for r in resources}
+        before = self.engine.resources
+        return self.apply_change(
+            WorldChange.between(0, self.clock() if when is None else when, before, world)
+        )
+
+    def apply_change(self, change: WorldChange) -> ApplyResult:
+        """The world moved on by ``change``: what it causes is recorded at
+        its commit's time - never later than this process's now (a time
+        ahead of it, from a writer whose clock runs fast, would have the
+        engine skip a shift's expiry, say); the probe source is told what
+        to probe from now on."""
         now = self.clock()
-        result = self.engine.apply(world, now if when is None else min(when, now))
+        when = now if change.whole and change.time == 0.0 else min(change.time, now)
+        result = self.engine.apply_change(change.world, change.changed, when)
         self.emit(result.records)
-        self.source.apply(world, result)
+        self.source.apply(change, result)
         self.schedule_timers()
         return result
 

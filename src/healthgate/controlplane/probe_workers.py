@@ -44,7 +44,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from healthgate.controlplane.probing import Decided, Feed, LocalProber, spec_of
@@ -52,7 +52,8 @@ from healthgate.health.endpoints import Observed
 from healthgate.health.engine import ApplyResult, HealthEngine, ProbeTarget
 from healthgate.health.placement import rendezvous
 from healthgate.health.states import HealthState, Outcome, ProbeResult, RecordKind, Transition
-from healthgate.model.names import endpoint_path
+from healthgate.model.change import WorldChange
+from healthgate.model.names import ResourcePath, endpoint_path
 from healthgate.model.resources import Resource
 from healthgate.model.validation import resource_from_wire
 from healthgate.probes.prober import ProbeSettings
@@ -145,7 +146,18 @@ class Setup:
 @message
 @dataclass(frozen=True, slots=True)
 class World:
+    """The whole world: a worker's first, and after nothing else (its changes follow)."""
+
     resources: list[Resource]
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class Changes:
+    """What one commit changed (model/change.py): never the world again."""
+
+    put: list[Resource]
+    deleted: list[ResourcePath]
 
 
 @message
@@ -226,7 +238,8 @@ class ProbePool:
         # the owner's limiter: each worker sends at most its rate of failures
         # (and how many it left out), the limiter holds all of them to it
         self.failure_log = failure_log or FailureLogLimiter(0.0)
-        self._world: list[Resource] = []
+        # the world a worker started now is given: the mirror's own view (read-only)
+        self._world: Mapping[ResourcePath, Resource] = {}
         self._paths: frozenset[str] | None = None  # what to probe (None: every endpoint)
         self._totals: dict[int, ProbeTotals] = {}
         self._base = ProbeTotals()  # of workers that died
@@ -259,17 +272,21 @@ class ProbePool:
                 self.observe_every,
                 self.failure_log.rate,
             ),
-            World(self._world),
+            World(list(self._world.values())),
             Assign(self._paths, self.states(self._paths)),
         ]
 
     async def start(self) -> None:
         await self.supervisor.start()
 
-    def world(self, resources: Sequence[Resource]) -> None:
-        """The resources changed: every worker gets them (and finds its changes)."""
-        self._world = list(resources)
-        self.supervisor.broadcast(World(self._world))
+    def change(self, change: WorldChange) -> None:
+        """A commit: every worker is told what it changed (a worker started
+        later gets the world as it is then)."""
+        self._world = change.world
+        if change.whole:
+            self.supervisor.broadcast(World(list(change.world.values())))
+        else:
+            self.supervisor.broadcast(Changes(list(change.put.values()), list(change.deleted)))
 
     def assign(self, paths: Iterable[str] | None) -> None:
         """Probe these endpoint paths (None: every endpoint of the world). A
@@ -354,6 +371,7 @@ class WorkerProbing:
     ) -> None:
         self.feed = feed
         self.base = workers
+        self._holding: set[int] = set()
         self.probe_settings = probe_settings or ProbeSettings()
         self.pool = ProbePool(
             workers,
@@ -376,11 +394,18 @@ class WorkerProbing:
                     out[endpoint_path(bs, ep.ip, ep.port)] = (int(ep.state), ep.since)
         return out
 
-    def apply(self, world: Sequence[Resource], result: ApplyResult) -> None:
-        self.pool.world(world)
+    def apply(self, change: WorldChange, result: ApplyResult) -> None:
+        self.pool.change(change)
         settings = self.probe_settings
-        held = sum(holds_connection(t, settings) for t in self.feed.engine.targets())
-        self.pool.hold(held, self.base)
+        holding = self._holding  # slots whose endpoint keeps a connection open
+        for slot in result.removed:
+            holding.discard(slot)
+        for target in (*result.added, *result.changed):
+            if holds_connection(target, settings):
+                holding.add(target.slot)
+            else:
+                holding.discard(target.slot)
+        self.pool.hold(len(holding), self.base)
 
     async def start(self) -> None:
         await self.pool.start()
@@ -410,6 +435,7 @@ class _Worker:
         self.names = [worker_name(i) for i in range(setup.count)]
         self.me = worker_name(setup.index)
         self.engine = HealthEngine()
+        self.resources: dict[ResourcePath, Resource] = {}  # this worker's mirror of the world
         self.mine: dict[int, str] = {}  # slot -> endpoint path
         self.given: list[frozenset[str] | None] = []  # what to probe, once told
         self.failures: list[tuple[str, str]] = []
@@ -475,12 +501,52 @@ class _Worker:
             scheduler.remove(slot)
 
     def world(self, resources: list[Resource]) -> None:
-        result = self.engine.apply(resources, time.time())
+        """The whole world (at the start): placed whole."""
+        self.resources = {r.path: r for r in resources}
+        result = self.engine.apply_change(self.resources, set(self.resources), time.time())
         scheduler = self.local.scheduler
         for slot in result.removed:
             scheduler.remove(slot)
             self.mine.pop(slot, None)
         self.place({}, {t.slot for t in result.changed})
+        self._freeze()
+
+    def changes(self, put: list[Resource], deleted: list[ResourcePath]) -> None:
+        """One commit: only what it added, changed or removed is placed."""
+        world = self.resources
+        for path in deleted:
+            world.pop(path, None)
+        for res in put:
+            world[res.path] = res
+        changed = {r.path for r in put} | set(deleted)
+        result = self.engine.apply_change(world, changed, time.time())
+        scheduler = self.local.scheduler
+        for slot in result.removed:
+            if self.mine.pop(slot, None) is not None:
+                scheduler.remove(slot)
+        if not self.given:
+            return  # (the first Assign places everything)
+        for target in result.added:
+            self._place_one(target, {})
+        for target in result.changed:
+            if target.slot in self.mine:
+                scheduler.upsert(target.slot, spec_of(target))
+
+    def _place_one(self, target: ProbeTarget, states: dict[str, tuple[int, float]]) -> None:
+        paths = self.given[0]
+        path = endpoint_path(target.backend_service, target.ip, target.port)
+        if (paths is not None and path not in paths) or rendezvous(path, self.names) != self.me:
+            return
+        resumed = states.get(path)
+        table = self.engine.table
+        if resumed is not None:  # a worker started again, a share moved: go on from there
+            table.set_state(resumed[1], target.slot, HealthState(resumed[0]), "resumed")
+        else:  # not a state left from an earlier time this worker probed it
+            table.set_state(time.time(), target.slot, HealthState.UNKNOWN, "assigned")
+        self.mine[target.slot] = path
+        self.local.scheduler.upsert(target.slot, spec_of(target))
+
+    def _freeze(self) -> None:
         # the world's objects live as long as it does: out of the collector's
         # sight, a full collection of a large one would stall probes by tens of
         # ms (unfrozen first, so that the last world's cycles are collected)
@@ -532,9 +598,11 @@ async def run_worker() -> None:
     reporter = asyncio.create_task(worker.report())
     try:
         while (message := await read_frame(reader)) is not None:
-            m = expect(message, World, Assign, Shards)
+            m = expect(message, World, Changes, Assign, Shards)
             if isinstance(m, World):
                 worker.world(m.resources)
+            elif isinstance(m, Changes):
+                worker.changes(m.put, m.deleted)
             elif isinstance(m, Assign):
                 worker.assign(m.paths, m.states)
             elif isinstance(m, Shards):

@@ -28,7 +28,7 @@ from typing import NamedTuple, Protocol, cast
 from healthgate.health.endpoints import Observed
 from healthgate.health.engine import ApplyResult, HealthEngine, ProbeTarget
 from healthgate.health.states import HealthState, Outcome, ProbeResult, Record
-from healthgate.model.resources import Resource
+from healthgate.model.change import WorldChange
 from healthgate.probes.batch import BatchProber
 from healthgate.probes.prober import Prober, ProbeSettings
 from healthgate.probes.scheduler import ProbeScheduler, SchedulerSettings
@@ -105,9 +105,10 @@ def set_states(engine: HealthEngine, decided: Iterable[Decided]) -> list[Record]
 class ProbeSource(Protocol):
     """How probing runs (see the module doc)."""
 
-    def apply(self, world: Sequence[Resource], result: ApplyResult) -> None:
-        """The resources changed (``world`` is all of them; ``result`` is what
-        the serving engine made of them): probe what is to be probed."""
+    def apply(self, change: WorldChange, result: ApplyResult) -> None:
+        """The resources changed (``change``: what, and the world after it;
+        ``result``: what the serving engine made of it): probe what is to be
+        probed, doing the change's work, not the world's."""
 
     async def start(self) -> None:
         """Begin probing (inside the event loop)."""
@@ -191,7 +192,7 @@ class InProcessProbing:
             failure_log,
         )
 
-    def apply(self, world: Sequence[Resource], result: ApplyResult) -> None:
+    def apply(self, change: WorldChange, result: ApplyResult) -> None:
         scheduler = self.local.scheduler
         for slot in result.removed:
             scheduler.remove(slot)

@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from healthgate.controlplane.errors import ControlError, Refusal
@@ -42,6 +44,7 @@ from healthgate.controlplane.offload import off_loop
 from healthgate.controlplane.saved_states import decode_states
 from healthgate.gcpause import gc_paused
 from healthgate.model.addresses import Reserved
+from healthgate.model.change import WorldChange
 from healthgate.model.manifest import OUTPUT_ONLY
 from healthgate.model.names import ResourcePath
 from healthgate.model.plan import Plan, plan_apply, plan_delete
@@ -120,7 +123,7 @@ def resource_key(path: ResourcePath) -> str:
     return RESOURCE_PREFIX + str(path)
 
 
-ChangeListener = Callable[[Mapping[ResourcePath, Resource]], Awaitable[None]]
+ChangeListener = Callable[[WorldChange], Awaitable[None]]
 
 
 class ControlPlane:
@@ -134,9 +137,13 @@ class ControlPlane:
         self.health = health
         self.settings = settings or ControlSettings()
         self.stored: dict[ResourcePath, Stored] = {}
+        # the resources of ``stored``, kept beside it change by change: what
+        # every layer reads (read-only, through ``resources``), never copied
+        self._world: dict[ResourcePath, Resource] = {}
+        self._view: Mapping[ResourcePath, Resource] = MappingProxyType(self._world)
         self.revision = 0  # the store revision the mirror (and the engine) is at
-        # awaited with the whole world after each change reaches the mirror,
-        # before a writer waiting for it is answered
+        # awaited with each change (model/change.py) after it reaches the
+        # mirror, before a writer waiting for it is answered
         self.on_change: list[ChangeListener] = []
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._follower: asyncio.Task[None] | None = None
@@ -144,8 +151,10 @@ class ControlPlane:
         self.reserved: tuple[Reserved, ...] = ()
 
     @property
-    def resources(self) -> dict[ResourcePath, Resource]:
-        return {p: s.resource for p, s in self.stored.items()}
+    def resources(self) -> Mapping[ResourcePath, Resource]:
+        """The mirror's resources now (a read-only view: it moves with the
+        mirror - take ``dict(...)`` for a copy that does not)."""
+        return self._view
 
     # ------------------------------------------------------------------ start-up
 
@@ -160,10 +169,13 @@ class ControlPlane:
                 if res is not None:
                     stored[res.path] = Stored(res, doc.revision, doc.created, doc.updated)
         self.stored = stored
+        self._world.clear()
+        self._world.update((p, s.resource) for p, s in stored.items())
         self.revision = snap.revision
         self.health.mute = True
         try:
-            self.health.apply(s.resource for s in stored.values())
+            whole = WorldChange(snap.revision, 0.0, self._view, self._view, whole=True)
+            self.health.apply_change(whole)
         finally:
             self.health.mute = False
         states = await asyncio.to_thread(self.store.load_states)
@@ -204,8 +216,12 @@ class ControlPlane:
                 await asyncio.sleep(self.settings.watch_retry)
 
     async def _take(self, batch: Sequence[Change]) -> None:
-        """One committed transaction into the mirror, the engine and the listeners."""
-        deleted: list[str] = []
+        """One committed transaction into the mirror (parsed once), then as
+        one change to the engine and the listeners."""
+        if not batch:
+            return
+        put: dict[ResourcePath, Resource] = {}
+        deleted: set[ResourcePath] = set()
         for change in batch:
             path_text = change.key.removeprefix(RESOURCE_PREFIX)
             if change.key == path_text:
@@ -213,7 +229,8 @@ class ControlPlane:
             if change.value is None:
                 old = self._pop(path_text)
                 if old is not None:
-                    deleted.append(str(old.resource.path))
+                    deleted.add(old.resource.path)
+                    put.pop(old.resource.path, None)
                 continue
             res = _parse_stored(change.key, change.value)
             if res is None:
@@ -221,19 +238,25 @@ class ControlPlane:
             before = self.stored.get(res.path)
             created = before.created if before else change.time
             self.stored[res.path] = Stored(res, change.revision, created, change.time)
-        if batch:
-            # what the write causes (a dial's route change) is timed by the
-            # commit's stored time - the same on every node - not by when
-            # this node's watch delivered it (a new writer recorded such a
-            # change twice, each node's with its own clock)
-            await self._publish(deleted, max(c.time for c in batch))
-            self._advance(batch[-1].revision)
+            self._world[res.path] = res
+            put[res.path] = res
+            deleted.discard(res.path)
+        # what the write causes (a dial's route change) is timed by the
+        # commit's stored time - the same on every node - not by when this
+        # node's watch delivered it (a new writer recorded such a change
+        # twice, each node's with its own clock)
+        when = max(c.time for c in batch)
+        revision = batch[-1].revision
+        await self._publish(WorldChange(revision, when, self._view, put, frozenset(deleted)))
+        self._advance(revision)
 
     def _pop(self, path_text: str) -> Stored | None:
         try:
-            return self.stored.pop(ResourcePath.parse(path_text), None)
+            path = ResourcePath.parse(path_text)
         except ValueError:
             return None
+        self._world.pop(path, None)
+        return self.stored.pop(path, None)
 
     async def _reload(self) -> None:
         """The watch cannot resume: take a new snapshot and make it the mirror."""
@@ -243,21 +266,23 @@ class ControlPlane:
             res = _parse_stored(doc.key, doc.value)
             if res is not None:
                 fresh[res.path] = Stored(res, doc.revision, doc.created, doc.updated)
-        gone = [str(p) for p in self.stored if p not in fresh]
+        before = dict(self._world)
         self.stored = fresh
-        await self._publish(gone)
+        self._world.clear()
+        self._world.update((p, s.resource) for p, s in fresh.items())
+        change = WorldChange.between(snap.revision, time.time(), before, self._view)
+        await self._publish(change)
         self._advance(snap.revision)
 
-    async def _publish(self, deleted: list[str], when: float | None = None) -> None:
-        """The mirror changed (at ``when``, the commit's time; None: now): the
-        engine takes the new world, saved states of what is gone are
-        forgotten, and every change listener is told."""
-        result = self.health.apply((s.resource for s in self.stored.values()), when)
-        self.health.forget_states(deleted + result.removed_paths)
-        resources = self.resources
+    async def _publish(self, change: WorldChange) -> None:
+        """The mirror changed: the engine takes the change (at its commit's
+        time), saved states of what is gone are forgotten, and every change
+        listener is told."""
+        result = self.health.apply_change(change)
+        self.health.forget_states([str(p) for p in change.deleted] + result.removed_paths)
         for callback in self.on_change:
             try:
-                await callback(resources)
+                await callback(change)
             except Exception:  # the change is committed; a listener's trouble is logged
                 log.exception("change listener failed")
 

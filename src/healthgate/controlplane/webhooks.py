@@ -45,6 +45,7 @@ import httpx
 
 from healthgate import __version__
 from healthgate.model.addresses import AddressPolicy
+from healthgate.model.change import WorldChange
 from healthgate.model.names import ResourcePath
 from healthgate.model.resource import Resource
 from healthgate.model.webhooks import Webhook, split_url
@@ -66,7 +67,7 @@ class WebhookSettings:
     refresh: float = 2.0  # how often a node that does not deliver rereads the statuses
 
 
-OnChange = Callable[[Mapping[ResourcePath, Resource]], Coroutine[Any, Any, None]]
+OnChange = Callable[[WorldChange], Coroutine[Any, Any, None]]
 
 # who delivers now: (True, the guard of its writes) or (False, None)
 Permit = Callable[[], tuple[bool, Guard | None]]
@@ -201,7 +202,9 @@ class WebhookDispatcher:
         """A control-plane change listener that passes on the webhooks of the
         mirror ``stored()`` (path -> Stored), with their creation times."""
 
-        async def changed(_resources: Mapping[ResourcePath, Resource]) -> None:
+        async def changed(change: WorldChange) -> None:
+            if not change.touches("webhooks"):
+                return  # (a change of anything else changes no webhook)
             self.update(
                 {
                     p: (s.resource, s.created)

@@ -76,15 +76,20 @@ def serves(rule: ForwardingRule, region: str | None) -> bool:
 
 
 def desired_listeners(
-    resources: Mapping[ResourcePath, Resource], region: str | None
+    resources: Mapping[ResourcePath, Resource],
+    region: str | None,
+    world: Mapping[ResourcePath, Resource] | None = None,
 ) -> dict[str, ListenerSpec]:
-    """rule path -> the listener it asks for (see the module doc)."""
+    """rule path -> the listener it asks for (see the module doc), of the
+    forwarding rules among ``resources`` (their backend services looked up
+    in ``world``, by default ``resources`` itself)."""
     out: dict[str, ListenerSpec] = {}
+    lookup = resources if world is None else world
     for path, res in resources.items():
         if not isinstance(res, ForwardingRule) or not serves(res, region):
             continue
         bs_path = res.ref("backend_service")
-        bs = resources.get(bs_path) if bs_path else None
+        bs = lookup.get(bs_path) if bs_path else None
         if not isinstance(bs, BackendService):
             continue
         if res.ip_protocol == "UDP":

@@ -18,8 +18,9 @@ import asyncio
 import functools
 import logging
 import resource
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -49,8 +50,9 @@ from healthgate.dataplane.tcp import TcpProxy
 from healthgate.dataplane.udp import UdpListener
 from healthgate.dataplane.upstream import UpstreamPool
 from healthgate.model.addresses import Reserved
+from healthgate.model.change import WorldChange
 from healthgate.model.names import ResourcePath
-from healthgate.model.resources import Resource
+from healthgate.model.resources import ForwardingRule, Resource
 
 log = logging.getLogger("healthgate.dataplane")
 
@@ -138,6 +140,9 @@ class DataPlane:
         self.choice = UpstreamChoice(engine, s.balance, self.listeners)
         self._live: dict[str, set[TcpProxy]] = {}
         self._unfitted: set[str] = set()  # rules without a listener for want of sockets
+        # forwarding rule -> its backend service, and the reverse
+        self._bs_of_rule: dict[str, ResourcePath] = {}
+        self._rules_by_bs: dict[ResourcePath, set[str]] = {}
         self._hinted = not s.reuse_port
 
     # what tests and the fast path read of the choice
@@ -159,23 +164,78 @@ class DataPlane:
     # ------------------------------------------------------------------ listeners
 
     async def sync(self, resources: Mapping[ResourcePath, Resource]) -> None:
-        """Open, close or reopen listeners to match the forwarding rules."""
-        self.choice.resources = resources
+        """Open, close or reopen listeners to match the forwarding rules of
+        a whole world (tests and tools; serve is told changes)."""
+        await self.apply_change(WorldChange(0, 0.0, resources, resources, whole=True))
+
+    async def apply_change(self, change: WorldChange) -> None:
+        """Open, close or reopen the listeners the change concerns: the
+        forwarding rules it put or deleted, and those whose backend service
+        it put (every rule, for a new world); rules that did not fit before
+        are tried again."""
+        # (a new view each change: the choice's caches hold the one they were made from)
+        self.choice.resources = MappingProxyType(change.world)
+        self._index_rules(change)
         if not self.settings.enabled:
             return
-        desired = desired_listeners(resources, self.settings.region)
+        world = change.world
+        if change.whole:
+            concerned = set(self.listeners) | {
+                str(p) for p, r in world.items() if isinstance(r, ForwardingRule)
+            }
+        else:
+            concerned = self._concerned(change)
+        concerned |= {p for p, li in self.listeners.items() if li.retry}
+        rules = {}
+        for text in concerned:
+            rule_path = ResourcePath.parse(text)
+            if rule_path in world:
+                rules[rule_path] = world[rule_path]
+        desired = desired_listeners(rules, self.settings.region, world)
         if desired and not self._hinted:
             self._hinted = True
             hint = reuse_port_hint()
             if hint is not None:
                 log.warning("%s", hint)
-        for path in [
-            p for p, li in self.listeners.items() if li.retry or desired.get(p) != li.spec
-        ]:
-            await close_listener(self.listeners.pop(path))
+        for text in concerned:
+            listener = self.listeners.get(text)
+            if listener is not None and (listener.retry or desired.get(text) != listener.spec):
+                await close_listener(self.listeners.pop(text))
+        await self._open(desired)
+
+    def _concerned(self, change: WorldChange) -> set[str]:
+        """The rules a change may move: put or deleted, or of a backend service it put."""
+        out: set[str] = set()
+        for p in change.changed:
+            if p.collection == "forwardingRules":
+                out.add(str(p))
+            elif p.collection == "backendServices":
+                out.update(self._rules_by_bs.get(p, ()))
+        return out
+
+    def _index_rules(self, change: WorldChange) -> None:
+        """Which rules use each backend service (for :meth:`_concerned`)."""
+        paths: Iterable[ResourcePath] = change.world if change.whole else change.changed
+        for p in paths:
+            if p.collection != "forwardingRules":
+                continue
+            old = self._bs_of_rule.pop(str(p), None)
+            if old is not None:
+                users = self._rules_by_bs.get(old)
+                if users is not None:
+                    users.discard(str(p))
+                    if not users:
+                        del self._rules_by_bs[old]
+            rule = change.world.get(p)
+            bs = rule.ref("backend_service") if isinstance(rule, ForwardingRule) else None
+            if bs is not None:
+                self._bs_of_rule[str(p)] = bs
+                self._rules_by_bs.setdefault(bs, set()).add(str(p))
+
+    async def _open(self, desired: Mapping[str, ListenerSpec]) -> None:
         budget = self.settings.listening_budget()
         sockets = sum(len(li.servers) + len(li.datagrams) for li in self.listeners.values())
-        for path, spec in desired.items():
+        for path, spec in sorted(desired.items()):
             if path not in self.listeners:
                 conflicts = taken(spec, self.settings.reserved)
                 if conflicts:
@@ -316,8 +376,8 @@ class DataPlaneService(DataPlaneMetrics, Protocol):
     """What the serving process drives, whichever runs the listeners: the
     in-process :class:`DataPlane` or the worker processes' pool."""
 
-    async def sync(self, resources: Mapping[ResourcePath, Resource]) -> None:
-        """Open, keep or close listeners to match the forwarding rules."""
+    async def apply_change(self, change: WorldChange) -> None:
+        """Open, keep or close the listeners the change concerns."""
 
     def routes_changed(self, frontends: list[str]) -> None: ...
 

@@ -43,6 +43,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from healthgate.dataplane.manager import PROPAGATION_BUCKETS, DataPlane, DataPlaneSettings
 from healthgate.health.engine import EndpointKey, HealthEngine, RouteTable
 from healthgate.health.types import Route
+from healthgate.model.change import WorldChange
 from healthgate.model.names import ResourcePath
 from healthgate.model.resources import ForwardingRule, Resource
 from healthgate.model.validation import resource_from_wire
@@ -80,7 +81,19 @@ class Setup:
 @message
 @dataclass(frozen=True, slots=True)
 class Resources:
+    """The whole world: a worker's first (its changes follow, never it again)."""
+
     resources: dict[ResourcePath, Resource]
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class Changes:
+    """What one commit changed (model/change.py)."""
+
+    revision: int
+    put: list[Resource]
+    deleted: list[ResourcePath]
 
 
 @message
@@ -155,9 +168,15 @@ class WorkerPool:
     async def start(self) -> None:
         await self.supervisor.start()
 
-    async def sync(self, resources: Mapping[ResourcePath, Resource]) -> None:
-        self._resources = resources
-        self.supervisor.broadcast(Resources(dict(resources)))
+    async def apply_change(self, change: WorldChange) -> None:
+        """Every worker is told what the commit changed (a new world: all
+        of it); a worker started later is given the world as it is then."""
+        self._resources = change.world
+        if change.whole:
+            self.supervisor.broadcast(Resources(dict(change.world)))
+        else:
+            put, deleted = list(change.put.values()), list(change.deleted)
+            self.supervisor.broadcast(Changes(change.revision, put, deleted))
         self._last_health = None
         self.publish_health()
 
@@ -290,11 +309,21 @@ async def run_worker(index: int) -> None:
             write(writer, stats())
 
     reporter = asyncio.get_running_loop().create_task(report())
+    world: dict[ResourcePath, Resource] = {}  # this worker's mirror
     try:
         while (message := await read_frame(reader)) is not None:
-            m = expect(message, Resources, Health)
+            m = expect(message, Resources, Changes, Health)
             if isinstance(m, Resources):
-                await dp.sync(m.resources)
+                world = dict(m.resources)
+                await dp.apply_change(WorldChange(0, 0.0, world, world, whole=True))
+            elif isinstance(m, Changes):
+                for path in m.deleted:
+                    world.pop(path, None)
+                put = {r.path: r for r in m.put}
+                world.update(put)
+                await dp.apply_change(
+                    WorldChange(m.revision, 0.0, world, put, frozenset(m.deleted))
+                )
             elif isinstance(m, Health):
                 before = view.table.routes
                 view.table = RouteTable(m.version, m.routes, m.published)

@@ -19,7 +19,7 @@ confirmed by the next probes, not by forgetting what was known).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 
 from healthgate.health.states import (
     HealthState,
@@ -122,6 +122,11 @@ class EndpointTable:
         self._aggs: list[_Aggregate | None] = []
         self._agg_ids: dict[ResourcePath, int] = {}
         self._free_aggs: list[int] = []
+        # what each regional backend service's endpoints are made of (its
+        # check and groups), and who uses each of them: a change of one is
+        # a rebuild of its users only (a change costs what it changes)
+        self._inputs: dict[ResourcePath, tuple[ResourcePath, ...]] = {}
+        self._users: dict[ResourcePath, set[ResourcePath]] = {}
         self._ports: dict[int, int] = {}  # interned port numbers
         # moves on whenever a backend service's HEALTHY (or whole) endpoint set changes
         self.generation = 0
@@ -273,26 +278,45 @@ class EndpointTable:
         self,
         now: float,
         resources: Mapping[ResourcePath, Resource],
-        changed: set[ResourcePath],
+        changed: Collection[ResourcePath],
         result: ApplyResult,
     ) -> list[ResourcePath]:
         """Rebuild the aggregates whose backend service, check or groups
-        changed, drop those whose backend service is gone; returns their paths."""
+        changed (``changed``: every path put or deleted), drop those whose
+        backend service is gone; returns their paths. The work is the
+        change's: only the backend services it touches are looked at."""
+        touched: set[ResourcePath] = set()
+        for p in changed:
+            touched.update(self._users.get(p, ()))
+            if p.collection == "backendServices":
+                touched.add(p)
         rebuilt: list[ResourcePath] = []
-        for path, res in resources.items():
+        for path in sorted(touched):
+            res = resources.get(path)
             if isinstance(res, BackendService) and not res.is_global:
-                inputs = [path, *res.refs("health_checks"), *res.refs("backends")]
-                if any(p in changed for p in inputs):
-                    check = resources.get(res.refs("health_checks")[0])
-                    assert isinstance(check, HealthCheck), "validated: the health check exists"
-                    self._rebuild_aggregate(
-                        now, res, check, self._endpoints_of(res, resources), result
-                    )
-                    rebuilt.append(path)
-        for path in [p for p in self._agg_ids if p not in resources]:
-            self._drop_aggregate(path, result)
-            rebuilt.append(path)
+                check = resources.get(res.refs("health_checks")[0])
+                assert isinstance(check, HealthCheck), "validated: the health check exists"
+                self._use(path, (*res.refs("health_checks"), *res.refs("backends")))
+                self._rebuild_aggregate(now, res, check, self._endpoints_of(res, resources), result)
+                rebuilt.append(path)
+            elif path in self._agg_ids:  # gone (or no longer a regional one)
+                self._use(path, ())
+                self._drop_aggregate(path, result)
+                rebuilt.append(path)
         return rebuilt
+
+    def _use(self, bs: ResourcePath, inputs: tuple[ResourcePath, ...]) -> None:
+        """``bs``'s endpoints are made of ``inputs`` from now on (reverse index)."""
+        for p in self._inputs.pop(bs, ()):
+            users = self._users.get(p)
+            if users is not None:
+                users.discard(bs)
+                if not users:
+                    del self._users[p]
+        if inputs:
+            self._inputs[bs] = inputs
+            for p in inputs:
+                self._users.setdefault(p, set()).add(bs)
 
     def _endpoints_of(
         self, bs: BackendService, resources: Mapping[ResourcePath, Resource]

@@ -21,7 +21,7 @@ Records are returned to the caller, which logs, stores and streams them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from types import MappingProxyType
 
 from healthgate.gcpause import gc_paused
@@ -70,7 +70,7 @@ class HealthEngine:
         self.table.on_flip = self.graph.endpoints_flipped
         self.on_result = self.table.on_result
         self.on_results = self.table.on_results
-        self._resources: dict[ResourcePath, Resource] = {}
+        self._resources: Mapping[ResourcePath, Resource] = {}
         self._applies = 0
 
     @property
@@ -84,19 +84,35 @@ class HealthEngine:
     # ------------------------------------------------------------------ resources
 
     def apply(self, resources: Iterable[Resource], now: float) -> ApplyResult:
-        """Make the engine's world the given complete set of (valid) resources."""
+        """Make the engine's world the given complete set of (valid)
+        resources (what changed is found by comparing: :meth:`apply_change`
+        is told it, and costs what it changes)."""
         with gc_paused():  # (a large world: healthgate/gcpause.py)
-            return self._apply(resources, now)
+            new = {r.path: r for r in resources}
+            old = self._resources
+            changed = {p for p, r in new.items() if old.get(p) != r}
+            changed |= {p for p in old if p not in new}
+            return self._apply(new, changed, now)
 
-    def _apply(self, resources: Iterable[Resource], now: float) -> ApplyResult:
-        new = {r.path: r for r in resources}
-        old = self._resources
-        changed = {p for p, r in new.items() if old.get(p) != r}
-        changed |= {p for p in old if p not in new}
-        self._resources = new
+    def apply_change(
+        self, world: Mapping[ResourcePath, Resource], changed: Collection[ResourcePath], now: float
+    ) -> ApplyResult:
+        """The world moved on by a change: ``world`` is all of it after the
+        change (read-only; the mirror's own view, which the engine keeps and
+        reads from then on), ``changed`` every path the change put or
+        deleted. The work is the change's (model/change.py)."""
+        if not changed:
+            self._resources = world
+            return ApplyResult()
+        return self._apply(world, changed, now)
+
+    def _apply(
+        self, world: Mapping[ResourcePath, Resource], changed: Collection[ResourcePath], now: float
+    ) -> ApplyResult:
+        self._resources = world
         result = ApplyResult()
-        rebuilt = self.table.sync(now, new, changed, result)
-        self.graph.sync(now, new, changed, rebuilt, result.records)
+        rebuilt = self.table.sync(now, world, changed, result)
+        self.graph.sync(now, world, changed, rebuilt, result.records)
         self._applies += 1  # (whatever changed, readers re-derive)
         return result
 

@@ -15,9 +15,11 @@ that changed one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from bisect import insort
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import replace
 from types import MappingProxyType
+from typing import Any
 
 from healthgate.health.composite import combine
 from healthgate.health.policy import PolicyParams, evaluate
@@ -31,7 +33,7 @@ from healthgate.health.routing import (
     ramp_progress,
     split_text,
 )
-from healthgate.health.shifts import ShiftEffect, active_effects, ended, next_expiry, shifts_of
+from healthgate.health.shifts import ShiftEffect, active_effects, ended, next_expiry
 from healthgate.health.states import (
     ERROR_WINDOW,
     HealthState,
@@ -63,12 +65,23 @@ HEALTHY = HealthState.HEALTHY
 UNHEALTHY = HealthState.UNHEALTHY
 
 Counts = Callable[[ResourcePath], "tuple[int, int, int] | None"]  # (total, healthy, unknown)
+Index = dict[Any, list["_Node"]]  # a reverse index: a path (or its text) -> the nodes that use it
 
 
 class _Node:
     """A source, composite, attachment, PSC NEG or route: small, few."""
 
-    __slots__ = ("delivered", "extra", "fraction", "path", "reason", "resource", "since", "state")
+    __slots__ = (
+        "delivered",
+        "extra",
+        "fraction",
+        "indexed",
+        "path",
+        "reason",
+        "resource",
+        "since",
+        "state",
+    )
 
     def __init__(self, resource: Resource, path: str | None = None) -> None:
         self.resource = resource
@@ -82,6 +95,8 @@ class _Node:
         # its sources (SPEC §6 "healthyFraction"), passed on to attachments
         # and PSC NEGs; None while not known
         self.fraction: float | None = None
+        # the reverse indexes it is listed in (HealthGraph._index)
+        self.indexed: list[tuple[Index, Any]] = []
 
 
 class HealthGraph:
@@ -102,6 +117,11 @@ class HealthGraph:
         self._attachments_by_fr: dict[str, list[_Node]] = {}
         self._negs_by_attachment: dict[str, list[_Node]] = {}
         self._routes_by_neg: dict[str, list[_Node]] = {}
+        self._routes_by_bs: dict[ResourcePath, list[_Node]] = {}
+        # kept by the change as it comes: PROPORTIONAL backend services, and
+        # every Shift resource by path (``_shifts`` is them, in path order)
+        self._proportional_bs: set[ResourcePath] = set()
+        self._shift_map: dict[str, Shift] = {}
 
         self._shifts: list[Shift] = []  # every Shift resource, active or not
         self._shifted: dict[str, ShiftEffect] = {}  # PSC NEG path -> the shift keeping it out
@@ -636,59 +656,44 @@ class HealthGraph:
         self,
         now: float,
         new: Mapping[ResourcePath, Resource],
-        changed: set[ResourcePath],
+        changed: Collection[ResourcePath],
         rebuilt: Iterable[ResourcePath],
         records: list[Record],
     ) -> None:
-        """Make the graph the given world: replace changed nodes (keeping
-        their state) and re-evaluate what they, and the backend services
-        whose endpoints were rebuilt, touch."""
+        """Make the graph the given world (``new``: all of it, read-only;
+        ``changed``: every path put or deleted): replace changed nodes
+        (keeping their state), keep the reverse indexes of those alone, and
+        re-evaluate what they, and the backend services whose endpoints were
+        rebuilt, touch. The work is the change's, never a pass over the world."""
         self._now = now
         self._resources = new
-        dirty_sources: dict[str, _Node] = {}
+        shifts_changed = self._take_parameters(new, changed)
         # 2. the small upper layers: replace changed nodes, keeping their state
-        self._policies = {
-            str(p): PolicyParams(r.healthy_percent_threshold, r.min_healthy_threshold)
-            for p, r in new.items()
-            if isinstance(r, HealthAggregationPolicy)
-        }
-        touched_sources = self._sync_nodes(
-            self._sources, new, changed, lambda r: isinstance(r, HealthSource)
-        )
-        touched_composites = self._sync_nodes(
-            self._composites, new, changed, lambda r: isinstance(r, CompositeHealthCheck)
-        )
-        touched_attachments = self._sync_nodes(
-            self._attachments, new, changed, lambda r: isinstance(r, ServiceAttachment)
-        )
-        touched_negs = self._sync_nodes(
-            self._negs,
-            new,
-            changed,
-            lambda r: (
-                isinstance(r, NetworkEndpointGroup)
-                and r.network_endpoint_type == "PRIVATE_SERVICE_CONNECT"
-            ),
-        )
-        routes_before = set(self._routes)
-        route_nodes_touched = self._sync_nodes(
-            self._routes, new, changed, lambda r: isinstance(r, ForwardingRule) and r.is_global
-        )
-        routes_removed = bool(routes_before - set(self._routes))
-        self._reindex()
-        proportional = any(
-            isinstance(r, BackendService) and r.policy.spill == "PROPORTIONAL" for r in new.values()
-        )
+        removed = [0]
+        levels = [
+            self._sync_nodes(self._sources, new, changed, _is_source, removed),
+            self._sync_nodes(self._composites, new, changed, _is_composite, removed),
+            self._sync_nodes(self._attachments, new, changed, _is_attachment, removed),
+            self._sync_nodes(self._negs, new, changed, _is_psc_neg, removed),
+        ]
+        removed[0] = 0
+        route_nodes_touched = self._sync_nodes(self._routes, new, changed, _is_front_end, removed)
+        routes_removed = removed[0] > 0
+        dirty_routes = {n.path: n for n in route_nodes_touched}
+        for p in changed:  # a global backend service moved: its front ends' NEGs did
+            if p.collection == "backendServices":
+                for node in list(self._routes_by_bs.get(p, ())):
+                    self._unindex(node)
+                    self._index(node)
+                    dirty_routes[node.path] = node
+        proportional = bool(self._proportional_bs)
         if proportional and not self._proportional:
             # the fractions did not travel up the graph until now: once, all of it
-            touched_sources = list(self._sources.values())
-            touched_composites = list(self._composites.values())
-            touched_attachments = list(self._attachments.values())
-            touched_negs = list(self._negs.values())
+            levels = [list(t.values()) for t in (self._sources, self._composites,
+                                                 self._attachments, self._negs)]  # fmt: skip
         self._proportional = proportional
-
-        for n in touched_sources:
-            dirty_sources[n.path] = n
+        touched_sources, touched_composites, touched_attachments, touched_negs = levels
+        dirty_sources = {n.path: n for n in touched_sources}
         for p in changed:
             if p.collection == "healthAggregationPolicies":
                 for n in self._sources_by_policy.get(str(p), ()):
@@ -696,19 +701,7 @@ class HealthGraph:
         for p in rebuilt:
             for n in self._sources_by_bs.get(p, ()):
                 dirty_sources[n.path] = n
-        dirty_routes = {n.path: n for n in route_nodes_touched}
-        known = {str(s.path) for s in self._shifts}
-        self._shifts = shifts_of(new)
-        self._active = {str(s.path) for s in self._shifts if s.active(now)}
-        shifted = active_effects(new, now)
-        if shifted != self._shifted:  # (a shift came, went or moved: every route may change)
-            self._shifted = shifted
-            dirty_routes.update(self._routes)
-            now = _shift_time(self._shifts, known, changed, now)
-        for fr_path, node in self._routes.items():
-            bs_path = node.resource.ref("backend_service")
-            if bs_path in changed:
-                dirty_routes[fr_path] = node
+        now = self._sync_shifts(now, new, changed, shifts_changed, dirty_routes)
         # attachments whose target's composite changed are reached through the
         # composites; a newly created attachment or NEG is evaluated directly.
         self._propagate(
@@ -722,6 +715,62 @@ class HealthGraph:
         )
         if routes_removed:
             self._publish_routes()  # a front end is gone: no snapshot may still carry it
+
+    def _take_parameters(
+        self, new: Mapping[ResourcePath, Resource], changed: Collection[ResourcePath]
+    ) -> bool:
+        """What the graph keeps of resources that are not nodes - policies,
+        which backend services spill PROPORTIONAL, shifts - for the changed
+        paths; whether a shift changed."""
+        shifts_changed = False
+        for p in changed:
+            r = new.get(p)
+            if p.collection == "healthAggregationPolicies":
+                if isinstance(r, HealthAggregationPolicy):
+                    params = PolicyParams(r.healthy_percent_threshold, r.min_healthy_threshold)
+                    self._policies[str(p)] = params
+                else:
+                    self._policies.pop(str(p), None)
+            elif p.collection == "backendServices":
+                if isinstance(r, BackendService) and r.policy.spill == "PROPORTIONAL":
+                    self._proportional_bs.add(p)
+                else:
+                    self._proportional_bs.discard(p)
+            elif p.collection == "shifts":
+                shifts_changed = True
+                if isinstance(r, Shift):
+                    self._shift_map[str(p)] = r
+                else:
+                    self._shift_map.pop(str(p), None)
+        return shifts_changed
+
+    def _sync_shifts(
+        self,
+        now: float,
+        new: Mapping[ResourcePath, Resource],
+        changed: Collection[ResourcePath],
+        shifts_changed: bool,
+        dirty_routes: dict[str, _Node],
+    ) -> float:
+        """What the shifts cover depends on the shifts and on the PSC NEGs
+        and attachments there are: looked at again only when one of those
+        moved (a shift's end is the timer's: :meth:`expire_shifts`). The
+        time the routes it moved moved at."""
+        negs_moved = self._shift_map and any(
+            p.collection in ("networkEndpointGroups", "serviceAttachments") for p in changed
+        )
+        if not shifts_changed and not negs_moved:
+            return now
+        known = {str(s.path) for s in self._shifts}
+        self._shifts = sorted(self._shift_map.values(), key=lambda s: str(s.path))
+        if shifts_changed:
+            self._active = {str(s.path) for s in self._shifts if s.active(now)}
+        shifted = active_effects(new, now) if self._shifts else {}
+        if shifted != self._shifted:  # (a shift came, went or moved: every route may change)
+            self._shifted = shifted
+            dirty_routes.update(self._routes)
+            return _shift_time(self._shifts, known, changed, now)
+        return now
 
     # ------------------------------------------------------------------ shifts
 
@@ -747,57 +796,83 @@ class HealthGraph:
         self,
         nodes: dict[str, _Node],
         new: Mapping[ResourcePath, Resource],
-        changed: set[ResourcePath],
+        changed: Collection[ResourcePath],
         want: Callable[[Resource], bool],
+        removed: list[int],
     ) -> list[_Node]:
+        """The nodes of one level for the changed paths: added, replaced
+        (their state kept) or removed (counted in ``removed[0]``), and
+        re-indexed; the added and replaced ones, by path."""
         touched = []
-        for key in list(nodes):
-            if ResourcePath.parse(key) not in new:
-                del nodes[key]
         for p in changed:
+            key = str(p)
             r = new.get(p)
+            node = nodes.get(key)
             if r is None or not want(r):
+                if node is not None:
+                    self._unindex(node)
+                    del nodes[key]
+                    removed[0] += 1
                 continue
-            node = nodes.get(str(p))
             if node is None:
-                node = nodes[str(p)] = _Node(r)
+                node = nodes[key] = _Node(r)
             else:
+                self._unindex(node)
                 node.resource = r
             touched.append(node)
+        for node in touched:
+            self._index(node)
         touched.sort(key=lambda n: n.path)
         return touched
 
-    def _reindex(self) -> None:
-        self._sources_by_bs = {}
-        self._sources_by_policy = {}
-        for n in self._sources.values():
-            bs = n.resource.ref("sources")
+    # ------------------------------------------------------------------ reverse indexes
+
+    def _index(self, node: _Node) -> None:
+        """Enter a node in the reverse indexes its resource puts it in (each
+        list kept in path order), remembering where (:meth:`_unindex`)."""
+        r = node.resource
+        where: list[tuple[Index, Any]] = []
+        if isinstance(r, HealthSource):
+            bs = r.ref("sources")
             if bs:
-                self._sources_by_bs.setdefault(bs, []).append(n)
-            self._sources_by_policy.setdefault(
-                str(n.resource.ref("health_aggregation_policy")), []
-            ).append(n)
-        self._composites_by_source = {}
-        self._composite_by_destination = {}
-        for n in self._composites.values():
-            for s in n.resource.refs("health_sources"):
-                self._composites_by_source.setdefault(str(s), []).append(n)
-            self._composite_by_destination[str(n.resource.ref("health_destination"))] = n
-        self._attachments_by_fr = {}
-        for n in self._attachments.values():
-            self._attachments_by_fr.setdefault(str(n.resource.ref("target_service")), []).append(n)
-        self._negs_by_attachment = {}
-        for n in self._negs.values():
-            self._negs_by_attachment.setdefault(
-                str(n.resource.ref("psc_target_service")), []
-            ).append(n)
-        self._routes_by_neg = {}
-        for n in self._routes.values():
-            gbs_path = n.resource.ref("backend_service")
-            gbs = self._resources.get(gbs_path) if gbs_path else None
-            if isinstance(gbs, BackendService):
-                for neg in gbs.refs("backends"):
-                    self._routes_by_neg.setdefault(str(neg), []).append(n)
+                where.append((self._sources_by_bs, bs))
+            where.append((self._sources_by_policy, str(r.ref("health_aggregation_policy"))))
+        elif isinstance(r, CompositeHealthCheck):
+            for src in r.refs("health_sources"):
+                where.append((self._composites_by_source, str(src)))
+            self._composite_by_destination[str(r.ref("health_destination"))] = node
+        elif isinstance(r, ServiceAttachment):
+            where.append((self._attachments_by_fr, str(r.ref("target_service"))))
+        elif isinstance(r, NetworkEndpointGroup):
+            where.append((self._negs_by_attachment, str(r.ref("psc_target_service"))))
+        elif isinstance(r, ForwardingRule):
+            gbs_path = r.ref("backend_service")
+            if gbs_path is not None:
+                where.append((self._routes_by_bs, gbs_path))
+                gbs = self._resources.get(gbs_path)
+                if isinstance(gbs, BackendService):
+                    for neg in gbs.refs("backends"):
+                        where.append((self._routes_by_neg, str(neg)))
+        for index, key in where:
+            insort(index.setdefault(key, []), node, key=_path_of)
+        node.indexed = where
+
+    def _unindex(self, node: _Node) -> None:
+        for index, key in node.indexed:
+            listed = index.get(key)
+            if listed is not None:
+                for i, other in enumerate(listed):
+                    if other is node:
+                        del listed[i]
+                        break
+                if not listed:
+                    del index[key]
+        node.indexed = []
+        r = node.resource
+        if isinstance(r, CompositeHealthCheck):
+            dest = str(r.ref("health_destination"))
+            if self._composite_by_destination.get(dest) is node:
+                del self._composite_by_destination[dest]
 
     # ------------------------------------------------------------------ restarts
 
@@ -880,8 +955,34 @@ class HealthGraph:
         return NodeStatus(str(forwarding_rule), comp.delivered, comp.reason, comp.since, fraction)
 
 
+def _path_of(node: _Node) -> str:
+    return node.path
+
+
+def _is_source(r: Resource) -> bool:
+    return isinstance(r, HealthSource)
+
+
+def _is_composite(r: Resource) -> bool:
+    return isinstance(r, CompositeHealthCheck)
+
+
+def _is_attachment(r: Resource) -> bool:
+    return isinstance(r, ServiceAttachment)
+
+
+def _is_psc_neg(r: Resource) -> bool:
+    return (
+        isinstance(r, NetworkEndpointGroup) and r.network_endpoint_type == "PRIVATE_SERVICE_CONNECT"
+    )
+
+
+def _is_front_end(r: Resource) -> bool:
+    return isinstance(r, ForwardingRule) and r.is_global
+
+
 def _shift_time(
-    shifts: list[Shift], known: set[str], changed: set[ResourcePath], now: float
+    shifts: list[Shift], known: set[str], changed: Collection[ResourcePath], now: float
 ) -> float:
     """When routes moved by a new shift moved: the shift's own creation time
     when it was written alone (as the shifts API writes it), so that every

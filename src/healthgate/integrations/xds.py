@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 
 import grpc
@@ -71,6 +71,7 @@ from google.protobuf import any_pb2, duration_pb2, wrappers_pb2
 from healthgate.health.engine import HealthEngine
 from healthgate.health.states import HealthState
 from healthgate.integrations.verdicts import agent_answer
+from healthgate.model.change import WorldChange
 from healthgate.model.lookups import published_address
 from healthgate.model.names import ResourcePath, brief
 from healthgate.model.resources import BackendService, ForwardingRule, Resource
@@ -97,12 +98,58 @@ class Snapshot:
     assignments: dict[str, bytes]  # name -> serialized ClusterLoadAssignment
 
 
-def build_snapshot(engine: HealthEngine, resources: Mapping[ResourcePath, Resource]) -> Snapshot:
+class XdsSnapshots:
+    """The snapshot of a world that changes: the global front ends are
+    kept as the changes come (never found again by a pass over every
+    resource), and :meth:`build` makes the snapshot from them."""
+
+    def __init__(self, engine: HealthEngine) -> None:
+        self.engine = engine
+        self.world: Mapping[ResourcePath, Resource] = {}
+        self.frontends: dict[ResourcePath, ForwardingRule] = {}
+
+    def take(self, change: WorldChange) -> bool:
+        """Take a change; whether it may move the snapshot."""
+        self.world = change.world
+        paths: Iterable[ResourcePath] = change.world if change.whole else change.changed
+        for p in paths:
+            if p.collection != "forwardingRules":
+                continue
+            rule = change.world.get(p)
+            if isinstance(rule, ForwardingRule) and rule.is_global:
+                self.frontends[p] = rule
+            else:
+                self.frontends.pop(p, None)
+        return change.touches(
+            "forwardingRules", "backendServices", "networkEndpointGroups", "serviceAttachments"
+        )
+
+    def build(self) -> Snapshot:
+        return build_snapshot(self.engine, self.world, self.frontends)
+
+
+def build_snapshot(
+    engine: HealthEngine,
+    resources: Mapping[ResourcePath, Resource],
+    frontends: Mapping[ResourcePath, ForwardingRule] | None = None,
+) -> Snapshot:
+    """The clusters and assignments of the global front ends (``frontends``:
+    them, by path, when known; else found among ``resources``)."""
+    if frontends is None:
+        frontends = {
+            p: r for p, r in resources.items() if isinstance(r, ForwardingRule) and r.is_global
+        }
+    return _snapshot(engine, resources, frontends)
+
+
+def _snapshot(
+    engine: HealthEngine,
+    resources: Mapping[ResourcePath, Resource],
+    frontends: Mapping[ResourcePath, ForwardingRule],
+) -> Snapshot:
     clusters: dict[str, bytes] = {}
     assignments: dict[str, bytes] = {}
-    for path, res in sorted(resources.items()):
-        if not (isinstance(res, ForwardingRule) and res.is_global):
-            continue
+    for path, res in sorted(frontends.items()):
         bs_path = res.ref("backend_service")
         if bs_path is None or not isinstance(resources.get(bs_path), BackendService):
             continue

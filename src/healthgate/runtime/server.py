@@ -28,7 +28,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,8 +61,8 @@ from healthgate.integrations.agent import AgentServer
 from healthgate.integrations.dns import DnsDirectory, DnsServer, parse_zone
 from healthgate.integrations.verdicts import agent_answer
 from healthgate.model.addresses import Reserved
+from healthgate.model.change import WorldChange
 from healthgate.model.manifest import parse_manifest
-from healthgate.model.names import ResourcePath
 from healthgate.model.resources import HealthCheck, Resource
 from healthgate.model.validation import InvalidResources
 from healthgate.probes.prober import ProbeSettings
@@ -312,7 +312,8 @@ class Server:
         recorder.wakers.append(dispatcher.wake)
         watch = dispatcher.watch(lambda: control.stored)
         control.on_change.append(watch)
-        self._tasks.append(asyncio.create_task(watch({}), name="webhooks (first look)"))
+        first = WorldChange(control.revision, 0.0, control.resources, {}, whole=True)
+        self._tasks.append(asyncio.create_task(watch(first), name="webhooks (first look)"))
         self._tasks.append(asyncio.create_task(dispatcher.run(), name="webhook deliveries"))
 
     def _check_binds(self) -> None:
@@ -359,8 +360,10 @@ class Server:
             directory = DnsDirectory(engine, s.dns_zones)
             directory.update(control.resources)
 
-            async def update_directory(resources: Mapping[ResourcePath, Resource]) -> None:
-                directory.update(resources)
+            async def update_directory(change: WorldChange) -> None:
+                # (names and addresses come from rules and attachments alone)
+                if change.touches("forwardingRules", "serviceAttachments"):
+                    directory.update(change.world)
 
             control.on_change.append(update_directory)
             self.dns = DnsServer(directory, dns_host, dns_port)
@@ -387,8 +390,10 @@ class Server:
             health.on_routes(pool.publish_health)  # (a ramp's steps: no records)
         else:
             self.dataplane = dataplane = DataPlane(health.engine, settings)
-        await dataplane.sync(control.resources)
-        control.on_change.append(dataplane.sync)
+        await dataplane.apply_change(
+            WorldChange(control.revision, 0.0, control.resources, control.resources, whole=True)
+        )
+        control.on_change.append(dataplane.apply_change)
         # failbackMaxErrorPercent: ramps abandoned on this data plane's failures
         gate = RampGate(health, dataplane.listener_stats)
         self._tasks.append(asyncio.create_task(gate.run(), name="ramp error gate"))
@@ -436,25 +441,26 @@ class Server:
     async def _start_xds(self, address: str, health: HealthService, control: ControlPlane) -> None:
         """Envoy's ADS: a new snapshot whenever the resources change or a
         transition reaches a PSC NEG or a route (the only states it carries)."""
-        from healthgate.integrations.xds import XdsServer, build_snapshot
+        from healthgate.integrations.xds import XdsServer, XdsSnapshots
 
         host, port = parse_listen(address, "--xds")
         s = self.settings
         self.xds = xds = XdsServer(host, port, s.xds_tls, s.xds_clients)
-        world: list[Mapping[ResourcePath, Resource]] = [control.resources]
-        xds.update(build_snapshot(health.engine, world[0]))
+        snapshots = XdsSnapshots(health.engine)
+        snapshots.take(WorldChange(control.revision, 0.0, control.resources, {}, whole=True))
+        xds.update(snapshots.build())
 
-        async def resources_changed(resources: Mapping[ResourcePath, Resource]) -> None:
-            world[0] = resources
-            xds.update(build_snapshot(health.engine, resources))
+        async def resources_changed(change: WorldChange) -> None:
+            if snapshots.take(change):
+                xds.update(snapshots.build())
 
         def transitions(records: list[Record]) -> None:
             if any(r.kind in (RecordKind.NEG, RecordKind.ROUTE, RecordKind.RAMP) for r in records):
-                xds.update(build_snapshot(health.engine, world[0]))
+                xds.update(snapshots.build())
 
         control.on_change.append(resources_changed)
         health.subscribe(transitions)
-        health.on_routes(lambda: xds.update(build_snapshot(health.engine, world[0])))
+        health.on_routes(lambda: xds.update(snapshots.build()))
         await xds.start()
 
     async def _apply_file(self, manifest: str) -> None:
