@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 RUNTIME := $(VENV)/.runtime-stamp
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run simulate test lint typecheck programs compiler browser unit pure bench clean
+.PHONY: run simulate test lint typecheck programs compiler browser unit fast pure bench clean
 
 $(BIN)/python:
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
@@ -54,7 +54,12 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 unit: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25
+
+# the pure engine and the store contract: seconds, for the edit-test loop
+# (the slow families have markers: pytest -m "not cluster and not partitions")
+fast: $(STAMP)
+	$(BIN)/pytest -q tests/unit tests/contract -m "not cluster and not partitions"
 
 # the pure-Python fallback of the C speedups, through the data-plane and probe tests
 PURE_TESTS := tests/unit/test_http_scan.py tests/unit/test_fast_protocols.py tests/integration/test_proxies.py \

@@ -44,11 +44,18 @@ GOAL_BYTES_PER_ENDPOINT = 1500
 PER_SERVICE = 100
 
 
-def the_world(endpoints: int) -> list[dict[str, Any]]:
+def the_world(endpoints: int, probed: bool = False) -> list[dict[str, Any]]:
+    """bench/engine.py's world; its checks off (the applies are measured,
+    not checks), or ``probed``: every endpoint checked every 50 s (loopback
+    addresses that refuse: the memory of a probed world, at a rate the
+    machine keeps up with)."""
     docs = world(endpoints, PER_SERVICE)
     for d in docs:
         if d["kind"] == "HealthCheck":
-            d["enabled"] = False  # (nothing probed: the applies are measured, not checks)
+            if probed:
+                d.update(type="TCP", checkIntervalSec=50, timeoutSec=1)
+            else:
+                d["enabled"] = False
     return docs
 
 
@@ -114,16 +121,19 @@ def load(serve: Serve, docs: list[dict[str, Any]]) -> float:
     return time.perf_counter() - started
 
 
-def measure(size: int, applies: int, extra: list[str], work: Path) -> dict[str, Any]:
-    docs = the_world(size)
+def measure(
+    size: int, applies: int, extra: list[str], work: Path, probed: bool = False
+) -> dict[str, Any]:
+    docs = the_world(size, probed)
     dialled = next(d for d in docs if d["kind"] == "BackendService" and d["project"] == "consumer")
     serve = Serve(work, extra)
     try:
         time.sleep(1.0)  # (an empty serve settles: its baseline)
         empty = serve.rss()
         loaded = load(serve, docs)
-        time.sleep(2.0)
+        time.sleep(2.0 if not probed else 60.0)  # (probed: every endpoint once, at least)
         full = serve.rss()
+        with_workers = rss_mb(serve.proc.pid, children=True)
         times = []
         for i in range(applies):
             dialled["backends"][0]["trafficDial"] = 60 if i % 2 == 0 else 100
@@ -136,6 +146,7 @@ def measure(size: int, applies: int, extra: list[str], work: Path) -> dict[str, 
             "applyP90Ms": round(sorted(times)[int(0.9 * (len(times) - 1))] * 1000, 1),
             "rssMb": round(full, 1),
             "bytesPerEndpoint": round((full - empty) * 1024 * 1024 / size),
+            "withWorkersMb": round(with_workers, 1),
         }
     finally:
         serve.close()
@@ -147,6 +158,7 @@ def main() -> None:
     ap.add_argument("--applies", type=int, default=20)
     ap.add_argument("--json")
     ap.add_argument("--profile", type=int, help="py-spy a big world's applies (needs py-spy)")
+    ap.add_argument("--probed", action="store_true", help="check every endpoint (every 50 s)")
     ap.add_argument("serve_args", nargs="*", help="more options for serve (after --)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -154,15 +166,18 @@ def main() -> None:
         if args.profile:
             profile(args.profile, args.applies, args.serve_args, work)
             return
-        rows = [measure(int(n), args.applies, args.serve_args, work) for n in args.sizes.split(",")]
+        rows = [
+            measure(int(n), args.applies, args.serve_args, work, args.probed)
+            for n in args.sizes.split(",")
+        ]
     small, big = rows[0], rows[-1]
     ratio = big["applyMedianMs"] / max(small["applyMedianMs"], 0.1)
     print(f"{'endpoints':>10} {'resources':>9} {'load s':>7} {'apply ms':>9} {'p90 ms':>7} "
-          f"{'RSS MB':>7} {'B/endpoint':>10}")  # fmt: skip
+          f"{'RSS MB':>7} {'B/endpoint':>10} {'+workers MB':>11}")  # fmt: skip
     for r in rows:
         print(f"{r['endpoints']:>10,} {r['resources']:>9,} {r['loadSec']:>7} "
               f"{r['applyMedianMs']:>9} {r['applyP90Ms']:>7} {r['rssMb']:>7} "
-              f"{r['bytesPerEndpoint']:>10,}")  # fmt: skip
+              f"{r['bytesPerEndpoint']:>10,} {r['withWorkersMb']:>11}")  # fmt: skip
     print(f"one-document apply, {big['endpoints']:,} against {small['endpoints']:,} endpoints: "
           f"{ratio:.2f}x (goal <= {GOAL_RATIO}x); memory {big['bytesPerEndpoint']:,} B per "
           f"endpoint (goal <= {GOAL_BYTES_PER_ENDPOINT:,})")  # fmt: skip

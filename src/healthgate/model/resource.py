@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Annotated, Any, ClassVar, Self
 
+import pydantic.dataclasses
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
@@ -46,18 +47,29 @@ PORT_RANGE_RE = re.compile(r"([0-9]{1,5})(?:-([0-9]{1,5}))?")
 Port = Annotated[int, Field(ge=1, le=65535)]
 
 
+WIRE_CONFIG = ConfigDict(
+    extra="forbid",
+    frozen=True,
+    populate_by_name=True,
+    alias_generator=to_camel,
+    # no silent trimming: " /healthz" is an error (a space is not in the
+    # requestPath alphabet), not "/healthz"
+    str_strip_whitespace=False,
+)
+
+# the small wire objects a resource holds many of (a NEG's endpoints): the
+# same rules as a Model, as slotted frozen dataclasses (a tenth of the memory)
+wire_dataclass = pydantic.dataclasses.dataclass(
+    frozen=True,
+    slots=True,
+    config=ConfigDict(**{k: v for k, v in WIRE_CONFIG.items() if k != "frozen"}),  # type: ignore[typeddict-item]
+)
+
+
 class Model(BaseModel):
     """Base of every wire object: camelCase aliases, no unknown fields, frozen."""
 
-    model_config = ConfigDict(
-        extra="forbid",
-        frozen=True,
-        populate_by_name=True,
-        alias_generator=to_camel,
-        # no silent trimming: " /healthz" is an error (a space is not in the
-        # requestPath alphabet), not "/healthz"
-        str_strip_whitespace=False,
-    )
+    model_config = WIRE_CONFIG
 
     def to_wire(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")

@@ -145,9 +145,9 @@ def parse_resource(
                 and head.replace(".", "").replace("[", "").replace("]", "").isalnum()
             ):
                 field, msg = head, rest
-            if err["type"] == "extra_forbidden":
+            if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
                 msg = "unknown field"
-            elif err["type"] == "missing":
+            elif err["type"] in ("missing", "missing_argument"):
                 msg = "required field is missing"
             elif "input" in err and err["type"] not in ("value_error",):
                 msg = f"{msg} (got {brief(err['input'])})"
