@@ -66,6 +66,7 @@ class _Transport:
 
 
 async def _measure(n: int, rounds: int) -> float:
+    from healthgate.dataplane.counters import ListenerCounters
     from healthgate.dataplane.guard import ConnectionGuard
     from healthgate.dataplane.http import HttpProxy
     from healthgate.dataplane.http_limits import HttpSettings
@@ -87,12 +88,13 @@ async def _measure(n: int, rounds: int) -> float:
         return region[turn % len(region)], region
 
     guard = ConnectionGuard(1000)
-    stats: dict[str, int] = {}
+    counters = ListenerCounters()
+    stats = counters.events
     proxy = HttpProxy(
         lambda: [region],
         pool,
         settings,
-        stats,
+        counters,
         None,
         None,
         functools.partial(first_try, "fr", True),

@@ -197,32 +197,140 @@ static PyObject *whole_response(PyObject *self, PyObject *arg) {
  * the type expected) calls the Python methods that do it: _fast, _parse,
  * fast_whole. Each step here mirrors those methods line for line. */
 
+/* ---- Counters: one upstream's counts on one listener (dataplane/counters.py
+ * says what they mean; PyCounters is its Python twin, same fields). The fast
+ * path counts a success here without a Python call; every error is counted
+ * by the Python path (dataplane/counters.py: error). */
+typedef struct {
+    PyObject_HEAD
+    long long served, errors, gateway;
+    long run, gateway_run, peak, peak_gateway;
+    PyObject *kinds, *run_kinds, *peak_kinds; /* dict, list, list */
+} Counters;
+
+static PyObject *counters_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    (void)args;
+    (void)kwds;
+    Counters *self = (Counters *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->kinds = PyDict_New();
+    self->run_kinds = PyList_New(0);
+    self->peak_kinds = PyList_New(0);
+    if (self->kinds == NULL || self->run_kinds == NULL || self->peak_kinds == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static int counters_traverse(Counters *self, visitproc visit, void *arg) {
+    Py_VISIT(self->kinds);
+    Py_VISIT(self->run_kinds);
+    Py_VISIT(self->peak_kinds);
+    return 0;
+}
+
+static int counters_clear(Counters *self) {
+    Py_CLEAR(self->kinds);
+    Py_CLEAR(self->run_kinds);
+    Py_CLEAR(self->peak_kinds);
+    return 0;
+}
+
+static void counters_dealloc(Counters *self) {
+    PyObject_GC_UnTrack(self);
+    counters_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject CountersType;
+
+/* dataplane/counters.py's success(): one hop that went well */
+static int counters_success(Counters *c) {
+    c->served += 1;
+    c->run = 0;
+    c->gateway_run = 0;
+    if (c->run_kinds != NULL && PyList_Check(c->run_kinds) && PyList_GET_SIZE(c->run_kinds))
+        return PyList_SetSlice(c->run_kinds, 0, PY_SSIZE_T_MAX, NULL);
+    return 0;
+}
+
+static PyMemberDef counters_members[] = {
+    {"served", T_LONGLONG, offsetof(Counters, served), 0, NULL},
+    {"errors", T_LONGLONG, offsetof(Counters, errors), 0, NULL},
+    {"gateway", T_LONGLONG, offsetof(Counters, gateway), 0, NULL},
+    {"run", T_LONG, offsetof(Counters, run), 0, NULL},
+    {"gateway_run", T_LONG, offsetof(Counters, gateway_run), 0, NULL},
+    {"peak", T_LONG, offsetof(Counters, peak), 0, NULL},
+    {"peak_gateway", T_LONG, offsetof(Counters, peak_gateway), 0, NULL},
+    {"kinds", T_OBJECT_EX, offsetof(Counters, kinds), 0, NULL},
+    {"run_kinds", T_OBJECT_EX, offsetof(Counters, run_kinds), 0, NULL},
+    {"peak_kinds", T_OBJECT_EX, offsetof(Counters, peak_kinds), 0, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject CountersType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "healthgate._speedups.Counters",
+    .tp_doc = "One upstream's counts on one listener (dataplane/counters.py's PyCounters, in C).",
+    .tp_basicsize = sizeof(Counters),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = counters_new,
+    .tp_dealloc = (destructor)counters_dealloc,
+    .tp_traverse = (traverseproc)counters_traverse,
+    .tp_clear = (inquiry)counters_clear,
+    .tp_free = PyObject_GC_Del,
+    .tp_members = counters_members,
+};
+
+/* ---- Gauge: requests in flight on one listener (dataplane/retry.py's
+ * RetryBudget reads it; PyGauge is its Python twin). The fast path counts
+ * its exchange here, up when it starts and down when it ends. */
+typedef struct {
+    PyObject_HEAD
+    long long n;
+} Gauge;
+
+static PyMemberDef gauge_members[] = {
+    {"n", T_LONGLONG, offsetof(Gauge, n), 0, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject GaugeType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "healthgate._speedups.Gauge",
+    .tp_doc = "Requests in flight on one listener (dataplane/retry.py's PyGauge, in C).",
+    .tp_basicsize = sizeof(Gauge),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_members = gauge_members,
+};
+
 static PyObject *s_write, *s_is_closing, *s_close, *s_fast, *s_parse, *s_fast_whole,
-    *s_wake_worker, *s_add, *s_timer, *s_tick, *s_requests, *s_fast_path;
+    *s_wake_worker, *s_add, *s_timer, *s_tick, *s_requests, *s_fast_path, *s_served;
 
 typedef struct {
     PyObject_HEAD
-    PyObject *address, *served_key, *transport, *owner, *sink;
+    PyObject *address, *transport, *owner, *sink;
     int status;
     char closed, reused, head_only, got_bytes;
 } Upstream;
 
 typedef struct {
     PyObject_HEAD
-    PyObject *transport, *first, *current, *queue, *upstream, *active, *stats, *idle,
+    PyObject *transport, *first, *current, *queue, *upstream, *active, *stats, *upstreams, *idle,
         *pending, *deadlines, *loop, *xff, *fast_request, *fast_groups, *fast_region,
-        *fast_counted, *pin;
+        *fast_counted, *pin, *gauge;
     Py_ssize_t max_head, max_idle, max_headers;
     char inflight, touched, closed;
 } Proxy;
 
 static PyTypeObject UpstreamType, ProxyType;
 
-#define UPSTREAM_FIELDS(X) X(address) X(served_key) X(transport) X(owner) X(sink)
+#define UPSTREAM_FIELDS(X) X(address) X(transport) X(owner) X(sink)
 #define PROXY_FIELDS(X)                                                                 \
-    X(transport) X(first) X(current) X(queue) X(upstream) X(active) X(stats) X(idle)    \
+    X(transport) X(first) X(current) X(queue) X(upstream) X(active) X(stats) X(upstreams) \
+    X(idle) \
     X(pending) X(deadlines) X(loop) X(xff) X(fast_request) X(fast_groups) X(fast_region) \
-    X(fast_counted) X(pin)
+    X(fast_counted) X(pin) X(gauge)
 
 /* every object field starts as None (never NULL while the object lives) */
 #define SET_NONE(f) self->f = Py_NewRef(Py_None);
@@ -399,13 +507,15 @@ static int proxy_fast_end(Proxy *self) {
         Py_SETREF(self->fast_counted, Py_NewRef(Py_None));
     }
     Py_SETREF(self->upstream, Py_NewRef(Py_None));
+    if (self->inflight && Py_IS_TYPE(self->gauge, &GaugeType)) ((Gauge *)self->gauge)->n -= 1;
     self->inflight = 0;
     return 0;
 }
 
 /* the fields the C path reads are of the types it expects (else the Python path) */
 static int proxy_shaped(Proxy *self) {
-    return PyDict_Check(self->stats) && PyDict_Check(self->idle) &&
+    return PyDict_Check(self->stats) && PyDict_Check(self->upstreams) &&
+           PyDict_Check(self->idle) &&
            PyDict_Check(self->pending) && PyBytes_Check(self->xff) &&
            (self->active == Py_None || PyDict_Check(self->active)) && self->first != Py_None;
 }
@@ -445,6 +555,7 @@ static int proxy_fast(Proxy *self, PyObject *data, int head_only) {
     memcpy(PyBytes_AS_STRING(request), PyBytes_AS_STRING(data), n);
     memcpy(PyBytes_AS_STRING(request) + n, PyBytes_AS_STRING(self->xff), x);
     self->inflight = 1;
+    if (Py_IS_TYPE(self->gauge, &GaugeType)) ((Gauge *)self->gauge)->n += 1;
     Py_SETREF(self->upstream, Py_NewRef((PyObject *)conn));
     Py_SETREF(self->fast_request, Py_NewRef(request));
     Py_SETREF(self->fast_groups, Py_NewRef(Py_None));
@@ -517,7 +628,15 @@ static PyObject *proxy_data_received(Proxy *self, PyObject *data) {
     return PyObject_CallMethodOneArg((PyObject *)self, s_parse, data);
 }
 
-/* HttpProxy.fast_whole, for a status that is not retried */
+/* a success of `address` on this listener: its Counters, else HttpProxy._served */
+static int count_served(Proxy *self, PyObject *address) {
+    PyObject *c = PyDict_GetItemWithError(self->upstreams, address);
+    if (c == NULL && PyErr_Occurred()) return -1;
+    if (c != NULL && Py_IS_TYPE(c, &CountersType)) return counters_success((Counters *)c);
+    return call_one((PyObject *)self, s_served, address);
+}
+
+/* HttpProxy.fast_whole, for an answer below 500 */
 static int proxy_fast_whole(Proxy *self, Upstream *conn, PyObject *data) {
     if (pool_release(self, conn) < 0) return -1;
     if (!self->closed && self->transport != Py_None) {
@@ -526,7 +645,7 @@ static int proxy_fast_whole(Proxy *self, Upstream *conn, PyObject *data) {
         int r = closing;
         if (closing == 0) {
             r = call_one(client, s_write, data);
-            if (r == 0) r = count_up(self->stats, conn->served_key);
+            if (r == 0) r = count_served(self, conn->address);
         }
         Py_DECREF(client);
         if (r < 0) return -1;
@@ -550,8 +669,9 @@ static PyObject *upstream_data_received(Upstream *self, PyObject *data) {
             int r;
             self->status = (int)status;
             self->owner = Py_NewRef(Py_None);
-            if (PyObject_TypeCheck(owner, &ProxyType) && status != 502 && status != 503 &&
-                status != 504 && proxy_shaped((Proxy *)owner)) {
+            /* (an answer of 500 or more is an error: the Python path counts it) */
+            if (PyObject_TypeCheck(owner, &ProxyType) && status < 500 &&
+                proxy_shaped((Proxy *)owner)) {
                 r = proxy_fast_whole((Proxy *)owner, self, data);
             } else {
                 PyObject *code = PyLong_FromLong(status);
@@ -588,7 +708,6 @@ static PyMethodDef proxy_methods[] = {
 
 static PyMemberDef upstream_members[] = {
     OBJ("address", Upstream, address),
-    OBJ("served_key", Upstream, served_key),
     OBJ("transport", Upstream, transport),
     OBJ("owner", Upstream, owner),
     OBJ("sink", Upstream, sink),
@@ -608,6 +727,7 @@ static PyMemberDef proxy_members[] = {
     OBJ("upstream", Proxy, upstream),
     OBJ("active", Proxy, active),
     OBJ("stats", Proxy, stats),
+    OBJ("upstreams", Proxy, upstreams),
     OBJ("_idle", Proxy, idle),
     OBJ("_pending", Proxy, pending),
     OBJ("_deadlines", Proxy, deadlines),
@@ -618,6 +738,7 @@ static PyMemberDef proxy_members[] = {
     OBJ("_fast_region", Proxy, fast_region),
     OBJ("_fast_counted", Proxy, fast_counted),
     OBJ("_pin", Proxy, pin),
+    OBJ("_gauge", Proxy, gauge),
     {"_max_head", T_PYSSIZET, offsetof(Proxy, max_head), 0, NULL},
     {"_max_idle", T_PYSSIZET, offsetof(Proxy, max_idle), 0, NULL},
     {"_max_headers", T_PYSSIZET, offsetof(Proxy, max_headers), 0, NULL},
@@ -735,11 +856,16 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     INTERN(s_tick, "tick")
     INTERN(s_requests, "requests")
     INTERN(s_fast_path, "fast_path")
-    if (PyType_Ready(&UpstreamType) < 0 || PyType_Ready(&ProxyType) < 0) return NULL;
+    INTERN(s_served, "_served")
+    if (PyType_Ready(&UpstreamType) < 0 || PyType_Ready(&ProxyType) < 0 ||
+        PyType_Ready(&CountersType) < 0 || PyType_Ready(&GaugeType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "FastUpstream", (PyObject *)&UpstreamType) < 0 ||
-        PyModule_AddObjectRef(m, "FastProxy", (PyObject *)&ProxyType) < 0) {
+        PyModule_AddObjectRef(m, "FastProxy", (PyObject *)&ProxyType) < 0 ||
+        PyModule_AddObjectRef(m, "Counters", (PyObject *)&CountersType) < 0 ||
+        PyModule_AddObjectRef(m, "Gauge", (PyObject *)&GaugeType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

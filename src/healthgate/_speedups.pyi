@@ -14,3 +14,20 @@ class FastUpstream:
 # The batch prober's connect and disconnect (probes/batch.py): 0 or the errno.
 def connect_fd(fd: int, address: bytes, /) -> int: ...
 def disconnect_fd(fd: int, /) -> int: ...
+
+# One upstream's counts on one listener (dataplane/counters.py's PyCounters).
+class Counters:
+    served: int
+    errors: int
+    gateway: int
+    run: int
+    gateway_run: int
+    peak: int
+    peak_gateway: int
+    kinds: dict[str, int]
+    run_kinds: list[str]
+    peak_kinds: list[str]
+
+# Requests in flight on one listener (dataplane/retry.py's PyGauge).
+class Gauge:
+    n: int

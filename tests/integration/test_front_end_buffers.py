@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from healthgate.dataplane.counters import ListenerCounters
 from healthgate.dataplane.guard import ConnectionGuard
 from healthgate.dataplane.http import HttpProxy
 from healthgate.dataplane.http_limits import HttpSettings
@@ -38,7 +39,9 @@ async def front(
     pool = UpstreamPool(settings)
     groups = lambda: [[("127.0.0.1", upstream)]]  # noqa: E731
     return await asyncio.get_running_loop().create_server(
-        lambda: HttpProxy(groups, pool, settings, stats, guard=guard), "127.0.0.1", 0
+        lambda: HttpProxy(groups, pool, settings, ListenerCounters(stats), guard=guard),
+        "127.0.0.1",
+        0,
     )
 
 

@@ -9,6 +9,7 @@ import resource
 import time
 from collections.abc import Awaitable, Callable
 
+from healthgate.dataplane.counters import ListenerCounters
 from healthgate.dataplane.guard import ConnectionGuard
 from healthgate.dataplane.http import HttpProxy
 from healthgate.dataplane.http_limits import HttpSettings
@@ -23,7 +24,9 @@ async def front_end(
     settings = HttpSettings(max_head_bytes=max_head)
     pool = UpstreamPool(settings)
     return await asyncio.get_running_loop().create_server(
-        lambda: HttpProxy(list, pool, settings, stats, guard=guard), "127.0.0.1", 0
+        lambda: HttpProxy(list, pool, settings, ListenerCounters(stats), guard=guard),
+        "127.0.0.1",
+        0,
     )
 
 
@@ -147,7 +150,9 @@ def test_the_tcp_front_end_counts_against_the_same_cap() -> None:
         upstream = await asyncio.start_server(hold, "127.0.0.1", 0)
         target = [("127.0.0.1", upstream.sockets[0].getsockname()[1])]
         server = await asyncio.get_running_loop().create_server(
-            lambda: TcpProxy(lambda: target, 1.0, stats, None, None, guard), "127.0.0.1", 0
+            lambda: TcpProxy(lambda: target, 1.0, ListenerCounters(stats), None, None, guard),
+            "127.0.0.1",
+            0,
         )
         port = server.sockets[0].getsockname()[1]
         await asyncio.open_connection("127.0.0.1", port)
@@ -233,7 +238,7 @@ def test_udp_sessions_count_against_the_cap_and_their_source() -> None:
         guard = ConnectionGuard(100, max_per_source=8)
         stats: dict[str, int] = {}
         listen_t, listener = await loop.create_datagram_endpoint(
-            lambda: UdpListener(lambda: [upstream], 60.0, stats, guard=guard),
+            lambda: UdpListener(lambda: [upstream], 60.0, ListenerCounters(stats), guard=guard),
             local_addr=("127.0.0.1", 0),
         )
         port = listen_t.get_extra_info("sockname")[1]

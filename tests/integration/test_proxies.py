@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from healthgate import http_scan
+from healthgate.dataplane.counters import ListenerCounters
 from healthgate.dataplane.http import HttpProxy
 from healthgate.dataplane.http_limits import HttpSettings
 from healthgate.dataplane.manager import Balance, DataPlane, DataPlaneSettings
@@ -33,7 +34,9 @@ async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> No
 
 async def tcp_proxy_to(upstreams: list[tuple[str, int]], stats: dict[str, int]) -> asyncio.Server:
     loop = asyncio.get_running_loop()
-    return await loop.create_server(lambda: TcpProxy(lambda: upstreams, 1.0, stats), "127.0.0.1", 0)
+    return await loop.create_server(
+        lambda: TcpProxy(lambda: upstreams, 1.0, ListenerCounters(stats)), "127.0.0.1", 0
+    )
 
 
 def test_tcp_bulk_transfer_with_back_pressure_and_half_close() -> None:
@@ -117,7 +120,7 @@ Choose = Callable[[], Sequence[Sequence[tuple[str, int]]]]
 async def http_proxy(choose: Choose, pool: UpstreamPool, stats: dict[str, int]) -> asyncio.Server:
     """An L7 listener on an ephemeral loopback port over ``choose``'s regions."""
     return await asyncio.get_running_loop().create_server(
-        lambda: HttpProxy(choose, pool, pool.settings, stats), "127.0.0.1", 0
+        lambda: HttpProxy(choose, pool, pool.settings, ListenerCounters(stats)), "127.0.0.1", 0
     )
 
 
@@ -647,7 +650,11 @@ def test_http_a_fast_try_that_hangs_skips_its_region_where_the_route_has_moved_i
             stats: dict[str, int] = {}
             proxy = await asyncio.get_running_loop().create_server(
                 lambda: HttpProxy(
-                    lambda: route, pool, pool.settings, stats, first=lambda: (region_a[0], region_a)
+                    lambda: route,
+                    pool,
+                    pool.settings,
+                    ListenerCounters(stats),
+                    first=lambda: (region_a[0], region_a),
                 ),
                 "127.0.0.1",
                 0,

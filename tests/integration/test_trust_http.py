@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from healthgate.dataplane.counters import ListenerCounters
 from healthgate.dataplane.guard import ConnectionGuard
 from healthgate.dataplane.http import HttpProxy
 from healthgate.dataplane.http_limits import HttpSettings
@@ -60,7 +61,8 @@ class Front:
         self.fast = fast
         self.guard = guard
         self.pool = UpstreamPool(HttpSettings(**settings))
-        self.stats: dict[str, int] = {}
+        self.counters = ListenerCounters()
+        self.stats = self.counters.events
         self.server: asyncio.Server | None = None
         self.proxies: list[HttpProxy] = []
 
@@ -76,7 +78,7 @@ class Front:
                 lambda: self.regions,
                 self.pool,
                 self.pool.settings,
-                self.stats,
+                self.counters,
                 first=first,
                 guard=self.guard,
             )

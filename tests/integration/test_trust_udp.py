@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from healthgate.dataplane import guard as guard_module
+from healthgate.dataplane.counters import ListenerCounters
 from healthgate.dataplane.guard import ConnectionGuard, prefix_of
 from healthgate.dataplane.listeners import Layer, ListenerSpec, close_listener, open_listener
 from healthgate.dataplane.udp import UdpListener
@@ -50,7 +51,7 @@ async def udp_front(
     made: list[UdpListener] = []
 
     def factory() -> UdpListener:
-        made.append(UdpListener(lambda: [upstream], 60.0, stats, guard=guard))
+        made.append(UdpListener(lambda: [upstream], 60.0, ListenerCounters(stats), guard=guard))
         return made[-1]
 
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:

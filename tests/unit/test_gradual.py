@@ -17,6 +17,7 @@ import pytest
 from healthgate.controlplane.ramp_gate import RampGate
 from healthgate.controlplane.saved_states import decode_states, encode_record_states
 from healthgate.health.engine import HealthEngine
+from healthgate.health.evidence import Hops
 from healthgate.health.routing import Candidate, distribute
 from healthgate.health.states import HealthState, RampChange, RampPhase, Record, RouteChange
 from healthgate.simulation.runner import simulate
@@ -235,31 +236,25 @@ def test_the_gate_counts_the_last_ten_seconds_and_needs_twenty() -> None:
     engine, _ = _ramping()
     engine.apply(_world(failbackRampSec=100, failbackMaxErrorPercent=25), 50.0)
     frontend = next(iter(engine.route_table().routes))
-    counts = {"served": 0, "failed": 0}
     health = _Health(engine)
     # us-east1's producer rule in the example world: 127.0.1.100:8080
-    address = "served_by 127.0.1.100:8080", "failed_by 127.0.1.100:8080"
+    address = ("127.0.1.100", 8080)
 
-    def stats() -> dict[str, dict[str, int]]:
-        return {frontend: {address[0]: counts["served"], address[1]: counts["failed"]}}
-
-    gate = RampGate(health, stats)  # type: ignore[arg-type]
-    for t, served, failed in ((51, 0, 0), (52, 5, 5), (53, 9, 9)):  # 18 tries: too few
+    def second(t: int, served: int, failed: int) -> None:
         health.now = float(t)
-        counts["served"], counts["failed"] = served, failed
-        gate.check()
+        hops = Hops(served, failed, 0, {"503": failed} if failed else {})
+        gate.observe(health.now, {frontend: {address: hops}} if served or failed else {})
+
+    gate = RampGate(health)  # type: ignore[arg-type]
+    for t, served, failed in ((51, 0, 0), (52, 5, 5), (53, 4, 4)):  # 18 tries: too few
+        second(t, served, failed)
     assert health.emitted == []
     for t in range(54, 65):  # no traffic: the early failures leave the 10 s window
-        health.now = float(t)
-        gate.check()
+        second(t, 0, 0)
     for t in range(65, 76):  # 3 of 4 served from now on: 25 %, not more
-        health.now = float(t)
-        counts["served"] += 3
-        counts["failed"] += 1
-        gate.check()
+        second(t, 3, 1)
     assert health.emitted == []
-    health.now, counts["failed"] = 76.0, counts["failed"] + 10
-    gate.check()
+    second(76, 0, 10)
     [abandoned] = health.emitted
     assert isinstance(abandoned, RampChange) and abandoned.phase is RampPhase.ABANDONED
     # since the count 10 s before (t = 66): 9 x (3 served, 1 failed), then 10 failed

@@ -41,6 +41,7 @@ CONSUMER_EVENT_KINDS: tuple[str, ...] = (
     RecordKind.ROUTE,
     RecordKind.CHANGE,
     RecordKind.RAMP,
+    RecordKind.HOLD,
 )
 
 

@@ -20,7 +20,7 @@ from healthgate.store.base import LogQuery, record_matches
 # an unknown kind or state is a 400 naming the field, not an empty list
 EventKind = Literal[
     "Endpoint", "HealthSource", "CompositeHealthCheck", "NetworkEndpointGroup", "Route", "Change",
-    "Ramp",
+    "Ramp", "Ejection", "Hold",
 ]  # fmt: skip
 KindQ = Annotated[EventKind | None, Query(description="only records of this kind")]
 StateQ = Annotated[
@@ -30,6 +30,8 @@ StateQ = Annotated[
         "apply", "delete", "create", "replace", "shift", "shift-extend", "shift-end",
         # a Ramp record's phase
         "STARTED", "ENDED", "ABANDONED",
+        # an Ejection record's phase, a Hold record's
+        "EJECTED", "RETURNED", "DETECTED", "HELD", "LIFTED", "RELEASED",
     ]
     | None,
     Query(alias="state", description="only transitions to this state (or Changes of this action)"),

@@ -7,7 +7,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from healthgate.cli.render import table
-from healthgate.health.states import RampChange, Record, RouteChange, ShiftEnded, Transition
+from healthgate.health.states import (
+    Ejection,
+    Hold,
+    RampChange,
+    Record,
+    RouteChange,
+    ShiftEnded,
+    Transition,
+)
 from healthgate.health.windows import failure_window, success_window
 from healthgate.model.resources import HealthCheck, Resource
 from healthgate.simulation.runner import SimulationResult
@@ -106,6 +114,10 @@ def _row(rec: Record) -> list[str]:
         return [t, "Change", rec.path, "shift ended", rec.to_dict()["reason"]]
     if isinstance(rec, RampChange):
         return [t, "Ramp", _short(rec.frontend), f"{_short(rec.neg)} {rec.phase}", rec.reason]
+    if isinstance(rec, Ejection):
+        return [t, "Ejection", _short(rec.path).replace("/endpoints/", " "), rec.phase, rec.reason]
+    if isinstance(rec, Hold):
+        return [t, "Hold", rec.hold_id, rec.phase.value, rec.reason]
     return [
         t,
         "Route",

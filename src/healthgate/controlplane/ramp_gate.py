@@ -1,89 +1,76 @@
 """The error gate of ramped failbacks (SPEC §6, ``failbackMaxErrorPercent``).
 
 While a NEG's ramp runs, the data plane's own counters say how its real
-traffic fares: every listener counts, per upstream address, what it served
-(``served_by``) and the tries that failed (``failed_by``: no connection, a
-reset, a timeout, an answer that is retried - dataplane/tcp.py). Once a
-second, for each front end whose backend service sets
-``failbackMaxErrorPercent`` and has a ramp running, the gate compares the
-counters of the NEG's addresses (its service attachment's producer rule,
-and that rule's endpoints, which a front end that serves the rule itself
-connects to) with those of 10 s before: more than that percentage failed, out of at
-least 20, and the engine abandons the ramp (health/graph.py
-``abandon_ramp``: the NEG takes nothing, its ramp starts again from 0 a
-success window later; the record has the figures).
+traffic fares: every listener counts, per upstream address, its hops'
+successes and errors (dataplane/counters.py; what an error is:
+health/evidence.py). Once a second the evidence sampler
+(controlplane/evidence.py) hands the gate what each listener's hops came
+to; for each front end whose backend service sets
+``failbackMaxErrorPercent`` and has a ramp running, the gate sums the hops
+to the NEG's addresses (its service attachment's producer rule, and that
+rule's endpoints, which a front end that serves the rule itself connects
+to) over the last 10 s: more than that percentage failed, out of at least
+20, and the engine abandons the ramp (health/graph.py ``abandon_ramp``: the
+NEG takes nothing, its ramp starts again from 0 a success window later; the
+record has the figures).
 
-The counters are the listeners' in this process or summed over the
-data-plane workers (the same numbers ``/metrics`` shows). In a cluster each
-node gates its own data plane's traffic: a node whose front end sees the
-failures abandons its ramp, and its record is its own (``local``).
+The hops are the listeners' in this process or the data-plane workers'
+(the same numbers ``/metrics`` shows). In a cluster each node gates its own
+data plane's traffic: a node whose front end sees the failures abandons its
+ramp, and its record is its own (``local``).
 
 Cost: nothing while no gated ramp runs; then one pass over the gated front
-ends' counters a second.
+ends' hops a second.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from healthgate.controlplane.health_service import HealthService
-from healthgate.dataplane.tcp import failed_key, served_key
+from healthgate.health.evidence import Address, Hops
 from healthgate.health.states import ERROR_MINIMUM, ERROR_WINDOW
 from healthgate.model.lookups import published_rule
 
 log = logging.getLogger("healthgate.health")
 
-Counters = dict[str, tuple[int, int]]  # "frontend|neg" -> (served, failed), cumulative
-ListenerStats = Callable[[], Mapping[str, Mapping[str, int]]]
+Seconds = dict[str, tuple[int, int]]  # "frontend|neg" -> (hops, errors) in one second
 
 
 class RampGate:
-    def __init__(self, health: HealthService, listener_stats: ListenerStats) -> None:
+    def __init__(self, health: HealthService) -> None:
         self.health = health
-        self.listener_stats = listener_stats
-        self._history: deque[tuple[float, Counters]] = deque()
+        self._history: deque[tuple[float, Seconds]] = deque()
 
-    async def run(self, period: float = 1.0) -> None:
-        while True:
-            await asyncio.sleep(period)
-            try:
-                self.check()
-            except Exception:  # (the gate must never stop: it is only a guard)
-                log.exception("the ramps' error gate failed; trying again in %g s", period)
-
-    def check(self) -> None:
+    def observe(self, now: float, hops: Mapping[str, Mapping[Address, Hops]]) -> None:
+        """One second of every listener's hops (controlplane/evidence.py)."""
         engine = self.health.engine
-        now = self.health.clock()
         gated = engine.gated_ramps(now)
         if not gated:
             self._history.clear()
             return
-        stats = self.listener_stats()
-        counters: Counters = {}
+        second: Seconds = {}
         for frontend, (_, negs) in gated.items():
-            listener = stats.get(frontend) or {}
+            listener = hops.get(frontend) or {}
             for neg in negs:
-                served = failed = 0
-                for address in self._addresses(neg):
-                    served += listener.get(served_key(address), 0)
-                    failed += listener.get(failed_key(address), 0)
-                counters[f"{frontend}|{neg}"] = (served, failed)
-        self._history.append((now, counters))
-        while self._history[0][0] < now - ERROR_WINDOW:
+                total = errors = 0
+                if listener:
+                    for address in self._addresses(neg):
+                        h = listener.get(address)
+                        if h is not None:
+                            total += h.total
+                            errors += h.errors
+                second[f"{frontend}|{neg}"] = (total, errors)
+        self._history.append((now, second))
+        while self._history and self._history[0][0] <= now - ERROR_WINDOW:
             self._history.popleft()
         for frontend, (limit, negs) in gated.items():
             for neg in negs:
                 key = f"{frontend}|{neg}"
-                # the baseline: its oldest count within the window
-                base = next((c[key] for _, c in self._history if key in c), None)
-                if key not in counters or base is None:
-                    continue
-                served = counters[key][0] - base[0]
-                failed = counters[key][1] - base[1]
-                total = served + failed
+                total = sum(s[key][0] for _, s in self._history if key in s)
+                failed = sum(s[key][1] for _, s in self._history if key in s)
                 if total >= ERROR_MINIMUM and 100 * failed > limit * total:
                     records = engine.abandon_ramp(now, frontend, neg, total, failed)
                     if records:

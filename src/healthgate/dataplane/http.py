@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, cast
 import httptools
 
 from healthgate import http_scan
+from healthgate.dataplane.counters import ListenerCounters, answered, error, success
 from healthgate.dataplane.guard import ConnectionGuard
 from healthgate.dataplane.http_limits import HttpSettings
 from healthgate.dataplane.http_message import (
@@ -63,9 +64,10 @@ from healthgate.dataplane.http_message import (
     check_head,
     simple_response,
 )
-from healthgate.dataplane.retry import NextTry, next_try
-from healthgate.dataplane.tcp import count_down, count_failed, served_key
+from healthgate.dataplane.retry import NextTry, RetryBudget, next_try
+from healthgate.dataplane.tcp import count_down
 from healthgate.dataplane.upstream import UpstreamConnection, UpstreamPool, expire_head
+from healthgate.health.evidence import GATEWAY_STATUSES, REFUSED, RESET, TIMEOUT
 from healthgate.http_scan import plain_request
 
 log = logging.getLogger("healthgate.dataplane")
@@ -81,11 +83,21 @@ BODY_SLICE = 64 * 1024
 
 
 class _Retry(Exception):
-    """A try failed; what happened decides the next (dataplane/retry.py)."""
+    """A try failed; what happened decides the next (dataplane/retry.py),
+    and its ``kind`` is the upstream's error (health/evidence.py)."""
 
-    def __init__(self, message: str, sent: bool = True, timed_out: bool = False) -> None:
+    def __init__(
+        self,
+        message: str,
+        kind: str,
+        gateway: bool = False,
+        sent: bool = True,
+        timed_out: bool = False,
+    ) -> None:
         super().__init__(message)
         self.message = message
+        self.kind = kind
+        self.gateway = gateway
         self.sent = sent
         self.timed_out = timed_out
 
@@ -139,13 +151,18 @@ class HttpProxy(_FastEntry):
         choose: Callable[[], Sequence[Sequence[Address]]],
         pool: UpstreamPool,
         settings: HttpSettings,
-        stats: dict[str, int],
+        counters: ListenerCounters,
         on_route_used: Callable[[], None] | None = None,
         active: dict[Address, int] | None = None,
         first: Callable[[], tuple[Address, Sequence[Address]] | None] | None = None,
         guard: ConnectionGuard | None = None,
+        budget: RetryBudget | None = None,
     ) -> None:
         self.choose = choose
+        # a consumer front end's retry budget (SPEC §8), and the count of its
+        # requests in flight, which the C fast path keeps too
+        self.budget = budget
+        self._gauge = budget.requests if budget is not None else None
         self.guard = guard  # the connection cap and the header / idle timeouts
         self.admitted: asyncio.BaseTransport | None = None  # counted by the guard
         # the head of the request being read: open from its first byte to its
@@ -167,7 +184,9 @@ class HttpProxy(_FastEntry):
         self._max_idle = pool.settings.max_idle_per_upstream
         self.settings = settings
         self._max_head = settings.max_head_bytes
-        self.stats = stats
+        self.counters = counters
+        self.stats = counters.events  # (what the C fast path counts requests in)
+        self.upstreams = counters.upstreams  # (... and a success of an upstream's)
         self.on_route_used = on_route_used
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
@@ -509,6 +528,8 @@ class HttpProxy(_FastEntry):
         stats["fast_path"] = stats.get("fast_path", 0) + 1
         request = data[:-2] + self._xff
         self.inflight = True
+        if self._gauge is not None:
+            self._gauge.n += 1
         self.upstream = conn
         self._fast_request = request
         self._fast_groups = groups
@@ -528,6 +549,8 @@ class HttpProxy(_FastEntry):
             count_down(self.active, self._fast_counted)
             self._fast_counted = None
         self.upstream = None
+        if self.inflight and self._gauge is not None:
+            self._gauge.n -= 1
         self.inflight = False
 
     def fast_head(self, conn: UpstreamConnection, status: int) -> None:
@@ -536,7 +559,9 @@ class HttpProxy(_FastEntry):
             conn.owner = None
             self.pool.discard(conn)
             address = conn.address
-            self._fast_fallback(f"{address[0]}:{address[1]}: answered {status}", address)
+            self._fast_fallback(
+                f"{address[0]}:{address[1]}: answered {status}", address, str(status), True
+            )
             return
         client = self.transport
         if self.closed or client is None or client.is_closing():
@@ -558,21 +583,25 @@ class HttpProxy(_FastEntry):
         self.pool.release(conn)
         if status in RETRY_STATUSES:  # GET and HEAD are idempotent: the next try
             address = conn.address
-            self._fast_fallback(f"{address[0]}:{address[1]}: answered {status}", address)
+            self._fast_fallback(
+                f"{address[0]}:{address[1]}: answered {status}", address, str(status), True
+            )
             return
         client = self.transport
         if not self.closed and client is not None and not client.is_closing():
             client.write(data)
-            stats = self.stats
-            key = conn.served_key
-            stats[key] = stats.get(key, 0) + 1
+            answered(self.counters.of(conn.address), status)  # (500, 501...: errors)
         self._fast_end()
         if self.queue:  # requests that came in behind this one
             self._wake_worker()
 
+    def _served(self, address: Address) -> None:
+        """A success of ``address`` (the C fast path's, when it has no
+        counters of that upstream yet)."""
+        success(self.counters.of(address))
+
     def fast_done(self, conn: UpstreamConnection, reusable: bool) -> None:
-        key = conn.served_key
-        self.stats[key] = self.stats.get(key, 0) + 1
+        answered(self.counters.of(conn.address), conn.status)
         if reusable:
             self.pool.release(conn)
         else:
@@ -583,7 +612,8 @@ class HttpProxy(_FastEntry):
 
     def fast_failed(self, conn: UpstreamConnection, exc: Exception) -> None:
         self.pool.discard(conn)
-        if conn.sink is not None:  # the response broke after it started
+        if conn.sink is not None:  # the response broke after it started: its status counts
+            answered(self.counters.of(conn.address), conn.status)
             self._fast_end()
             if self.transport is not None:
                 self.transport.abort()
@@ -591,7 +621,7 @@ class HttpProxy(_FastEntry):
             return
         address = conn.address
         stale = conn.reused and not conn.got_bytes  # a pooled connection the server had closed
-        self._fast_fallback(f"{address[0]}:{address[1]}: {exc}", None if stale else address)
+        self._fast_fallback(f"{address[0]}:{address[1]}: {exc}", None if stale else address, RESET)
 
     def fast_expired(self) -> None:
         conn = self.upstream
@@ -603,11 +633,17 @@ class HttpProxy(_FastEntry):
         self._fast_fallback(
             f"{address[0]}:{address[1]}: no answer within {self.settings.per_try_timeout:g} s",
             address,
+            TIMEOUT,
             hung=self._fast_region,  # a region that hangs: do not wait on its other endpoints
         )
 
     def _fast_fallback(
-        self, error: str, failed: Address | None, hung: Sequence[Address] | None = None
+        self,
+        why: str,
+        failed: Address | None,
+        kind: str,
+        gateway: bool = False,
+        hung: Sequence[Address] | None = None,
     ) -> None:
         """The first try failed before anything reached the client: the
         general path makes the next tries, ahead of anything queued. It
@@ -619,10 +655,10 @@ class HttpProxy(_FastEntry):
         req.groups = self._fast_groups
         req.failed = failed
         req.hung = hung
-        req.last_error = error
+        req.last_error = why
         tried = failed or (hung[0] if hung else None)
-        if tried is not None:
-            count_failed(self.stats, tried)
+        if tried is not None:  # (a stale pooled connection is nobody's error)
+            error(self.counters.of(tried), kind, gateway)
         self._fast_end()
         if self.closed:
             return
@@ -689,15 +725,46 @@ class HttpProxy(_FastEntry):
                 )
             )
             return
+        gauge = self._gauge
+        if gauge is not None:
+            gauge.n += 1
+        retrying = [False]  # (in another region, within the retry budget)
+        try:
+            refusal = await self._tries(req, groups, client, retrying)
+        finally:
+            if gauge is not None:
+                gauge.n -= 1
+            if retrying[0] and self.budget is not None:
+                self.budget.done()
+        if refusal is not None:
+            self.stats["failed"] = self.stats.get("failed", 0) + 1
+            client.write(refusal)
+
+    async def _tries(
+        self,
+        req: Request,
+        groups: Sequence[Sequence[Address]],
+        client: asyncio.Transport,
+        retrying: list[bool],
+    ) -> bytes | None:
+        """Try ``req`` region by region, endpoint by endpoint (dataplane/retry.py);
+        None once answered (or the client left), else the answer it gets."""
         data = req.serialize(self.client_ip)
         idempotent = req.method in IDEMPOTENT
         last_error = req.last_error or "no upstream answered"
         tries = 1 if req.last_error else 0  # the fast path made the first one
         hung = req.hung
-        give_up = False
-        for group in groups:  # regions in failover order
+        for i, group in enumerate(groups):  # regions in failover order
             if hung is not None and any(address in hung for address in group):
                 continue  # the region whose first try hung, wherever the route now has it
+            if i > 0 and tries > 0 and self.budget is not None and not retrying[0]:
+                refused = self.budget.admit()  # (a retry into another region)
+                if refused is not None:
+                    self.stats["retry_budget_exhausted"] = (
+                        self.stats.get("retry_budget_exhausted", 0) + 1
+                    )
+                    return simple_response(503, "Service Unavailable", refused)
+                retrying[0] = True
             for address in group:  # endpoints of one region
                 if address == req.failed:
                     continue
@@ -708,28 +775,26 @@ class HttpProxy(_FastEntry):
                 if active is not None:
                     active[address] = active.get(address, 0) + 1
                 try:
-                    await self._try(
+                    status = await self._try(
                         address, data, req.method == "HEAD", idempotent, client, req.http11
                     )
-                    key = served_key(address)
-                    self.stats[key] = self.stats.get(key, 0) + 1
-                    return
+                    if status:
+                        answered(self.counters.of(address), status)
+                    return None
                 except _Retry as exc:
-                    count_failed(self.stats, address)
+                    error(self.counters.of(address), exc.kind, exc.gateway)
                     last_error = exc.message
                     step = next_try(idempotent, exc.sent, exc.timed_out)
-                    if step is not NextTry.NEXT_ENDPOINT:
-                        give_up = step is NextTry.GIVE_UP
+                    if step is NextTry.GIVE_UP:
+                        return _bad_gateway(last_error)
+                    if step is NextTry.NEXT_REGION:
                         break
                 finally:
                     if active is not None:
                         count_down(active, address)
                 if self.closed:
-                    return
-            if give_up:
-                break
-        self.stats["failed"] = self.stats.get("failed", 0) + 1
-        client.write(simple_response(502, "Bad Gateway", f"upstream failed: {last_error}"))
+                    return None
+        return _bad_gateway(last_error)
 
     async def _try(
         self,
@@ -739,7 +804,8 @@ class HttpProxy(_FastEntry):
         idempotent: bool,
         client: asyncio.Transport,
         http11: bool = True,
-    ) -> None:
+    ) -> int:
+        """One try; the status it was answered with (0: the client left first)."""
         loop = asyncio.get_running_loop()
         for attempt in range(2):  # a stale pooled connection gets one fresh retry, same address
             conn = self.pool.idle(address) if attempt == 0 else None
@@ -749,6 +815,8 @@ class HttpProxy(_FastEntry):
                 except (OSError, TimeoutError) as exc:
                     raise _Retry(
                         f"{address[0]}:{address[1]}: connect failed ({type(exc).__name__}); request not sent",
+                        REFUSED,
+                        gateway=True,
                         sent=False,
                     ) from None
             reused = conn.reused
@@ -768,6 +836,7 @@ class HttpProxy(_FastEntry):
                 self.upstream = None
                 raise _Retry(
                     f"{address[0]}:{address[1]}: no answer within {self.settings.per_try_timeout:g} s",
+                    TIMEOUT,
                     timed_out=True,
                 ) from None
             except (ConnectionError, OSError) as exc:
@@ -775,28 +844,37 @@ class HttpProxy(_FastEntry):
                 self.upstream = None
                 if reused and not conn.got_bytes and attempt == 0:
                     continue
-                raise _Retry(f"{address[0]}:{address[1]}: {exc}") from None
+                raise _Retry(f"{address[0]}:{address[1]}: {exc}", RESET) from None
             finally:
                 timer.cancel()
             if self.closed or client.is_closing():  # the client left while we waited
                 self.pool.discard(conn)
                 self.upstream = None
-                return
+                return 0
             if status in RETRY_STATUSES and idempotent:
                 self.pool.discard(conn)
                 self.upstream = None
-                raise _Retry(f"{address[0]}:{address[1]}: answered {status}")
+                raise _Retry(
+                    f"{address[0]}:{address[1]}: answered {status}",
+                    str(status),
+                    gateway=status in GATEWAY_STATUSES,
+                )
             conn.commit(client)
             try:
                 reusable = await conn.done
             except (ConnectionError, OSError):
                 client.abort()  # the response broke after it started: nothing else is honest
                 self.closed = True
-                return
+                return status
             finally:
                 self.upstream = None
             if reusable:
                 self.pool.release(conn)
             else:
                 self.pool.discard(conn)
-            return
+            return status
+        return 0
+
+
+def _bad_gateway(why: str) -> bytes:
+    return simple_response(502, "Bad Gateway", f"upstream failed: {why}")

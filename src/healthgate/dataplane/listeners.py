@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import cast
 
+from healthgate.dataplane.counters import ListenerCounters
 from healthgate.dataplane.tcp import TcpProxy
 from healthgate.dataplane.udp_socket import PktInfoEndpoint, is_wildcard, udp_socket
 from healthgate.model.addresses import Reserved, overlaps
@@ -54,7 +55,7 @@ class Listener:
     datagrams: list[asyncio.BaseTransport] = field(default_factory=list)
     live: set[TcpProxy] = field(default_factory=set)  # open L4 connections
     error: str | None = None
-    stats: dict[str, int] = field(default_factory=dict)
+    counters: ListenerCounters = field(default_factory=ListenerCounters)
     retry: bool = False  # refused for want of room: tried again at the next sync
 
 

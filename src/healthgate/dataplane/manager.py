@@ -33,6 +33,7 @@ from healthgate.dataplane.choice import (
     HealthView,
     UpstreamChoice,
 )
+from healthgate.dataplane.counters import ListenerCounters
 from healthgate.dataplane.guard import ConnectionGuard
 from healthgate.dataplane.http import HttpProxy
 from healthgate.dataplane.http_limits import HttpSettings
@@ -47,14 +48,19 @@ from healthgate.dataplane.listeners import (
     taken,
 )
 from healthgate.dataplane.tcp import TcpProxy
+from healthgate.dataplane.retry import RetryBudget
 from healthgate.dataplane.udp import UdpListener
 from healthgate.dataplane.upstream import UpstreamPool
+from healthgate.health.evidence import Hops
 from healthgate.model.addresses import Reserved
 from healthgate.model.change import WorldChange
 from healthgate.model.names import ResourcePath
-from healthgate.model.resources import ForwardingRule, Resource
+from healthgate.model.resources import BackendService, ForwardingRule, Resource
 
 log = logging.getLogger("healthgate.dataplane")
+
+# (listener, upstream, successes, errors, errors by kind): /metrics reads these
+UpstreamTotal = tuple[str, Address, int, int, Mapping[str, int]]
 
 __all__ = ["PROPAGATION_BUCKETS", "Balance", "DataPlane", "DataPlaneSettings", "HealthView"]
 
@@ -252,7 +258,7 @@ class DataPlane:
                     self.listeners[path] = Listener(spec, error=error, retry=True)
                     continue
                 listener = Listener(spec)
-                factory = self._factory(path, spec, listener.stats)
+                factory = self._factory(path, spec, listener.counters)
                 # the TCP connections the factory's proxies add themselves to
                 listener.live = self._live.pop(path, listener.live)
                 self._unfitted.discard(path)
@@ -271,7 +277,7 @@ class DataPlane:
         return Listener(spec, error=error)
 
     def _factory(
-        self, path: str, spec: ListenerSpec, stats: dict[str, int]
+        self, path: str, spec: ListenerSpec, counters: ListenerCounters
     ) -> Callable[[], asyncio.BaseProtocol]:
         s = self.settings
         choice = self.choice
@@ -285,7 +291,7 @@ class DataPlane:
                 return choice.producer_upstreams(path)
 
         if spec.layer is Layer.UDP:
-            return lambda: UdpListener(choose, s.udp_idle_timeout, stats, guard=self.guard)
+            return lambda: UdpListener(choose, s.udp_idle_timeout, counters, guard=self.guard)
         # connections / requests in flight per upstream: only least-connections reads them
         active = choice.active if s.balance is Balance.LEAST_CONNECTIONS else None
         if spec.layer is Layer.HTTP:
@@ -304,11 +310,31 @@ class DataPlane:
             ):  # (least-connections looks at every request's load; a partial: no Python frame)
                 first = functools.partial(choice.first_try, path, spec.consumer)
 
+            budget = RetryBudget(functools.partial(self._retry_limits, path)) if spec.consumer else None
             return lambda: HttpProxy(
-                groups, self.pool, s.http, stats, choice.route_used, active, first, self.guard
+                groups,
+                self.pool,
+                s.http,
+                counters,
+                choice.route_used,
+                active,
+                first,
+                self.guard,
+                budget,
             )
         live = self._live.setdefault(path, set())
-        return lambda: TcpProxy(choose, s.connect_timeout, stats, live, active, self.guard)
+        return lambda: TcpProxy(choose, s.connect_timeout, counters, live, active, self.guard)
+
+    def _retry_limits(self, rule: str) -> tuple[float, int] | None:
+        """A consumer rule's retry budget (SPEC §8) as its backend service has
+        it now: (percent, minConcurrent), or None (unbounded). Looked up per
+        retry into another region, never per request."""
+        resources = self.choice.resources
+        fr = resources.get(ResourcePath.parse(rule))
+        bs_path = fr.ref("backend_service") if isinstance(fr, ForwardingRule) else None
+        bs = resources.get(bs_path) if bs_path is not None else None
+        budget = bs.policy.retry_budget if isinstance(bs, BackendService) else None
+        return None if budget is None else (budget.percent, budget.min_concurrent)
 
     async def close(self, grace: float = 0.0) -> None:
         """Stop accepting at once; give the open client connections up to
@@ -343,11 +369,34 @@ class DataPlane:
             for conn in drained:
                 conn.drain()
             if drained:
-                listener.stats["drained"] = listener.stats.get("drained", 0) + len(drained)
+                listener.counters.event("drained", len(drained))
                 log.info("%s: drained %d connection(s) after failover", frontend, len(drained))
 
-    def listener_stats(self) -> dict[str, dict[str, int]]:
-        return {path: li.stats for path, li in self.listeners.items()}
+    def listener_events(self) -> dict[str, dict[str, int]]:
+        return {path: li.counters.events for path, li in self.listeners.items()}
+
+    def take_hops(self) -> dict[str, dict[Address, Hops]]:
+        """Per listener, what each upstream's hops came to since the last
+        call (dataplane/counters.py): the evidence of SPEC §8, once a second."""
+        out = {}
+        for path, li in self.listeners.items():
+            hops = li.counters.take()
+            if hops:
+                out[path] = hops
+        return out
+
+    def reset_runs(self, addresses: Iterable[Address]) -> None:
+        """Upstreams just ejected: their runs of errors start again from nothing."""
+        wanted = list(addresses)
+        for li in self.listeners.values():
+            for address in wanted:
+                li.counters.reset_runs(address)
+
+    def upstream_totals(self) -> Iterator[UpstreamTotal]:
+        """(listener, upstream, successes, errors, errors by kind), in all."""
+        for path, li in self.listeners.items():
+            for address, c in li.counters.upstreams.items():
+                yield path, address, c.served, c.errors, c.kinds
 
     def status(self) -> dict[str, dict[str, object]]:
         return {
@@ -356,7 +405,7 @@ class DataPlane:
                 "ports": list(li.spec.ports),
                 "layer": str(li.spec.layer),
                 "error": li.error,
-                **li.stats,
+                **li.counters.events,
             }
             for path, li in self.listeners.items()
         }
@@ -369,7 +418,9 @@ class DataPlaneMetrics(Protocol):
     @property
     def propagation_sum(self) -> float: ...
 
-    def listener_stats(self) -> dict[str, dict[str, int]]: ...
+    def listener_events(self) -> dict[str, dict[str, int]]: ...
+
+    def upstream_totals(self) -> Iterable[UpstreamTotal]: ...
 
 
 class DataPlaneService(DataPlaneMetrics, Protocol):
@@ -380,6 +431,12 @@ class DataPlaneService(DataPlaneMetrics, Protocol):
         """Open, keep or close the listeners the change concerns."""
 
     def routes_changed(self, frontends: list[str]) -> None: ...
+
+    def take_hops(self) -> dict[str, dict[Address, Hops]]:
+        """Per listener, the hops of each upstream since the last call."""
+
+    def reset_runs(self, addresses: Iterable[Address]) -> None:
+        """Upstreams just ejected: their runs start again."""
 
     def status(self) -> dict[str, dict[str, object]]: ...
 
@@ -404,30 +461,47 @@ class DataPlaneCollector(Collector):
             cumulative.append(("+Inf" if bound == float("inf") else repr(bound), acc))
         hist.add_metric([], cumulative, self.dp.propagation_sum)
         yield hist
-        events = CounterMetricFamily(
+        events_family = CounterMetricFamily(
             "healthgate_listener_events",
             "Connections, requests, retries, refusals and timeouts per listener",
             labels=["listener", "event"],
         )
         served = CounterMetricFamily(
             "healthgate_listener_served",
-            "Requests and connections served, per listener and upstream",
+            "Requests and connections an upstream served well, per listener and upstream",
             labels=["listener", "upstream"],
         )
         failed = CounterMetricFamily(
             "healthgate_listener_upstream_failures",
-            "Tries an upstream failed (no connection, reset, timeout, a retried answer), "
-            "per listener and upstream",
+            "Requests and connections that failed at an upstream (SPEC 8: 5xx, timeout, "
+            "reset, refused), per listener and upstream",
             labels=["listener", "upstream"],
         )
-        for path, stats in self.dp.listener_stats().items():
-            for key, value in sorted(stats.items()):
-                if key.startswith("served_by "):
-                    served.add_metric([path, key.removeprefix("served_by ")], value)
-                elif key.startswith("failed_by "):
-                    failed.add_metric([path, key.removeprefix("failed_by ")], value)
-                else:
-                    events.add_metric([path, key], value)
-        yield events
+        kinds = CounterMetricFamily(
+            "healthgate_listener_upstream_errors",
+            "Errors of an upstream by kind (a status, timeout, reset, refused, unreachable)",
+            labels=["listener", "upstream", "kind"],
+        )
+        for path, events in self.dp.listener_events().items():
+            for key, value in sorted(events.items()):
+                events_family.add_metric([path, key], value)
+        for path, (ip, port), ok, errors, by_kind in self.dp.upstream_totals():
+            upstream = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+            served.add_metric([path, upstream], ok)
+            if errors:
+                failed.add_metric([path, upstream], errors)
+                for kind, n in sorted(by_kind.items()):
+                    kinds.add_metric([path, upstream, kind], n)
+        yield events_family
+        budget = CounterMetricFamily(
+            "healthgate_retry_budget_exhausted",
+            "Requests refused a retry into another region: the front end's retry budget was spent",
+            labels=["listener"],
+        )
+        for path, events in self.dp.listener_events().items():
+            if "retry_budget_exhausted" in events:
+                budget.add_metric([path], events["retry_budget_exhausted"])
+        yield budget
         yield served
         yield failed
+        yield kinds

@@ -24,7 +24,10 @@ failed connect is not sent; a timeout or reset after writing is.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum
+
+from healthgate import http_scan
 
 
 class NextTry(Enum):
@@ -39,3 +42,57 @@ def next_try(idempotent: bool, sent: bool, timed_out: bool) -> NextTry:
     if timed_out:
         return NextTry.NEXT_REGION
     return NextTry.NEXT_ENDPOINT
+
+
+class PyGauge:
+    """Requests in flight on one listener (``_speedups.Gauge`` in C, which
+    the fast path counts its exchanges in)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
+if http_scan.speedups is not None and hasattr(http_scan.speedups, "Gauge"):
+    Gauge: type[PyGauge] = http_scan.speedups.Gauge
+else:
+    Gauge = PyGauge
+
+Limits = Callable[[], "tuple[float, int] | None"]  # (percent, minConcurrent), None: unbounded
+
+
+class RetryBudget:
+    """A consumer front end's retry budget in this process (SPEC §8,
+    ``failoverPolicy.retryBudget``): retries into another region in flight
+    never exceed max(minConcurrent, percent x requests in flight); a request
+    past it gets its own error, counted. ``limits`` reads the front end's
+    backend service as it is now (None: no budget, every retry may go)."""
+
+    __slots__ = ("exhausted", "limits", "requests", "retries")
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.requests = Gauge()  # requests in flight (fast and general path)
+        self.retries = 0  # of them, retrying in another region now
+        self.exhausted = 0
+
+    def admit(self) -> str | None:
+        """One more retry into another region: None when it may go (then
+        :meth:`done` when it is over), else why not."""
+        limits = self.limits()
+        if limits is not None:
+            percent, least = limits
+            allowed = max(least, percent * self.requests.n / 100)
+            if self.retries + 1 > allowed:
+                self.exhausted += 1
+                return (
+                    f"retry budget exhausted: {self.retries} retries into other regions in "
+                    f"flight of {self.requests.n} requests (retryBudget {percent:g} %, "
+                    f"minConcurrent {least})"
+                )
+        self.retries += 1
+        return None
+
+    def done(self) -> None:
+        self.retries -= 1

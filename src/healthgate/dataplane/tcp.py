@@ -20,29 +20,14 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import cast
 
+from healthgate.dataplane.counters import ListenerCounters, error, success
 from healthgate.dataplane.guard import ConnectionGuard
+from healthgate.health.evidence import REFUSED, RESET, TIMEOUT
 
 log = logging.getLogger("healthgate.dataplane")
 
 Address = tuple[str, int]
 HIGH_WATER = 256 * 1024
-
-
-def served_key(address: Address) -> str:
-    """The listener counter of connections / requests an upstream served."""
-    return f"served_by {address[0]}:{address[1]}"
-
-
-def failed_key(address: Address) -> str:
-    """The listener counter of tries an upstream failed (no connection, a
-    reset, a timeout, an answer that is retried): with ``served_key``, what
-    a ramped failback's error gate reads (controlplane/ramp_gate.py)."""
-    return f"failed_by {address[0]}:{address[1]}"
-
-
-def count_failed(stats: dict[str, int], address: Address) -> None:
-    key = failed_key(address)
-    stats[key] = stats.get(key, 0) + 1
 
 
 def count_down(active: dict[Address, int], address: Address) -> None:
@@ -139,10 +124,10 @@ async def connect_first(
     candidates: Sequence[Address],
     timeout: float,
     factory: Callable[[], Pipe],
-    stats: dict[str, int] | None = None,
+    counters: ListenerCounters | None = None,
 ) -> tuple[asyncio.Transport, Pipe, Address] | None:
-    """Connect to the first candidate that accepts within ``timeout``
-    (each one that does not is counted in ``stats``)."""
+    """Connect to the first candidate that accepts within ``timeout`` (each
+    one that does not is an error of its, in ``counters``: a gateway error)."""
     loop = asyncio.get_running_loop()
     for address in candidates:
         try:
@@ -151,9 +136,43 @@ async def connect_first(
             return transport, proto, address
         except (OSError, TimeoutError) as exc:
             log.debug("upstream %s:%d failed: %r", address[0], address[1], exc)
-            if stats is not None:
-                count_failed(stats, address)
+            if counters is not None:
+                kind = TIMEOUT if isinstance(exc, TimeoutError) else REFUSED
+                error(counters.of(address), kind, True)
     return None
+
+
+class UpstreamPipe(Pipe):
+    """The upstream side of an L4 connection: the hop is a success at the
+    upstream's first byte (or a clean close), an error when the upstream
+    resets the connection before it (SPEC §8)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counted: ListenerCounters | None = None  # set when linked: where to count
+        self.address: Address | None = None
+        self.judged = False
+
+    def judge(self, ok: bool) -> None:
+        if self.judged or self.counted is None or self.address is None:
+            return
+        self.judged = True
+        c = self.counted.of(self.address)
+        if ok:
+            success(c)
+        else:
+            error(c, RESET, False)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.judged:
+            self.judge(True)
+        super().data_received(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # (a reset by the upstream comes with an error; our own close, or
+        # the client's, does not)
+        self.judge(exc is None)
+        super().connection_lost(exc)
 
 
 class TcpProxy(Pipe):
@@ -163,7 +182,7 @@ class TcpProxy(Pipe):
         self,
         choose: Callable[[], Sequence[Address]],
         connect_timeout: float,
-        stats: dict[str, int],
+        counters: ListenerCounters,
         live: set[TcpProxy] | None = None,
         active: dict[Address, int] | None = None,
         guard: ConnectionGuard | None = None,
@@ -173,7 +192,8 @@ class TcpProxy(Pipe):
         self.admitted: asyncio.BaseTransport | None = None  # counted by the guard
         self.choose = choose
         self.connect_timeout = connect_timeout
-        self.stats = stats
+        self.counters = counters
+        self.stats = counters.events
         self.task: asyncio.Task[None] | None = None
         self.upstream_address: Address | None = None
         self.live = live  # the listener's open connections, for draining
@@ -194,7 +214,7 @@ class TcpProxy(Pipe):
     async def _connect(self) -> None:
         candidates = self.choose()
         result = (
-            await connect_first(candidates, self.connect_timeout, Pipe, self.stats)
+            await connect_first(candidates, self.connect_timeout, UpstreamPipe, self.counters)
             if candidates
             else None
         )
@@ -212,8 +232,10 @@ class TcpProxy(Pipe):
             self.live.add(self)
         if self.active is not None:
             self.active[address] = self.active.get(address, 0) + 1
-        key = served_key(address)
-        self.stats[key] = self.stats.get(key, 0) + 1
+        if isinstance(upstream, UpstreamPipe):
+            upstream.counted, upstream.address = self.counters, address
+            if upstream.early or upstream.closed:  # (it spoke, or went, before being linked)
+                upstream.judge(bool(upstream.early) or upstream.eof)
         self.link(upstream)  # replays what the client sent (and its EOF)
         upstream.link(self)  # replays what the upstream already sent
         if not self.eof:

@@ -17,13 +17,15 @@ listener answers from the address it was asked at (dataplane/udp_socket.py).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import cast
 
+from healthgate.dataplane.counters import ListenerCounters, error, success
 from healthgate.dataplane.guard import ConnectionGuard
-from healthgate.dataplane.tcp import served_key
+from healthgate.health.evidence import UNREACHABLE
 
 log = logging.getLogger("healthgate.dataplane")
 
@@ -31,9 +33,10 @@ Address = tuple[str, int]
 
 
 class _Upstream(asyncio.DatagramProtocol):
-    def __init__(self, listener: UdpListener, client: Address) -> None:
+    def __init__(self, listener: UdpListener, client: Address, address: Address) -> None:
         self.listener = listener
         self.client = client
+        self.address = address  # the upstream's
         self.transport: asyncio.DatagramTransport | None = None
         self.last = 0.0
 
@@ -45,7 +48,10 @@ class _Upstream(asyncio.DatagramProtocol):
         self.listener.reply(data, self.client)
 
     def error_received(self, exc: Exception) -> None:
-        self.listener.stats["upstream_errors"] = self.listener.stats.get("upstream_errors", 0) + 1
+        # (an ICMP error: port unreachable, the UDP twin of a refused connection)
+        counters = self.listener.counters
+        counters.event("upstream_errors")
+        error(counters.of(self.address), UNREACHABLE, True)
 
 
 class UdpListener(asyncio.DatagramProtocol):
@@ -53,14 +59,15 @@ class UdpListener(asyncio.DatagramProtocol):
         self,
         choose: Callable[[], Sequence[Address]],
         idle_timeout: float,
-        stats: dict[str, int],
+        counters: ListenerCounters,
         max_sessions: int = 65536,
         guard: ConnectionGuard | None = None,
     ) -> None:
         self.guard = guard  # sessions count against the cap and per source (dataplane/guard.py)
         self.choose = choose
         self.idle_timeout = idle_timeout
-        self.stats = stats
+        self.counters = counters
+        self.stats = counters.events
         self.max_sessions = max_sessions
         self.transport: asyncio.DatagramTransport | None = None
         # (idle longest first: under pressure the first gives way - dataplane/guard.py)
@@ -121,7 +128,7 @@ class UdpListener(asyncio.DatagramProtocol):
         for address in self.choose():
             try:
                 _, session = await loop.create_datagram_endpoint(
-                    lambda: _Upstream(self, client), remote_addr=address
+                    functools.partial(_Upstream, self, client, address), remote_addr=address
                 )
             except OSError:
                 continue
@@ -129,8 +136,7 @@ class UdpListener(asyncio.DatagramProtocol):
             self.sessions[client] = session
             self.pending.pop(client, None)
             self.stats["sessions"] = self.stats.get("sessions", 0) + 1
-            key = served_key(address)
-            self.stats[key] = self.stats.get(key, 0) + 1
+            success(self.counters.of(address))
             assert session.transport is not None
             for data in queued:
                 session.transport.sendto(data)

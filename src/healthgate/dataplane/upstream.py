@@ -38,7 +38,6 @@ import httptools
 
 from healthgate import http_scan
 from healthgate.dataplane.http_limits import HttpSettings
-from healthgate.dataplane.tcp import served_key
 from healthgate.http_scan import whole_response
 
 Address = tuple[str, int]
@@ -118,7 +117,6 @@ class UpstreamConnection(_UpstreamEntry):
 
     def __init__(self, address: Address) -> None:
         self.address = address
-        self.served_key = served_key(address)  # its counter in stats
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.reused = False

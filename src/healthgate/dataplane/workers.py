@@ -34,14 +34,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, Metric
 
-from healthgate.dataplane.manager import PROPAGATION_BUCKETS, DataPlane, DataPlaneSettings
+from healthgate.dataplane.manager import (
+    PROPAGATION_BUCKETS,
+    DataPlane,
+    DataPlaneSettings,
+    UpstreamTotal,
+)
 from healthgate.health.engine import EndpointKey, HealthEngine, RouteTable
+from healthgate.health.evidence import Hops
 from healthgate.health.types import Route
 from healthgate.model.change import WorldChange
 from healthgate.model.names import ResourcePath
@@ -62,6 +68,7 @@ log = logging.getLogger("healthgate.dataplane")
 STATS_INTERVAL = 1.0
 MODULE = "healthgate.dataplane.workers"
 
+Address = tuple[str, int]
 BackendEndpoints = dict[ResourcePath, tuple[tuple[EndpointKey, ...], ...]]
 
 
@@ -113,6 +120,16 @@ class Stats:
     status: dict[str, dict[str, Any]]
     propagation: list[int]
     propagation_sum: float
+    # (listener, upstream, what its hops came to since the last Stats)
+    hops: list[tuple[str, tuple[str, int], Hops]] = field(default_factory=list)
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class ResetRuns:
+    """Upstreams just ejected (health/outliers.py): their runs start again."""
+
+    addresses: list[tuple[str, int]]
 
 
 def health_snapshot(engine: HealthEngine, resources: Mapping[ResourcePath, Resource]) -> Health:
@@ -132,7 +149,7 @@ def health_snapshot(engine: HealthEngine, resources: Mapping[ResourcePath, Resou
 
 class _Counts:
     def __init__(self) -> None:
-        self.stats: dict[str, dict[str, object]] = {}
+        self.stats: dict[str, dict[str, object]] = {}  # per listener: its status and events
         self.propagation = [0] * (len(PROPAGATION_BUCKETS) + 1)
         self.propagation_sum = 0.0
         self.connections = 0
@@ -149,6 +166,10 @@ class WorkerPool:
         self.settings = settings
         self.grace = grace
         self.counts = [_Counts() for _ in range(settings.workers)]
+        # what the workers' hops came to, per listener and upstream: since
+        # the last take_hops, and in all (for /metrics)
+        self._hops: dict[str, dict[Address, Hops]] = {}
+        self._totals: dict[str, dict[Address, list[Any]]] = {}
         self._resources: Mapping[ResourcePath, Resource] = {}
         self._last_health: Health | None = None
         self._publish_pending = False
@@ -216,6 +237,15 @@ class WorkerPool:
         m = expect(message, Stats)
         if m is None:
             return
+        for path, address, hops in m.hops:
+            per_listener = self._hops.setdefault(path, {})
+            before = per_listener.get(address)
+            per_listener[address] = hops if before is None else before.plus(hops)
+            total = self._totals.setdefault(path, {}).setdefault(address, [0, 0, {}])
+            total[0] += hops.served
+            total[1] += hops.errors
+            for kind, n in hops.kinds.items():
+                total[2][kind] = total[2].get(kind, 0) + n
         c = self.counts[index]
         c.stats, c.propagation, c.propagation_sum = m.status, m.propagation, m.propagation_sum
         c.connections = sum(
@@ -235,7 +265,23 @@ class WorkerPool:
     def propagation_sum(self) -> float:
         return sum(c.propagation_sum for c in self.counts)
 
-    def listener_stats(self) -> dict[str, dict[str, int]]:
+    def take_hops(self) -> dict[str, dict[Address, Hops]]:
+        """Per listener, what the workers' hops of each upstream came to since
+        the last call (each worker reports once a second)."""
+        out, self._hops = self._hops, {}
+        return out
+
+    def reset_runs(self, addresses: Iterable[Address]) -> None:
+        wanted = list(addresses)
+        if wanted:
+            self.supervisor.broadcast(ResetRuns(wanted))
+
+    def upstream_totals(self) -> Iterator[UpstreamTotal]:
+        for path, by_address in self._totals.items():
+            for address, (ok, errors, kinds) in by_address.items():
+                yield path, address, ok, errors, kinds
+
+    def listener_events(self) -> dict[str, dict[str, int]]:
         """The counters of :meth:`status`, summed over the workers."""
         return {
             path: {
@@ -301,7 +347,8 @@ async def run_worker(index: int) -> None:
     dp = DataPlane(view, setup.settings)
 
     def stats() -> Stats:
-        return Stats(dp.status(), dp.propagation, dp.propagation_sum)
+        hops = [(path, a, h) for path, per in dp.take_hops().items() for a, h in per.items()]
+        return Stats(dp.status(), dp.propagation, dp.propagation_sum, hops)
 
     async def report() -> None:
         while True:
@@ -312,8 +359,10 @@ async def run_worker(index: int) -> None:
     world: dict[ResourcePath, Resource] = {}  # this worker's mirror
     try:
         while (message := await read_frame(reader)) is not None:
-            m = expect(message, Resources, Changes, Health)
-            if isinstance(m, Resources):
+            m = expect(message, Resources, Changes, Health, ResetRuns)
+            if isinstance(m, ResetRuns):
+                dp.reset_runs([(str(ip), int(port)) for ip, port in m.addresses])
+            elif isinstance(m, Resources):
                 world = dict(m.resources)
                 await dp.apply_change(WorldChange(0, 0.0, world, world, whole=True))
             elif isinstance(m, Changes):

@@ -62,6 +62,8 @@ class _Aggregate:
     __slots__ = (
         "all_cache",
         "check",
+        "count_ejected",
+        "ejected",
         "healthy",
         "healthy_cache",
         "hthr",
@@ -83,6 +85,10 @@ class _Aggregate:
         self.slots: dict[EndpointKey, int] = {}
         self.healthy_cache: tuple[EndpointKey, ...] | None = None
         self.all_cache: tuple[EndpointKey, ...] | None = None  # until slots change
+        # ejected from real traffic until (SPEC §8: health/outliers.py), and
+        # whether an ejection counts as UNHEALTHY for the aggregation policy
+        self.ejected: dict[EndpointKey, float] = {}
+        self.count_ejected = False
 
 
 def _reason_for_endpoint(state: HealthState, runs: int, threshold: int, last: str) -> str:
@@ -130,6 +136,7 @@ class EndpointTable:
         self._ports: dict[int, int] = {}  # interned port numbers
         # moves on whenever a backend service's HEALTHY (or whole) endpoint set changes
         self.generation = 0
+        self.membership = 0  # ... whenever its whole endpoint set changes
 
     # ------------------------------------------------------------------ hot path
 
@@ -249,6 +256,47 @@ class EndpointTable:
         else:
             self._last_detail.pop(slot, None)
 
+    def set_ejected(
+        self,
+        now: float,
+        backend_service: ResourcePath,
+        key: EndpointKey,
+        until: float | None,
+        count_as_unhealthy: bool,
+        records: list[Record],
+    ) -> bool:
+        """Eject an endpoint from real traffic until ``until`` (None: it
+        returns); its probe state is untouched. With ``count_as_unhealthy``
+        a HEALTHY endpoint ejected counts as UNHEALTHY for the aggregation
+        policy: the graph is told (``records`` gets what that causes).
+        False when there is no such endpoint."""
+        agg_id = self._agg_ids.get(backend_service)
+        agg = self._aggs[agg_id] if agg_id is not None else None
+        if agg is None or key not in agg.slots:
+            return False
+        was = key in agg.ejected
+        if until is None:
+            agg.ejected.pop(key, None)
+        else:
+            agg.ejected[key] = until
+        counted = agg.count_ejected
+        agg.count_ejected = count_as_unhealthy
+        self._endpoints_changed(agg)
+        if (
+            (was != (until is not None) or counted != count_as_unhealthy)
+            and (count_as_unhealthy or counted)
+            and self._state[agg.slots[key]] == HEALTHY
+            and self.on_flip is not None
+        ):
+            self.on_flip(now, backend_service, records)
+        return True
+
+    def ejected(self, backend_service: ResourcePath) -> Mapping[EndpointKey, float]:
+        """The endpoints ejected from real traffic now, and until when."""
+        agg_id = self._agg_ids.get(backend_service)
+        agg = self._aggs[agg_id] if agg_id is not None else None
+        return agg.ejected if agg is not None else {}
+
     def _transition(
         self,
         now: float,
@@ -364,6 +412,7 @@ class EndpointTable:
             )
 
         for key in [k for k in agg.slots if k not in desired]:
+            agg.ejected.pop(key, None)
             slot = agg.slots.pop(key)
             self._free_slot(agg, slot)
             result.removed.append(slot)
@@ -562,6 +611,7 @@ class EndpointTable:
                     last,
                     last_time if last_time >= 0 else None,
                     reason,
+                    agg.ejected.get((ip, port)),
                 )
             )
         return out
@@ -573,11 +623,13 @@ class EndpointTable:
         agg.healthy_cache = None
         if membership:
             agg.all_cache = None
+            self.membership += 1
         self.generation += 1
 
     def healthy_endpoints(self, backend_service: ResourcePath) -> tuple[EndpointKey, ...]:
-        """The HEALTHY endpoints of a backend service, cached until one flips:
-        the data plane reads this per connection."""
+        """The HEALTHY endpoints of a backend service that are not ejected
+        from real traffic (all the HEALTHY ones when every one is), cached
+        until one flips: the data plane reads this per connection."""
         agg_id = self._agg_ids.get(backend_service)
         agg = self._aggs[agg_id] if agg_id is not None else None
         if agg is None:
@@ -585,9 +637,12 @@ class EndpointTable:
         cached = agg.healthy_cache
         if cached is None:
             state = self._state
-            cached = agg.healthy_cache = tuple(
-                k for k, slot in agg.slots.items() if state[slot] == HEALTHY
-            )
+            cached = tuple(k for k, slot in agg.slots.items() if state[slot] == HEALTHY)
+            ejected = agg.ejected
+            if ejected:
+                serving = tuple(k for k in cached if k not in ejected)
+                cached = serving or cached
+            agg.healthy_cache = cached
         return cached
 
     def all_endpoints(self, backend_service: ResourcePath) -> tuple[EndpointKey, ...]:
@@ -603,10 +658,17 @@ class EndpointTable:
         return cached
 
     def counts(self, backend_service: ResourcePath) -> tuple[int, int, int] | None:
-        """(total, healthy, unknown) of one backend service."""
+        """(total, healthy, unknown) of one backend service (an ejected
+        endpoint is not healthy here when its ejections count as UNHEALTHY)."""
         agg_id = self._agg_ids.get(backend_service)
         agg = self._aggs[agg_id] if agg_id is not None else None
-        return (agg.total, agg.healthy, agg.unknown) if agg else None
+        if agg is None:
+            return None
+        healthy = agg.healthy
+        if agg.count_ejected and agg.ejected:
+            state, slots = self._state, agg.slots
+            healthy -= sum(1 for k in agg.ejected if state[slots[k]] == HEALTHY)
+        return (agg.total, healthy, agg.unknown)
 
     def backend_services(self) -> list[ResourcePath]:
         return list(self._agg_ids)

@@ -26,7 +26,9 @@ from types import MappingProxyType
 
 from healthgate.gcpause import gc_paused
 from healthgate.health.endpoints import EndpointTable
+from healthgate.health.evidence import Address, Hops
 from healthgate.health.graph import HealthGraph
+from healthgate.health.passive import PassiveHealth, PassiveResult
 from healthgate.health.states import HealthState, ProbeResult, Record
 from healthgate.health.types import (
     ApplyResult,
@@ -70,6 +72,8 @@ class HealthEngine:
         self.table.on_flip = self.graph.endpoints_flipped
         self.on_result = self.table.on_result
         self.on_results = self.table.on_results
+        # real traffic as evidence (SPEC §8): outlier ejection, TRAFFIC sources
+        self.passive = PassiveHealth(self.table, self.graph)
         self._resources: Mapping[ResourcePath, Resource] = {}
         self._applies = 0
 
@@ -113,8 +117,23 @@ class HealthEngine:
         result = ApplyResult()
         rebuilt = self.table.sync(now, world, changed, result)
         self.graph.sync(now, world, changed, rebuilt, result.records)
+        self.passive.sync(now, world, changed)
         self._applies += 1  # (whatever changed, readers re-derive)
         return result
+
+    def observe_traffic(self, now: float, hops: Mapping[Address, Hops]) -> PassiveResult:
+        """One second of this node's real traffic, per upstream address
+        (health/passive.py): ejections, returns, and the traffic sources'
+        verdicts - with their records."""
+        return self.passive.observe(now, hops)
+
+    def set_traffic(self, now: float, source: str, state: HealthState, reason: str) -> list[Record]:
+        """A TRAFFIC source's state, as the cluster's quorum decided it."""
+        return self.passive.set_traffic(now, source, state, reason)
+
+    def ejected(self, backend_service: ResourcePath) -> Mapping[EndpointKey, float]:
+        """The endpoints of a backend service ejected from real traffic, until when."""
+        return self.table.ejected(backend_service)
 
     def expire_shifts(self, now: float) -> list[Record]:
         """Shifts that ran out by ``now``: their end and the routes that

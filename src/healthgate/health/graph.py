@@ -44,6 +44,7 @@ from healthgate.health.states import (
     RouteChange,
     Transition,
 )
+from healthgate.health.traffic import FIRST_REASON as TRAFFIC_FIRST
 from healthgate.health.types import NodeStatus, Route, RouteTable
 from healthgate.model.names import ResourcePath
 from healthgate.model.resources import (
@@ -143,6 +144,9 @@ class HealthGraph:
         # own data plane's traffic (their records are this node's: local)
         self._waiting: set[tuple[str, str]] = set()
         self._local: set[tuple[str, str]] = set()
+        # TRAFFIC health sources (SPEC §8): their state as judged outside the
+        # graph (health/traffic.py: this node's judge, or the nodes' quorum)
+        self._traffic: dict[str, tuple[HealthState, str]] = {}
 
     def endpoints_flipped(
         self, now: float, backend_service: ResourcePath, records: list[Record]
@@ -217,6 +221,13 @@ class HealthGraph:
         res = node.resource
         assert isinstance(res, HealthSource)
         bs = res.ref("sources")
+        if res.source_type == "TRAFFIC":
+            if bs is None or self._counts(bs) is None:
+                return self._set(
+                    now, node, RecordKind.HEALTH_SOURCE, UNKNOWN, "backend service missing", records
+                )
+            state, reason = self._traffic.get(node.path, (HEALTHY, TRAFFIC_FIRST))
+            return self._set(now, node, RecordKind.HEALTH_SOURCE, state, reason, records)
         counts = self._counts(bs) if bs else None
         policy = self._policies.get(str(res.ref("health_aggregation_policy")))
         if counts is None or policy is None:
@@ -232,6 +243,26 @@ class HealthGraph:
         total, healthy, _ = counts
         moved = self._fraction(node, healthy / total if total else None)
         return self._set(now, node, RecordKind.HEALTH_SOURCE, state, reason, records) or moved
+
+    def set_traffic(
+        self, now: float, source: str, state: HealthState, reason: str, records: list[Record]
+    ) -> None:
+        """A TRAFFIC source's judged state (health/traffic.py): propagated."""
+        self._traffic[source] = (state, reason)
+        node = self._sources.get(source)
+        if node is not None:
+            self._propagate(now, records, sources=[node])
+
+    def traffic_sources(self) -> dict[str, tuple[ResourcePath, HealthSource, HealthState]]:
+        """Every TRAFFIC source: (its backend service, the source, its state now)."""
+        out = {}
+        for path, node in self._sources.items():
+            r = node.resource
+            if isinstance(r, HealthSource) and r.source_type == "TRAFFIC":
+                bs = r.ref("sources")
+                if bs is not None:
+                    out[path] = (bs, r, node.state)
+        return out
 
     def _fraction(self, node: _Node, fraction: float | None) -> bool:
         """Set a node's healthy fraction: has it moved in a way that matters
@@ -812,6 +843,7 @@ class HealthGraph:
                 if node is not None:
                     self._unindex(node)
                     del nodes[key]
+                    self._traffic.pop(key, None)
                     removed[0] += 1
                 continue
             if node is None:
@@ -832,7 +864,9 @@ class HealthGraph:
         list kept in path order), remembering where (:meth:`_unindex`)."""
         r = node.resource
         where: list[tuple[Index, Any]] = []
-        if isinstance(r, HealthSource):
+        if isinstance(r, HealthSource) and r.source_type == "TRAFFIC":
+            pass  # (its state is judged outside: set_traffic)
+        elif isinstance(r, HealthSource):
             bs = r.ref("sources")
             if bs:
                 where.append((self._sources_by_bs, bs))
@@ -892,6 +926,9 @@ class HealthGraph:
             for path, node in table.items():
                 if path in nodes:
                     node.state, node.reason, node.since = nodes[path]
+                    r = node.resource
+                    if isinstance(r, HealthSource) and r.source_type == "TRAFFIC":
+                        self._traffic[path] = (node.state, node.reason)
                     if table is self._composites:
                         mode = getattr(node.resource, "mode", "ENFORCE")
                         node.delivered = UNKNOWN if mode == "DRY_RUN" else node.state

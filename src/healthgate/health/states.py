@@ -28,6 +28,8 @@ class RecordKind(StrEnum):
     ROUTE = "Route"
     CHANGE = "Change"  # a write accepted through the API: who changed what (not the engine's)
     RAMP = "Ramp"  # a ramped failback started, ended or was abandoned (SPEC §6)
+    EJECTION = "Ejection"  # an endpoint ejected from real traffic, or back (SPEC §8)
+    HOLD = "Hold"  # route changes held in a failover storm, or released (SPEC §8)
 
 
 class RouteMode(StrEnum):
@@ -304,4 +306,93 @@ class RampChange:
         return out
 
 
-Record = Transition | RouteChange | ShiftEnded | RampChange
+@dataclass(frozen=True, slots=True)
+class Ejection:
+    """An endpoint ejected from real traffic by outlier detection, returned,
+    or detected and not ejected (health/outliers.py). This node's own: each
+    data plane ejects by the traffic it carried (``local``)."""
+
+    time: float
+    project: str
+    region: str
+    backend_service: str  # its path
+    endpoint: str  # its name (ip:port)
+    path: str  # the endpoint's path
+    phase: str  # EJECTED, RETURNED, DETECTED
+    reason: str
+    until: float | None = None  # EJECTED: when it returns
+    ejections: int = 0  # times ejected in a row
+    detection: str = ""
+    local: bool = True
+
+    kind = RecordKind.EJECTION
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "time": self.time,
+            "timestamp": timestamp(self.time),
+            "project": self.project,
+            "region": self.region,
+            "kind": RecordKind.EJECTION.value,
+            "name": self.endpoint,
+            "path": self.path,
+            "from": None,
+            "to": self.phase,
+            "reason": self.reason,
+            "backendService": self.backend_service,
+            "ejections": self.ejections,
+        }
+        if self.until is not None:
+            out["ejectedUntil"] = timestamp(self.until)
+        if self.detection:
+            out["detection"] = self.detection
+        if self.local:
+            out["local"] = True
+        return out
+
+
+class HoldPhase(StrEnum):
+    HELD = "HELD"
+    LIFTED = "LIFTED"  # fewer than the percentage are UNHEALTHY again
+    RELEASED = "RELEASED"  # an admin released it
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Route changes held in a failover storm (SPEC §8), or let go again."""
+
+    time: float
+    hold_id: str
+    phase: HoldPhase
+    reason: str
+    regions: tuple[str, ...] = ()
+    unhealthy: int = 0  # endpoints that turned UNHEALTHY within the window
+    probed: int = 0  # every endpoint probed
+    held: tuple[str, ...] = ()  # the front ends whose routes stayed
+    actor: str = ""
+
+    kind = RecordKind.HOLD
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "time": self.time,
+            "timestamp": timestamp(self.time),
+            "project": "",
+            "region": "global",
+            "kind": RecordKind.HOLD.value,
+            "name": self.hold_id,
+            "path": f"holds/{self.hold_id}",
+            "from": None,
+            "to": self.phase.value,
+            "reason": self.reason,
+            "regions": list(self.regions),
+            "unhealthy": self.unhealthy,
+            "probed": self.probed,
+            "held": list(self.held),
+        }
+        if self.actor:
+            out["actor"] = self.actor
+        return out
+
+
+Record = Transition | RouteChange | ShiftEnded | RampChange | Ejection | Hold

@@ -38,6 +38,7 @@ class EndpointStatus:
     last_result: ProbeResult | None
     last_time: float | None
     reason: str
+    ejected_until: float | None = None  # ejected from real traffic until (SPEC §8)
 
 
 @dataclass(frozen=True, slots=True)

@@ -253,6 +253,14 @@ class Backend(Model):
     traffic_dial: int | None = Field(None, ge=0, le=100)
 
 
+class RetryBudget(Model):
+    """SPEC §8: retries into another region in flight never exceed
+    max(minConcurrent, percent x requests in flight)."""
+
+    percent: float = Field(20.0, ge=0.0, le=100.0)
+    min_concurrent: int = Field(3, ge=0, le=100_000)
+
+
 class FailoverPolicy(Model):
     failback: bool = True
     when_all_unhealthy: Literal["FAIL_OPEN", "FAIL_CLOSED"] = "FAIL_OPEN"
@@ -265,6 +273,33 @@ class FailoverPolicy(Model):
     # ... abandoned when the data plane sees more than this percentage of the
     # recovering NEG's requests or connections fail over 10 s (at least 20)
     failback_max_error_percent: float | None = Field(None, ge=0, le=100)
+    # SPEC §8: retries into the next region bounded (absent: unbounded)
+    retry_budget: RetryBudget | None = None
+
+
+class OutlierDetection(Model):
+    """SPEC §8: endpoints of a producer backend service ejected from real
+    traffic by what healthgate's own listeners saw of it (health/outliers.py)."""
+
+    consecutive_errors: int = Field(5, ge=0, le=10_000)  # 0: off
+    consecutive_gateway_errors: int = Field(0, ge=0, le=10_000)  # 0: off
+    failure_percentage_threshold: int = Field(0, ge=0, le=100)  # 0: off
+    failure_percentage_minimum_requests: int = Field(50, ge=1, le=1_000_000)
+    interval_sec: int = Field(10, ge=1, le=300)
+    base_ejection_time_sec: int = Field(30, ge=1, le=3600)
+    max_ejection_time_sec: int = Field(300, ge=1, le=86_400)
+    max_ejection_percent: int = Field(10, ge=0, le=100)
+    enforcing_percent: int = Field(100, ge=0, le=100)  # 0: detect and record only
+    count_as_unhealthy: bool = False
+
+    @model_validator(mode="after")
+    def _times(self) -> Self:
+        if self.max_ejection_time_sec < self.base_ejection_time_sec:
+            raise ValueError(
+                f"maxEjectionTimeSec: {self.max_ejection_time_sec} is less than "
+                f"baseEjectionTimeSec {self.base_ejection_time_sec}"
+            )
+        return self
 
 
 Scheme = Literal["INTERNAL", "INTERNAL_MANAGED", "EXTERNAL", "EXTERNAL_MANAGED"]
@@ -277,6 +312,7 @@ class BackendService(Resource):
     health_checks: list[str] = Field(default_factory=list)
     backends: list[Backend] = Field(default_factory=list)
     failover_policy: FailoverPolicy | None = None
+    outlier_detection: OutlierDetection | None = None
 
     SCOPES = frozenset({"regional", "global"})
     REFS = (
@@ -296,6 +332,11 @@ class BackendService(Resource):
                 raise ValueError(
                     "healthChecks: a global backend service of PSC NEGs takes its health "
                     "from the producers' composite health checks, not from a health check"
+                )
+            if self.outlier_detection is not None:
+                raise ValueError(
+                    "outlierDetection: endpoints are ejected on a regional (producer) backend "
+                    "service; a global one fails over by its NEGs' composite health"
                 )
         else:
             if len(self.health_checks) != 1:
@@ -346,11 +387,22 @@ class HealthAggregationPolicy(Resource):
     policy_type: Literal["BACKEND_SERVICE_POLICY"] = "BACKEND_SERVICE_POLICY"
 
 
+class TrafficPolicy(Model):
+    """SPEC §8: how a TRAFFIC health source judges the real traffic of its
+    backend service (health/traffic.py)."""
+
+    error_percent_threshold: float = Field(10.0, ge=1.0, le=100.0)
+    minimum_requests: int = Field(100, ge=1, le=10_000_000)
+    window_sec: int = Field(30, ge=5, le=600)
+    hold_sec: int = Field(60, ge=10, le=3600)
+
+
 class HealthSource(Resource):
     kind: Literal["HealthSource"]
-    source_type: Literal["BACKEND_SERVICE"] = "BACKEND_SERVICE"
+    source_type: Literal["BACKEND_SERVICE", "TRAFFIC"] = "BACKEND_SERVICE"
     sources: list[str]
-    health_aggregation_policy: str
+    health_aggregation_policy: str | None = None
+    traffic_policy: TrafficPolicy | None = None
 
     REFS = (
         ("sources", "sources", "backendServices"),
@@ -365,6 +417,25 @@ class HealthSource(Resource):
                 f"expected exactly one backend service per health source, got {len(value)}"
             )
         return value
+
+    @model_validator(mode="after")
+    def _type_fields(self) -> Self:
+        if self.source_type == "TRAFFIC":
+            if self.health_aggregation_policy is not None:
+                raise ValueError(
+                    "healthAggregationPolicy: a TRAFFIC source judges its backend service's "
+                    "traffic as a whole (trafficPolicy), not its endpoints"
+                )
+        else:
+            if self.health_aggregation_policy is None:
+                raise ValueError("healthAggregationPolicy: required for sourceType BACKEND_SERVICE")
+            if self.traffic_policy is not None:
+                raise ValueError("trafficPolicy: only for sourceType TRAFFIC")
+        return self
+
+    @property
+    def traffic(self) -> TrafficPolicy:
+        return self.traffic_policy or TrafficPolicy()
 
 
 class CompositeHealthCheck(Resource):

@@ -39,6 +39,8 @@ RECORD_KINDS = (
     "Route",
     "Change",
     "Ramp",
+    "Ejection",
+    "Hold",
 )
 STATE_RE = re.compile(r"[A-Za-z][A-Za-z_-]{0,39}")
 PATH_RE = re.compile(r"[\x21-\x7e]*")  # printable ASCII, no spaces
@@ -51,7 +53,7 @@ class WebhookFilter(Model):
 
     kind: Literal[
         "Endpoint", "HealthSource", "CompositeHealthCheck", "NetworkEndpointGroup", "Route",
-        "Change", "Ramp",
+        "Change", "Ramp", "Ejection", "Hold",
     ] | None = None  # fmt: skip
     state: str | None = Field(None, max_length=40)
 

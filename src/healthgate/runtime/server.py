@@ -42,10 +42,10 @@ from healthgate.api.metrics import ClusterCollector, WebhookCollector
 from healthgate.cluster.node import ClusterNode
 from healthgate.cluster.probing import ClusterProbing, ClusterSettings
 from healthgate.controlplane.errors import ControlError, Refusal
+from healthgate.controlplane.evidence import EvidenceSampler
 from healthgate.controlplane.health_service import HealthService, SourceFactory
 from healthgate.controlplane.probe_workers import WorkerProbing, default_workers
 from healthgate.controlplane.probing import Feed, InProcessProbing, ProbeSource
-from healthgate.controlplane.ramp_gate import RampGate
 from healthgate.controlplane.recorder import TransitionRecorder
 from healthgate.controlplane.resources import ControlPlane
 from healthgate.controlplane.webhooks import WebhookDispatcher, WebhookSettings
@@ -152,6 +152,7 @@ class Server:
         self.webhooks: WebhookDispatcher | None = None
         self.api_state: ApiState | None = None
         self.dataplane: DataPlaneService | None = None
+        self.evidence: EvidenceSampler | None = None
         self.agent: AgentServer | None = None
         self.dns: DnsServer | None = None
         self.xds: XdsServer | None = None
@@ -394,9 +395,10 @@ class Server:
             WorldChange(control.revision, 0.0, control.resources, control.resources, whole=True)
         )
         control.on_change.append(dataplane.apply_change)
-        # failbackMaxErrorPercent: ramps abandoned on this data plane's failures
-        gate = RampGate(health, dataplane.listener_stats)
-        self._tasks.append(asyncio.create_task(gate.run(), name="ramp error gate"))
+        # real traffic as evidence (SPEC §8), and failbackMaxErrorPercent's
+        # gate: once a second, the listeners' counts to the engine
+        self.evidence = EvidenceSampler(health, dataplane)
+        self._tasks.append(asyncio.create_task(self.evidence.run(), name="traffic evidence"))
         health.subscribe(
             lambda records: dataplane.routes_changed(
                 [r.frontend for r in records if isinstance(r, RouteChange)]
