@@ -205,6 +205,7 @@ typedef struct {
     PyObject_HEAD
     long long served, errors, gateway;
     long run, gateway_run, peak, peak_gateway;
+    long trip, trip_gateway; /* the outlier detector's thresholds of these runs (0: none) */
     PyObject *kinds, *run_kinds, *peak_kinds; /* dict, list, list */
 } Counters;
 
@@ -263,6 +264,8 @@ static PyMemberDef counters_members[] = {
     {"gateway_run", T_LONG, offsetof(Counters, gateway_run), 0, NULL},
     {"peak", T_LONG, offsetof(Counters, peak), 0, NULL},
     {"peak_gateway", T_LONG, offsetof(Counters, peak_gateway), 0, NULL},
+    {"trip", T_LONG, offsetof(Counters, trip), 0, NULL},
+    {"trip_gateway", T_LONG, offsetof(Counters, trip_gateway), 0, NULL},
     {"kinds", T_OBJECT_EX, offsetof(Counters, kinds), 0, NULL},
     {"run_kinds", T_OBJECT_EX, offsetof(Counters, run_kinds), 0, NULL},
     {"peak_kinds", T_OBJECT_EX, offsetof(Counters, peak_kinds), 0, NULL},

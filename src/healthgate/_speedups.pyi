@@ -24,6 +24,8 @@ class Counters:
     gateway_run: int
     peak: int
     peak_gateway: int
+    trip: int
+    trip_gateway: int
     kinds: dict[str, int]
     run_kinds: list[str]
     peak_kinds: list[str]

@@ -156,7 +156,7 @@ def test_failure_percentage_per_interval(
     name: str, fields: dict[str, Any], seconds: list[tuple[int, int]], ejected: bool
 ) -> None:
     det = BackendOutliers(policy(consecutiveErrors=0, intervalSec=10, **fields), {"neg": [A]}, 0.0)
-    hops = [
+    hops: list[tuple[float, dict[tuple[str, int | None], Hops]]] = [
         (float(t + 1), {A: Hops(total - bad, bad, 0, {"500": bad} if bad else {}, 1, 0, ())})
         for t, (total, bad) in enumerate(seconds)
     ]

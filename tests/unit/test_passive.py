@@ -16,7 +16,7 @@ H, U = HealthState.HEALTHY, HealthState.UNHEALTHY
 BS = ResourcePath.parse("projects/shop/regions/us-east1/backendServices/web")
 SOURCE = "projects/shop/regions/us-east1/healthSources/web-traffic"
 RULE = ("127.0.1.100", 8080)  # us-east1's producer rule
-E1, E2, E3, E4 = (("127.0.1.%d" % i, 8080) for i in range(1, 5))
+E1, E2, E3, E4 = ((f"127.0.1.{i}", 8080) for i in range(1, 5))
 
 
 def world(

@@ -38,6 +38,8 @@ def health_router(state: ApiState) -> APIRouter:
                     "healthState": ep.state.name,
                     "reason": ep.reason if quorum is None else quorum[0],
                     "lastChange": iso(ep.since),
+                    # ejected from real traffic (SPEC §8): its probe state stands
+                    **({"ejectedUntil": iso(ep.ejected_until)} if ep.ejected_until else {}),
                     "lastResult": None
                     if last is None
                     else {
@@ -56,6 +58,7 @@ def health_router(state: ApiState) -> APIRouter:
             "endpoints": counts[0],
             "healthy": counts[1],
             "unknown": counts[2],
+            "ejected": sum(1 for i in items if "ejectedUntil" in i),
             "healthStatus": items,
         }
 

@@ -41,6 +41,26 @@ class EvidenceSampler:
         self.gate = RampGate(health)
         self.on_verdicts: VerdictListener | None = None
         self.seconds = 0
+        self._soon: asyncio.Handle | None = None
+        # a run of errors that reached an outlier threshold: the evidence now
+        dataplane.on_trip(self.soon)
+
+    def soon(self) -> None:
+        """Take the evidence at the end of this event-loop turn (a burst of
+        trips: once)."""
+        if self._soon is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return
+            self._soon = loop.call_soon(self._early)
+
+    def _early(self) -> None:
+        self._soon = None
+        try:
+            self.step()
+        except Exception:
+            log.exception("the traffic evidence sampler failed")
 
     async def run(self, period: float = 1.0) -> None:
         loop = asyncio.get_running_loop()
@@ -56,7 +76,8 @@ class EvidenceSampler:
                 log.exception("the traffic evidence sampler failed; trying again in %g s", period)
 
     def step(self) -> None:
-        """One second (tests call it themselves)."""
+        """What the listeners carried since the last step (once a second, and
+        at once when an outlier threshold is reached; tests call it)."""
         self.seconds += 1
         now = self.health.clock()
         per_listener = self.dataplane.take_hops()

@@ -27,7 +27,7 @@ health sources and the ramps' error gate (controlplane/evidence.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from healthgate import http_scan
 from healthgate.health.evidence import GATEWAY_STATUSES, Hops
@@ -50,6 +50,8 @@ class PyCounters:
         "run",
         "run_kinds",
         "served",
+        "trip",
+        "trip_gateway",
     )
 
     def __init__(self) -> None:
@@ -60,6 +62,10 @@ class PyCounters:
         self.gateway_run = 0
         self.peak = 0  # the longest run since the last take (the run carried in counts)
         self.peak_gateway = 0
+        # the outlier detector's thresholds for these runs (0: none): a run
+        # that reaches one is told at once (Trips), not at the next second
+        self.trip = 0
+        self.trip_gateway = 0
         self.kinds: dict[str, int] = {}  # errors by kind, in all
         self.run_kinds: list[str] = []  # the kinds of the run now (its first RUN_KINDS)
         self.peak_kinds: list[str] = []  # ... of the longest run since the last take
@@ -80,8 +86,9 @@ def success(c: PyCounters) -> None:
         c.run_kinds.clear()
 
 
-def error(c: PyCounters, kind: str, gateway: bool) -> None:
-    """A hop that failed: its ``kind`` ("500", "timeout", "reset", ...)."""
+def error(c: PyCounters, kind: str, gateway: bool) -> bool:
+    """A hop that failed: its ``kind`` ("500", "timeout", "reset", ...);
+    whether a run just reached its trip threshold."""
     c.errors += 1
     c.kinds[kind] = c.kinds.get(kind, 0) + 1
     c.run += 1
@@ -96,28 +103,38 @@ def error(c: PyCounters, kind: str, gateway: bool) -> None:
         c.peak = c.run
         c.peak_kinds = list(c.run_kinds)
     c.peak_gateway = max(c.peak_gateway, c.gateway_run)
+    return (c.trip > 0 and c.run == c.trip) or (
+        c.trip_gateway > 0 and c.gateway_run == c.trip_gateway
+    )
 
 
-def status_error(c: PyCounters, status: int) -> None:
-    """An HTTP answer of ``status`` (500 or more)."""
-    error(c, str(status), status in GATEWAY_STATUSES)
+class Trips:
+    """The outlier detector's thresholds per upstream address, of one data
+    plane (``consecutiveErrors``, ``consecutiveGatewayErrors`` of the
+    backend services that eject: dataplane/manager.py keeps them), and
+    what to call when a run reaches one - the evidence is then taken at
+    once, so an endpoint is ejected after its threshold, not a second's
+    worth of errors later."""
 
+    __slots__ = ("by_address", "hook")
 
-def answered(c: PyCounters, status: int) -> None:
-    """An HTTP answer: below 500 a success, else an error."""
-    if status >= 500:
-        status_error(c, status)
-    else:
-        success(c)
+    def __init__(self) -> None:
+        self.by_address: dict[Address, tuple[int, int]] = {}
+        self.hook: Callable[[], None] | None = None
+
+    def tripped(self) -> None:
+        if self.hook is not None:
+            self.hook()
 
 
 class ListenerCounters:
     """One listener's counters: its events, and per upstream address an
     :class:`UpstreamCounters` (see the module doc)."""
 
-    __slots__ = ("_last", "events", "upstreams")
+    __slots__ = ("_last", "events", "trips", "upstreams")
 
-    def __init__(self, events: dict[str, int] | None = None) -> None:
+    def __init__(self, events: dict[str, int] | None = None, trips: Trips | None = None) -> None:
+        self.trips = trips
         # connections, requests, retries, refusals... (given: a caller's own dict)
         self.events: dict[str, int] = {} if events is None else events
         self.upstreams: dict[Address, PyCounters] = {}
@@ -128,7 +145,27 @@ class ListenerCounters:
         c = self.upstreams.get(address)
         if c is None:
             c = self.upstreams[address] = UpstreamCounters()
+            if self.trips is not None:
+                c.trip, c.trip_gateway = self.trips.by_address.get(address, (0, 0))
         return c
+
+    def error(self, address: Address, kind: str, gateway: bool) -> None:
+        """A hop to ``address`` failed (see the module doc)."""
+        if error(self.of(address), kind, gateway) and self.trips is not None:
+            self.trips.tripped()
+
+    def answered(self, address: Address, status: int) -> None:
+        """An HTTP answer from ``address``: below 500 a success, else an error."""
+        if status >= 500:
+            self.error(address, str(status), status in GATEWAY_STATUSES)
+        else:
+            success(self.of(address))
+
+    def set_trips(self) -> None:
+        """The thresholds changed: every counter takes its own again."""
+        by_address = self.trips.by_address if self.trips is not None else {}
+        for address, c in self.upstreams.items():
+            c.trip, c.trip_gateway = by_address.get(address, (0, 0))
 
     def event(self, name: str, n: int = 1) -> None:
         self.events[name] = self.events.get(name, 0) + n

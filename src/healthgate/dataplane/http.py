@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, cast
 import httptools
 
 from healthgate import http_scan
-from healthgate.dataplane.counters import ListenerCounters, answered, error, success
+from healthgate.dataplane.counters import ListenerCounters, success
 from healthgate.dataplane.guard import ConnectionGuard
 from healthgate.dataplane.http_limits import HttpSettings
 from healthgate.dataplane.http_message import (
@@ -590,7 +590,7 @@ class HttpProxy(_FastEntry):
         client = self.transport
         if not self.closed and client is not None and not client.is_closing():
             client.write(data)
-            answered(self.counters.of(conn.address), status)  # (500, 501...: errors)
+            self.counters.answered(conn.address, status)  # (500, 501...: errors)
         self._fast_end()
         if self.queue:  # requests that came in behind this one
             self._wake_worker()
@@ -601,7 +601,7 @@ class HttpProxy(_FastEntry):
         success(self.counters.of(address))
 
     def fast_done(self, conn: UpstreamConnection, reusable: bool) -> None:
-        answered(self.counters.of(conn.address), conn.status)
+        self.counters.answered(conn.address, conn.status)
         if reusable:
             self.pool.release(conn)
         else:
@@ -613,7 +613,7 @@ class HttpProxy(_FastEntry):
     def fast_failed(self, conn: UpstreamConnection, exc: Exception) -> None:
         self.pool.discard(conn)
         if conn.sink is not None:  # the response broke after it started: its status counts
-            answered(self.counters.of(conn.address), conn.status)
+            self.counters.answered(conn.address, conn.status)
             self._fast_end()
             if self.transport is not None:
                 self.transport.abort()
@@ -658,7 +658,7 @@ class HttpProxy(_FastEntry):
         req.last_error = why
         tried = failed or (hung[0] if hung else None)
         if tried is not None:  # (a stale pooled connection is nobody's error)
-            error(self.counters.of(tried), kind, gateway)
+            self.counters.error(tried, kind, gateway)
         self._fast_end()
         if self.closed:
             return
@@ -779,10 +779,10 @@ class HttpProxy(_FastEntry):
                         address, data, req.method == "HEAD", idempotent, client, req.http11
                     )
                     if status:
-                        answered(self.counters.of(address), status)
+                        self.counters.answered(address, status)
                     return None
                 except _Retry as exc:
-                    error(self.counters.of(address), exc.kind, exc.gateway)
+                    self.counters.error(address, exc.kind, exc.gateway)
                     last_error = exc.message
                     step = next_try(idempotent, exc.sent, exc.timed_out)
                     if step is NextTry.GIVE_UP:

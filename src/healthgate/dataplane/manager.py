@@ -33,7 +33,7 @@ from healthgate.dataplane.choice import (
     HealthView,
     UpstreamChoice,
 )
-from healthgate.dataplane.counters import ListenerCounters
+from healthgate.dataplane.counters import ListenerCounters, Trips
 from healthgate.dataplane.guard import ConnectionGuard
 from healthgate.dataplane.http import HttpProxy
 from healthgate.dataplane.http_limits import HttpSettings
@@ -47,15 +47,21 @@ from healthgate.dataplane.listeners import (
     reuse_port_hint,
     taken,
 )
-from healthgate.dataplane.tcp import TcpProxy
 from healthgate.dataplane.retry import RetryBudget
+from healthgate.dataplane.tcp import TcpProxy
 from healthgate.dataplane.udp import UdpListener
 from healthgate.dataplane.upstream import UpstreamPool
 from healthgate.health.evidence import Hops
 from healthgate.model.addresses import Reserved
 from healthgate.model.change import WorldChange
 from healthgate.model.names import ResourcePath
-from healthgate.model.resources import BackendService, ForwardingRule, Resource
+from healthgate.model.resources import (
+    BackendService,
+    ForwardingRule,
+    InstanceGroup,
+    NetworkEndpointGroup,
+    Resource,
+)
 
 log = logging.getLogger("healthgate.dataplane")
 
@@ -150,6 +156,10 @@ class DataPlane:
         self._bs_of_rule: dict[str, ResourcePath] = {}
         self._rules_by_bs: dict[ResourcePath, set[str]] = {}
         self._hinted = not s.reuse_port
+        # the outlier detector's thresholds per endpoint address (SPEC §8):
+        # producer backend services with outlierDetection -> theirs
+        self.trips = Trips()
+        self._ejecting: dict[ResourcePath, tuple[int, int]] = {}
 
     # what tests and the fast path read of the choice
     @property
@@ -182,6 +192,7 @@ class DataPlane:
         # (a new view each change: the choice's caches hold the one they were made from)
         self.choice.resources = MappingProxyType(change.world)
         self._index_rules(change)
+        self._update_trips(change)
         if not self.settings.enabled:
             return
         world = change.world
@@ -238,6 +249,53 @@ class DataPlane:
                 self._bs_of_rule[str(p)] = bs
                 self._rules_by_bs.setdefault(bs, set()).add(str(p))
 
+    def on_trip(self, hook: Callable[[], None]) -> None:
+        """Called when a run of errors reaches an outlier threshold."""
+        self.trips.hook = hook
+
+    def _update_trips(self, change: WorldChange) -> None:
+        """Which endpoint addresses have consecutive-error thresholds, and
+        which: kept for the backend services with outlierDetection (few),
+        looked at again when one of them, a group or a rule changed."""
+        world = change.world
+        paths: Iterable[ResourcePath] = world if change.whole else change.changed
+        moved = change.whole
+        for p in paths:
+            if p.collection == "backendServices":
+                bs = world.get(p)
+                od = bs.outlier_detection if isinstance(bs, BackendService) else None
+                if od is not None:
+                    self._ejecting[p] = (od.consecutive_errors, od.consecutive_gateway_errors)
+                else:
+                    self._ejecting.pop(p, None)
+                moved = True
+            elif p.collection in ("networkEndpointGroups", "instanceGroups", "forwardingRules"):
+                moved = True
+        if not moved or (not self._ejecting and not self.trips.by_address):
+            return
+        by_address: dict[Address, tuple[int, int]] = {}
+        for bs_path, thresholds in self._ejecting.items():
+            bs = world.get(bs_path)
+            if not isinstance(bs, BackendService):
+                continue
+            for rule in self._rules_by_bs.get(bs_path, ()):
+                fr = world.get(ResourcePath.parse(rule))
+                if not isinstance(fr, ForwardingRule) or fr.is_global:
+                    continue
+                port = fr.port_list()[0]
+                for group_path in bs.refs("backends"):
+                    group = world.get(group_path)
+                    if isinstance(group, NetworkEndpointGroup):
+                        for ep in group.endpoints:
+                            by_address[(ep.ip_address, ep.port or port)] = thresholds
+                    elif isinstance(group, InstanceGroup):
+                        for inst in group.instances:
+                            by_address[(inst.ip_address, group.serving_port or port)] = thresholds
+        if by_address != self.trips.by_address:
+            self.trips.by_address = by_address
+            for li in self.listeners.values():
+                li.counters.set_trips()
+
     async def _open(self, desired: Mapping[str, ListenerSpec]) -> None:
         budget = self.settings.listening_budget()
         sockets = sum(len(li.servers) + len(li.datagrams) for li in self.listeners.values())
@@ -257,7 +315,7 @@ class DataPlane:
                         log.error("%s: %s (serve --max-listening-sockets)", path, error)
                     self.listeners[path] = Listener(spec, error=error, retry=True)
                     continue
-                listener = Listener(spec)
+                listener = Listener(spec, counters=ListenerCounters(trips=self.trips))
                 factory = self._factory(path, spec, listener.counters)
                 # the TCP connections the factory's proxies add themselves to
                 listener.live = self._live.pop(path, listener.live)
@@ -310,7 +368,9 @@ class DataPlane:
             ):  # (least-connections looks at every request's load; a partial: no Python frame)
                 first = functools.partial(choice.first_try, path, spec.consumer)
 
-            budget = RetryBudget(functools.partial(self._retry_limits, path)) if spec.consumer else None
+            budget = (
+                RetryBudget(functools.partial(self._retry_limits, path)) if spec.consumer else None
+            )
             return lambda: HttpProxy(
                 groups,
                 self.pool,
@@ -437,6 +497,10 @@ class DataPlaneService(DataPlaneMetrics, Protocol):
 
     def reset_runs(self, addresses: Iterable[Address]) -> None:
         """Upstreams just ejected: their runs start again."""
+
+    def on_trip(self, hook: Callable[[], None]) -> None:
+        """Called when a run of errors reaches an outlier threshold (the
+        evidence is then taken at once)."""
 
     def status(self) -> dict[str, dict[str, object]]: ...
 

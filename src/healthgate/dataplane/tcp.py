@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import cast
 
-from healthgate.dataplane.counters import ListenerCounters, error, success
+from healthgate.dataplane.counters import ListenerCounters, success
 from healthgate.dataplane.guard import ConnectionGuard
 from healthgate.health.evidence import REFUSED, RESET, TIMEOUT
 
@@ -137,8 +137,7 @@ async def connect_first(
         except (OSError, TimeoutError) as exc:
             log.debug("upstream %s:%d failed: %r", address[0], address[1], exc)
             if counters is not None:
-                kind = TIMEOUT if isinstance(exc, TimeoutError) else REFUSED
-                error(counters.of(address), kind, True)
+                counters.error(address, TIMEOUT if isinstance(exc, TimeoutError) else REFUSED, True)
     return None
 
 
@@ -157,11 +156,10 @@ class UpstreamPipe(Pipe):
         if self.judged or self.counted is None or self.address is None:
             return
         self.judged = True
-        c = self.counted.of(self.address)
         if ok:
-            success(c)
+            success(self.counted.of(self.address))
         else:
-            error(c, RESET, False)
+            self.counted.error(self.address, RESET, False)
 
     def data_received(self, data: bytes) -> None:
         if not self.judged:

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import cast
 
-from healthgate.dataplane.counters import ListenerCounters, error, success
+from healthgate.dataplane.counters import ListenerCounters, success
 from healthgate.dataplane.guard import ConnectionGuard
 from healthgate.health.evidence import UNREACHABLE
 
@@ -51,7 +51,7 @@ class _Upstream(asyncio.DatagramProtocol):
         # (an ICMP error: port unreachable, the UDP twin of a refused connection)
         counters = self.listener.counters
         counters.event("upstream_errors")
-        error(counters.of(self.address), UNREACHABLE, True)
+        counters.error(self.address, UNREACHABLE, True)
 
 
 class UdpListener(asyncio.DatagramProtocol):

@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,6 +122,7 @@ class Stats:
     propagation_sum: float
     # (listener, upstream, what its hops came to since the last Stats)
     hops: list[tuple[str, tuple[str, int], Hops]] = field(default_factory=list)
+    tripped: bool = False  # sent early: a run of errors reached an outlier threshold
 
 
 @message
@@ -170,6 +171,7 @@ class WorkerPool:
         # the last take_hops, and in all (for /metrics)
         self._hops: dict[str, dict[Address, Hops]] = {}
         self._totals: dict[str, dict[Address, list[Any]]] = {}
+        self._trip: Callable[[], None] | None = None
         self._resources: Mapping[ResourcePath, Resource] = {}
         self._last_health: Health | None = None
         self._publish_pending = False
@@ -246,6 +248,8 @@ class WorkerPool:
             total[1] += hops.errors
             for kind, n in hops.kinds.items():
                 total[2][kind] = total[2].get(kind, 0) + n
+        if m.tripped and self._trip is not None:
+            self._trip()
         c = self.counts[index]
         c.stats, c.propagation, c.propagation_sum = m.status, m.propagation, m.propagation_sum
         c.connections = sum(
@@ -275,6 +279,9 @@ class WorkerPool:
         wanted = list(addresses)
         if wanted:
             self.supervisor.broadcast(ResetRuns(wanted))
+
+    def on_trip(self, hook: Callable[[], None]) -> None:
+        self._trip = hook
 
     def upstream_totals(self) -> Iterator[UpstreamTotal]:
         for path, by_address in self._totals.items():
@@ -346,14 +353,26 @@ async def run_worker(index: int) -> None:
         return
     dp = DataPlane(view, setup.settings)
 
-    def stats() -> Stats:
+    def stats(tripped: bool = False) -> Stats:
         hops = [(path, a, h) for path, per in dp.take_hops().items() for a, h in per.items()]
-        return Stats(dp.status(), dp.propagation, dp.propagation_sum, hops)
+        return Stats(dp.status(), dp.propagation, dp.propagation_sum, hops, tripped)
 
     async def report() -> None:
         while True:
             await asyncio.sleep(STATS_INTERVAL)
             write(writer, stats())
+
+    early: list[asyncio.Handle] = []
+
+    def tripped() -> None:  # (an outlier threshold reached: report now, once per turn)
+        if not early:
+            early.append(asyncio.get_running_loop().call_soon(report_now))
+
+    def report_now() -> None:
+        early.clear()
+        write(writer, stats(tripped=True))
+
+    dp.on_trip(tripped)
 
     reporter = asyncio.get_running_loop().create_task(report())
     world: dict[ResourcePath, Resource] = {}  # this worker's mirror
