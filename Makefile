@@ -65,7 +65,7 @@ fast: $(STAMP)
 PURE_TESTS := tests/unit/test_http_scan.py tests/unit/test_fast_protocols.py tests/integration/test_proxies.py \
               tests/integration/test_front_end_limits.py tests/integration/test_front_end_buffers.py \
               tests/integration/test_probes.py tests/integration/test_probe_body.py \
-              tests/integration/test_trust_http.py
+              tests/integration/test_trust_http.py tests/integration/test_counters.py
 pure: $(STAMP)
 	HEALTHGATE_PURE_PYTHON=1 $(BIN)/pytest -q $(PURE_TESTS)
 
