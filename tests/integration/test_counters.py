@@ -147,7 +147,9 @@ def test_l4_a_refused_connect_and_a_reset_before_the_first_byte_are_errors() -> 
 
         async def rst(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             sock = writer.get_extra_info("socket")
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            sock.setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+            )
             writer.transport.abort()
 
         out = {}

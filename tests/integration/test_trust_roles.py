@@ -164,3 +164,36 @@ def test_a_consumer_token_may_not_redirect_or_delete_the_producers_webhook() -> 
                 assert r.status_code == 200, r.text
 
     run_async(go())
+
+
+def test_failover_storm_holds_are_seen_by_readers_and_released_by_admins_only() -> None:
+    from healthgate.health.storms import StormSettings
+    from tests.helpers import REFUSED
+
+    metrics = {"token": "m" * 24, "project": "*", "role": "metrics"}
+
+    async def go() -> None:
+        async with InProcessApi([*TOKENS, metrics]) as api:
+            client = await world(api)
+            engine = api.health.engine
+            engine.set_storm_settings(StormSettings(30))
+            targets = sorted(engine.targets(), key=lambda t: (t.ip.split(".")[3], t.ip))
+            for _ in range(3):  # both regions' probes fail in one tick
+                for t in targets:
+                    api.health.emit(engine.on_result(1.0, t.slot, REFUSED))
+            r = await client.get("/v1/holds", headers=auth(WEB_CONSUMER))
+            assert r.status_code == 200, r.text
+            [hold] = r.json()["items"]
+            assert (await client.get("/v1/holds", headers=auth(metrics))).status_code == 403
+            url = f"/v1/holds/{hold['name']}:release"
+            for token in (WEB_CONSUMER, SHOP_PRODUCER):
+                r = await client.post(url, headers=auth(token))
+                assert r.status_code == 403, r.text
+            r = await client.post("/v1/holds/Not_A_Hold:release", headers=auth(ADMIN))
+            assert r.status_code == 400 and "hold" in r.json()["error"]["message"]
+            r = await client.post(url, headers=auth(ADMIN))
+            assert r.status_code == 200, r.text
+            assert (await client.post(url, headers=auth(ADMIN))).status_code == 404
+            assert (await client.get("/v1/holds", headers=auth(ADMIN))).json()["items"] == []
+
+    run_async(go())

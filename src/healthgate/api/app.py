@@ -29,6 +29,7 @@ from healthgate.api.capacity import RequestCapacity
 from healthgate.api.errors import error_response, refusal_response
 from healthgate.api.events import events_router
 from healthgate.api.health import health_router
+from healthgate.api.holds import holds_router
 from healthgate.api.integrations import integrations_router
 from healthgate.api.manifests import MANIFEST_PATHS, manifest_router
 from healthgate.api.operations import operations_router
@@ -90,6 +91,7 @@ def create_app(state: ApiState) -> FastAPI:
     app.include_router(events_router(state))
     app.include_router(manifest_router(state))
     app.include_router(shifts_router(state))
+    app.include_router(holds_router(state))
     app.include_router(operations_router(state, app))
 
     s = state.settings

@@ -45,6 +45,20 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def percent(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"a percentage from 0 to 100, got {text}")
+    return value
+
+
+def storm_window(text: str) -> float:
+    value = positive_float(text)
+    if not 1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"1 to 3600 seconds, got {text}")
+    return value
+
+
 def cidr_list(text: str) -> list[str]:
     """``--allow-addresses``: comma-separated addresses or CIDRs."""
     import ipaddress
@@ -79,6 +93,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from healthgate.controlplane.errors import ControlError
     from healthgate.dataplane.http_limits import HttpSettings
     from healthgate.dataplane.manager import Balance, DataPlaneSettings
+    from healthgate.health.storms import StormSettings
     from healthgate.model.addresses import AddressPolicy
     from healthgate.probes.prober import ProbeSettings
     from healthgate.probes.scheduler import SchedulerSettings
@@ -126,6 +141,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tokens_file=args.tokens,
         log_retention=args.log_retention,
         failure_log_rate=args.probe_failure_log_rate,
+        storms=StormSettings(args.storm_hold_percent, args.storm_hold_window),
         probe=ProbeSettings(
             keepalive=args.keepalive_probes,
             verify_tls=args.verify_tls,
@@ -417,6 +433,22 @@ def _probe_options(p: argparse.ArgumentParser) -> None:
         metavar="IP",
         help="TCP, HTTP and HTTPS probes leave from this local address (default: the kernel's "
         "choice); for firewalls that admit probers by address",
+    )
+    g.add_argument(
+        "--storm-hold-percent",
+        type=percent,
+        default=0.0,
+        metavar="P",
+        help="failover storms (docs/passive.md): when more than P %% of the probed endpoints "
+        "turn UNHEALTHY within --storm-hold-window across two or more regions, routes are "
+        "held where they were (default 0: off)",
+    )
+    g.add_argument(
+        "--storm-hold-window",
+        type=storm_window,
+        default=30.0,
+        metavar="SECONDS",
+        help="the window of --storm-hold-percent, 1-3600 (default 30)",
     )
     g.add_argument("--verify-tls", action="store_true", help="verify HTTPS probe certificates")
     g.add_argument("--ca-file", help="CA bundle for --verify-tls")

@@ -217,6 +217,11 @@ class ClusterNode:
             log.warning("skipping the log key %s: %s", ev.kv.key[:80], exc)
             return
         self.recorder.publish((event_id, record))
+        if record.get("kind") == "Change" and record.get("action") == "hold-release":
+            # an admin released a failover storm hold on some node: every node's engine
+            hold, actor = record.get("hold"), record.get("actor")
+            if isinstance(hold, str) and isinstance(actor, str):
+                self.probing.feed.release_hold(record["time"], hold, actor)
 
     # ------------------------------------------------------------------ leading
 

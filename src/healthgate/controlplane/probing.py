@@ -74,6 +74,13 @@ class Feed:
         self.emit(records)
         return records
 
+    def release_hold(self, now: float, hold_id: str, actor: str) -> None:
+        """An admin released a failover storm hold (the log says so: every
+        node of a cluster follows it; none in effect here - nothing)."""
+        records = self.engine.release_hold(now, hold_id, actor)
+        if records:
+            self.emit(records)
+
     def observed(self, items: Iterable[tuple[str, Observed]]) -> None:
         """What the probes of endpoints probed elsewhere have shown (the API's details)."""
         table = self.engine.table

@@ -112,6 +112,9 @@ class EndpointTable:
 
     def __init__(self, on_flip: FlipListener | None = None) -> None:
         self.on_flip = on_flip
+        # a backend service's counts moved without a flip (an ejection that
+        # counts as UNHEALTHY): the graph re-evaluates its sources
+        self.on_counts: FlipListener | None = None
         # endpoint arrays, indexed by slot
         self._state = bytearray()
         self._ok = bytearray()
@@ -286,9 +289,9 @@ class EndpointTable:
             (was != (until is not None) or counted != count_as_unhealthy)
             and (count_as_unhealthy or counted)
             and self._state[agg.slots[key]] == HEALTHY
-            and self.on_flip is not None
+            and self.on_counts is not None
         ):
-            self.on_flip(now, backend_service, records)
+            self.on_counts(now, backend_service, records)
         return True
 
     def ejected(self, backend_service: ResourcePath) -> Mapping[EndpointKey, float]:

@@ -22,6 +22,7 @@ Records are returned to the caller, which logs, stores and streams them.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from dataclasses import replace
 from types import MappingProxyType
 
 from healthgate.gcpause import gc_paused
@@ -29,7 +30,16 @@ from healthgate.health.endpoints import EndpointTable
 from healthgate.health.evidence import Address, Hops
 from healthgate.health.graph import HealthGraph
 from healthgate.health.passive import PassiveHealth, PassiveResult
-from healthgate.health.states import HealthState, ProbeResult, Record
+from healthgate.health.states import (
+    HealthState,
+    Hold,
+    HoldPhase,
+    ProbeResult,
+    Record,
+    RouteChange,
+    Transition,
+)
+from healthgate.health.storms import StormGuard, StormSettings
 from healthgate.health.types import (
     ApplyResult,
     EndpointKey,
@@ -67,15 +77,64 @@ class HealthEngine:
     def __init__(self) -> None:
         self.table = EndpointTable()
         self.graph = HealthGraph(counts=self.table.counts)
+        # failover storms held (SPEC §8): every flip is seen before the graph
+        self.storms = StormGuard()
         # an endpoint's flip reaches the graph at once, so results fed one at
         # a time or a tick at a time give the same records
-        self.table.on_flip = self.graph.endpoints_flipped
+        self.table.on_flip = self._flipped
+        self.table.on_counts = self.graph.endpoints_flipped
         self.on_result = self.table.on_result
         self.on_results = self.table.on_results
         # real traffic as evidence (SPEC §8): outlier ejection, TRAFFIC sources
         self.passive = PassiveHealth(self.table, self.graph)
         self._resources: Mapping[ResourcePath, Resource] = {}
         self._applies = 0
+
+    def _flipped(self, now: float, backend_service: ResourcePath, records: list[Record]) -> None:
+        """An endpoint flipped (``records[0]``, its transition): the storm
+        guard sees it first - the flip that makes a storm is held too."""
+        hold = None
+        if self.storms.on and records and isinstance(records[0], Transition):
+            t = records[0]
+            probed = self.table.endpoint_count()
+            hold = self.storms.flip(now, t.path, backend_service.region, t.current, probed)
+            if hold is not None and hold.phase is HoldPhase.HELD:
+                records.extend(self._per_project(hold))
+                why = f"failover storm {hold.hold_id} across {', '.join(hold.regions)}"
+                self.graph.hold_routes(now, True, records, hold.since, why)
+                hold = None
+        self.graph.endpoints_flipped(now, backend_service, records)
+        if hold is not None:  # (lifted: the flip first, then every route again)
+            self._let_go(now, hold, records)
+
+    def _let_go(self, now: float, hold: Hold, records: list[Record]) -> None:
+        after: list[Record] = []
+        self.graph.hold_routes(now, False, after)
+        moved = tuple(r.frontend for r in after if isinstance(r, RouteChange))
+        records.extend(self._per_project(replace(hold, held=moved)))
+        records.extend(after)
+
+    def _per_project(self, hold: Hold) -> list[Record]:
+        """A Hold record for each project with a consumer front end (each
+        project's log says its routes were held)."""
+        projects = sorted({ResourcePath.parse(f).project for f in self.route_table().routes})
+        return [replace(hold, project=p) for p in projects] or [hold]
+
+    def set_storm_settings(self, settings: StormSettings) -> None:
+        self.storms.settings = settings
+
+    def holds(self) -> list[Hold]:
+        """The failover storm hold in effect (none, or one)."""
+        return [self.storms.hold] if self.storms.hold is not None else []
+
+    def release_hold(self, now: float, hold_id: str, actor: str) -> list[Record] | None:
+        """An admin releases a hold (None: no such hold in effect)."""
+        hold = self.storms.release(now, hold_id, actor)
+        if hold is None:
+            return None
+        records: list[Record] = []
+        self._let_go(now, hold, records)
+        return records
 
     @property
     def generation(self) -> int:
@@ -118,6 +177,12 @@ class HealthEngine:
         rebuilt = self.table.sync(now, world, changed, result)
         self.graph.sync(now, world, changed, rebuilt, result.records)
         self.passive.sync(now, world, changed)
+        if self.storms.on and result.removed_paths:
+            for path in result.removed_paths:
+                self.storms.forget(path)
+            hold = self.storms.check(now, self.table.endpoint_count())
+            if hold is not None and hold.phase is not HoldPhase.HELD:
+                self._let_go(now, hold, result.records)
         self._applies += 1  # (whatever changed, readers re-derive)
         return result
 

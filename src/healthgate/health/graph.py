@@ -16,6 +16,7 @@ that changed one.
 from __future__ import annotations
 
 from bisect import insort
+from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import replace
 from types import MappingProxyType
@@ -64,6 +65,8 @@ from healthgate.model.resources import (
 UNKNOWN = HealthState.UNKNOWN
 HEALTHY = HealthState.HEALTHY
 UNHEALTHY = HealthState.UNHEALTHY
+
+NEG_HISTORY = 3600.0  # s of NEG changes kept, for a storm hold to roll back over
 
 Counts = Callable[[ResourcePath], "tuple[int, int, int] | None"]  # (total, healthy, unknown)
 Index = dict[Any, list["_Node"]]  # a reverse index: a path (or its text) -> the nodes that use it
@@ -147,6 +150,13 @@ class HealthGraph:
         # TRAFFIC health sources (SPEC §8): their state as judged outside the
         # graph (health/traffic.py: this node's judge, or the nodes' quorum)
         self._traffic: dict[str, tuple[HealthState, str]] = {}
+        # a failover storm held (health/storms.py): the NEG states and
+        # fractions the routes are computed from while it lasts (None: now's)
+        self._held: dict[str, tuple[HealthState, float | None]] | None = None
+        self._held_why = ""
+        # recent NEG changes (time, path, state and fraction before): what
+        # a hold rolls the routes back over
+        self._neg_history: deque[tuple[float, str, HealthState, float | None]] = deque()
 
     def endpoints_flipped(
         self, now: float, backend_service: ResourcePath, records: list[Record]
@@ -253,6 +263,33 @@ class HealthGraph:
         if node is not None:
             self._propagate(now, records, sources=[node])
 
+    def hold_routes(
+        self, now: float, held: bool, records: list[Record], since: float = 0.0, why: str = ""
+    ) -> None:
+        """A failover storm (health/storms.py): while ``held``, routes are
+        computed from the NEGs as they were at ``since`` (routes that moved
+        after it move back; shifts still act); let go, every route follows
+        the NEGs' states again."""
+        if held:
+            if self._held is None:
+                snapshot = {p: (n.state, n.fraction) for p, n in self._negs.items()}
+                for t, path, state, fraction in reversed(self._neg_history):
+                    if t < since:
+                        break
+                    if path in snapshot:
+                        snapshot[path] = (state, fraction)
+                self._held, self._held_why = snapshot, why
+                self._propagate(now, records, routes=list(self._routes.values()))
+            return
+        if self._held is None:
+            return
+        self._held = None
+        self._propagate(now, records, routes=list(self._routes.values()))
+
+    @property
+    def holding(self) -> bool:
+        return self._held is not None
+
     def traffic_sources(self) -> dict[str, tuple[ResourcePath, HealthSource, HealthState]]:
         """Every TRAFFIC source: (its backend service, the source, its state now)."""
         out = {}
@@ -336,8 +373,14 @@ class HealthGraph:
                 state, reason = att.state, f"{att_path}: {att.reason}"
         accepted_changed = node.extra is not accepted
         node.extra = accepted
+        before = (node.state, node.fraction)
         moved = self._fraction(node, att.fraction if att is not None and accepted else None)
         changed = self._set(now, node, RecordKind.NEG, state, reason, records)
+        if (node.state, node.fraction) != before:
+            history = self._neg_history
+            history.append((now, node.path, *before))
+            while history and (history[0][0] < now - NEG_HISTORY or len(history) > 100_000):
+                history.popleft()
         return changed or accepted_changed or moved
 
     def _candidates(self, fr: ForwardingRule) -> tuple[list[Candidate], BackendService | None]:
@@ -354,9 +397,12 @@ class HealthGraph:
             if neg is None:
                 continue
             shift = self._shifted.get(neg.path)
+            state, neg_fraction = neg.state, neg.fraction
+            if self._held is not None and neg.path in self._held:
+                state, neg_fraction = self._held[neg.path]  # (a storm held: as it began)
             # spill PROPORTIONAL: a degraded NEG keeps what its healthy part
             # can carry, overprovisioned (SPEC §6); unknown counts as whole
-            fraction = neg.fraction if proportional else None
+            fraction = neg_fraction if proportional else None
             factor = 1.0
             if fraction is not None:
                 factor = min(1.0, policy.overprovisioning_factor * fraction)
@@ -366,7 +412,7 @@ class HealthGraph:
                     neg_path.name,
                     neg_path.region,
                     b.failover_priority,
-                    neg.state,
+                    state,
                     neg.extra is not False,
                     shift.reason if shift is not None else "",
                     100 if b.traffic_dial is None else b.traffic_dial,
@@ -427,6 +473,8 @@ class HealthGraph:
         single = len(shares) <= 1 and target == choice.target
         split = () if single else tuple((self._attachment_of(s.neg), s.percent) for s in shares)
         reason = choice.reason if single else f"{choice.reason}; shares {split_text(shares)}"
+        if self._held is not None:
+            reason = f"{reason} (held: {self._held_why})"
         attachment = self._attachment_of(target) if target else None
         full_target = full[0].neg if full else choice.target
         logged_target = None
@@ -464,6 +512,8 @@ class HealthGraph:
         )
         logged_split = len(full) > 1 or full_target != choice.target
         why = choice.reason if not logged_split else f"{choice.reason}; shares {split_text(full)}"
+        if self._held is not None:
+            why = f"{why} (held: {self._held_why})"
         records.append(
             RouteChange(
                 now,

@@ -370,6 +370,8 @@ class Hold:
     probed: int = 0  # every endpoint probed
     held: tuple[str, ...] = ()  # the front ends whose routes stayed
     actor: str = ""
+    since: float = 0.0  # the storm's first turn to UNHEALTHY: routes are held as they were then
+    project: str = ""  # (one record per project with a consumer front end: its log has it)
 
     kind = RecordKind.HOLD
 
@@ -377,7 +379,7 @@ class Hold:
         out: dict[str, Any] = {
             "time": self.time,
             "timestamp": timestamp(self.time),
-            "project": "",
+            "project": self.project,
             "region": "global",
             "kind": RecordKind.HOLD.value,
             "name": self.hold_id,
@@ -389,6 +391,7 @@ class Hold:
             "unhealthy": self.unhealthy,
             "probed": self.probed,
             "held": list(self.held),
+            "stormSince": timestamp(self.since) if self.since else None,
         }
         if self.actor:
             out["actor"] = self.actor

@@ -57,6 +57,7 @@ from healthgate.dataplane.manager import (
 )
 from healthgate.dataplane.workers import WorkerPool
 from healthgate.health.states import Record, RecordKind, RouteChange
+from healthgate.health.storms import StormSettings
 from healthgate.integrations.agent import AgentServer
 from healthgate.integrations.dns import DnsDirectory, DnsServer, parse_zone
 from healthgate.integrations.verdicts import agent_answer
@@ -122,6 +123,8 @@ class ServeSettings:
     # on stop: seconds open front-end connections get to finish before they are closed
     stop_grace: float = 2.0
     webhooks: WebhookSettings = field(default_factory=WebhookSettings)
+    # failover storms held (SPEC §8; health/storms.py): off at 0 %
+    storms: StormSettings = field(default_factory=StormSettings)
 
     @property
     def clustered(self) -> bool:
@@ -278,6 +281,7 @@ class Server:
         self.health = health = HealthService(
             failure_log_rate=s.failure_log_rate, source=self._source()
         )
+        health.engine.set_storm_settings(s.storms)
         log.info("starting: store %s, API on %s", s.store_name(), s.listen)
         self.recorder = recorder = TransitionRecorder(store, retention=s.log_retention)
         recorder.last_id = store.last_log_id()
