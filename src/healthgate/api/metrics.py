@@ -70,24 +70,7 @@ class EngineCollector(Collector):
             bs_gauge.add_metric([name, "UNKNOWN"], unknown)
             bs_gauge.add_metric([name, "UNHEALTHY"], total - healthy - unknown)
         yield bs_gauge
-        ejected = GaugeMetricFamily(
-            "healthgate_endpoints_ejected",
-            "Endpoints of a backend service ejected from real traffic now (SPEC 8)",
-            labels=["backend_service"],
-        )
-        for path in engine.backend_services():
-            n = len(engine.ejected(path))
-            if n:
-                ejected.add_metric([str(path)], n)
-        yield ejected
-        held = GaugeMetricFamily(
-            "healthgate_storm_hold",
-            "1 while a failover storm hold keeps routes where they were (SPEC 8)",
-            labels=["hold", "regions"],
-        )
-        for hold in engine.holds():
-            held.add_metric([hold.hold_id, ",".join(hold.regions)], 1)
-        yield held
+        yield from self._passive()
 
         state_gauge = GaugeMetricFamily(
             "healthgate_health_state",
@@ -165,6 +148,28 @@ class EngineCollector(Collector):
             cumulative.append(("+Inf" if bound == float("inf") else repr(bound), acc))
         lag.add_metric([], cumulative, stats.lag_sum)
         yield lag
+
+    def _passive(self) -> Iterator[Metric]:
+        """Real traffic as evidence (SPEC §8): ejections and storm holds now."""
+        engine = self.health.engine
+        ejected = GaugeMetricFamily(
+            "healthgate_endpoints_ejected",
+            "Endpoints of a backend service ejected from real traffic now (SPEC 8)",
+            labels=["backend_service"],
+        )
+        for path in engine.backend_services():
+            n = len(engine.ejected(path))
+            if n:
+                ejected.add_metric([str(path)], n)
+        yield ejected
+        held = GaugeMetricFamily(
+            "healthgate_storm_hold",
+            "1 while a failover storm hold keeps routes where they were (SPEC 8)",
+            labels=["hold", "regions"],
+        )
+        for hold in engine.holds():
+            held.add_metric([hold.hold_id, ",".join(hold.regions)], 1)
+        yield held
 
     def _routes(self) -> Iterator[Metric]:
         engine = self.health.engine
