@@ -59,15 +59,34 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _overlaid(files: list[str]) -> list[Any]:
+    """Several manifests as one world: a document of a later file replaces
+    the one of the same kind, project, region and name before it."""
+    from healthgate.model.manifest import load_manifest
+
+    merged: dict[tuple[str, ...], Any] = {}
+    for f in files:
+        for doc in yaml.safe_load_all(Path(f).read_text(encoding="utf-8")):
+            if isinstance(doc, dict):
+                key = tuple(str(doc.get(k, "")) for k in ("kind", "project", "region", "name"))
+                merged[key] = doc
+    return load_manifest(yaml.safe_dump_all(list(merged.values()), sort_keys=False))
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from healthgate.cli.simulate import to_json, to_table
     from healthgate.simulation.runner import simulate
     from healthgate.simulation.scenario import Scenario
 
+    files = args.file
+    name = files[0] if len(files) == 1 else " + ".join(files)
     try:
-        docs = load_manifest_file(args.file)
+        docs = load_manifest_file(files[0]) if len(files) == 1 else _overlaid(files)
     except InvalidResources as exc:
-        _print_issues(exc, args.file)
+        _print_issues(exc, name)
+        return EXIT_REFUSED
+    except yaml.YAMLError as exc:
+        print(f"{name}: not valid YAML: {exc}", file=sys.stderr)
         return EXIT_REFUSED
     try:
         data = yaml.safe_load(Path(args.scenario).read_text(encoding="utf-8"))
@@ -126,7 +145,13 @@ def add_offline_commands(sub: Any, parser: argparse.ArgumentParser) -> None:
     p.set_defaults(func=lambda _a: print(completion_script(parser), end="") or EXIT_OK)
 
     p = sub.add_parser("simulate", help="replay a what-if scenario in virtual time")
-    p.add_argument("-f", "--file", required=True, help="manifest")
+    p.add_argument(
+        "-f",
+        "--file",
+        required=True,
+        action="append",
+        help="manifest; given again, a later file's documents replace the same-named ones",
+    )
     p.add_argument("--scenario", required=True, help="scenario (YAML); see examples/")
     p.add_argument("-o", "--output", choices=["table", "json"], default="table")
     p.add_argument("--no-endpoints", action="store_true", help="hide endpoint-level transitions")

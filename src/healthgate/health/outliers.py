@@ -21,8 +21,9 @@ already has as many endpoints ejected as ``maxEjectionPercent`` allows -
 that percentage of its endpoints rounded down, but always one when the
 percentage is above 0 (then it is recorded as DETECTED too, with why). A
 run is acted upon once: the next consecutive-errors detection of the same
-endpoint waits for a success in between (the data plane restarts an
-ejected endpoint's runs: dataplane/counters.py ``reset_runs``).
+endpoint not ejected waits for a success in between; an ejected one's runs
+start again from nothing (dataplane/counters.py ``reset_runs``), so after
+its return a new run ejects it again.
 
 An ejected endpoint gets no new connections or requests for
 ``baseEjectionTimeSec`` x (the times it was ejected in a row), capped at
@@ -158,6 +159,7 @@ class BackendOutliers:
             if back.until is not None and now >= back.until:
                 ep = back
                 ep.until = None
+                ep.armed = ep.armed_gateway = True  # (its runs started again at the ejection)
                 out.append(
                     Decision(
                         key,
@@ -254,6 +256,7 @@ class BackendOutliers:
             )
         ep.count += 1
         ep.ejected_in_interval = True
+        ep.armed = ep.armed_gateway = True  # (the data plane restarts its runs: reset_runs)
         seconds = min(p.base_ejection_time_sec * ep.count, p.max_ejection_time_sec)
         ep.until = now + seconds
         return Decision(

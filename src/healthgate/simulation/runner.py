@@ -15,13 +15,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from healthgate.health.engine import HealthEngine, ProbeTarget
+from healthgate.health.evidence import Address, Hops
 from healthgate.health.states import Outcome, ProbeResult, Record
+from healthgate.health.storms import StormSettings
+from healthgate.model.lookups import published_rule
 from healthgate.model.names import ResourcePath
 from healthgate.model.resources import InstanceGroup, NetworkEndpointGroup, Resource
 from healthgate.probes.timetable import Timetable
 from healthgate.simulation.scenario import Scenario, ScenarioEvent, Selector
 
-_EVENT, _END, _START = 0, 1, 2  # at equal times: faults first, then probe ends, then starts
+# at equal times: faults first, then probe ends, then starts, then a second of traffic
+_EVENT, _END, _START, _TRAFFIC = 0, 1, 2, 3
 
 
 @dataclass(slots=True)
@@ -98,9 +102,80 @@ def _outcome(target: ProbeTarget, event: ScenarioEvent | None, response: float) 
     return ProbeResult(Outcome.OK, latency, 200 if http else 0)
 
 
+class _Traffic:
+    """A second of real traffic where the routes send it (see the scenario
+    format): per upstream address, what its hops came to."""
+
+    def __init__(self, engine: HealthEngine, scenario: Scenario) -> None:
+        self.engine = engine
+        self.rate = scenario.traffic.requests_per_second
+        self.errors: dict[tuple[str, int | None], ScenarioEvent] = {}  # endpoint -> its
+        self.runs: dict[Address, int] = {}  # consecutive errors carried between seconds
+
+    def second(self) -> dict[Address, Hops]:
+        engine = self.engine
+        per_endpoint: dict[Address, float] = {}
+        keys: dict[Address, tuple[str, int | None]] = {}
+        for route in engine.route_table().routes.values():
+            for share in route.shares:
+                found = published_rule(engine.resources, engine.attachment_of(share.neg) or "")
+                if found is None:
+                    continue
+                fr = found[1]
+                bs = fr.ref("backend_service")
+                if bs is None:
+                    continue
+                port = fr.port_list()[0]
+                serving = engine.healthy_endpoints(bs) or engine.all_endpoints(bs)
+                for ip, p in serving:
+                    address = (ip, p if p is not None else port)
+                    keys[address] = (ip, p)
+                    n = self.rate * share.percent / 100 / len(serving)
+                    per_endpoint[address] = per_endpoint.get(address, 0.0) + n
+        out = {}
+        for address, n in per_endpoint.items():
+            total = round(n)
+            if not total:
+                continue
+            event = self.errors.get(keys[address])
+            errors = round(total * event.error_rate) if event and event.error_rate else 0
+            served = total - errors
+            run = self.runs.get(address, 0)
+            # errors spread among the successes: the longest run between two
+            peak = run + errors if not served else max(run, -(-errors // (served + 1)))
+            self.runs[address] = run + errors if not served else errors // (served + 1)
+            kind = event.error_kind if event else "500"
+            gateway = errors if kind in ("502", "503", "504", "refused") else 0
+            kinds = {kind: errors} if errors else {}
+            out[address] = Hops(served, errors, gateway, kinds, peak, peak if gateway else 0,
+                                (kind,) * min(peak, 10))  # fmt: skip
+        return out
+
+
+def _event(
+    event: ScenarioEvent,
+    targets: Sequence[ProbeTarget],
+    faults: dict[int, ScenarioEvent],
+    traffic: _Traffic,
+) -> None:
+    """A scenario event on the endpoints it selects: a fault of their probes,
+    an error rate of their real traffic, or both healed."""
+    for t in targets:
+        if event.fault == "heal":
+            faults.pop(t.slot, None)
+            traffic.errors.pop((t.ip, t.port), None)
+        elif event.error_rate is not None:
+            traffic.errors[(t.ip, t.port)] = event
+        else:
+            faults[t.slot] = event
+
+
 def simulate(resources: Sequence[Resource], scenario: Scenario) -> SimulationResult:
     result = SimulationResult()
     engine = result.engine
+    engine.set_storm_settings(
+        StormSettings(scenario.storm_hold_percent, scenario.storm_hold_window_sec)
+    )
     result.records.extend(engine.apply(resources, 0.0).records)
     targets = sorted(engine.targets(), key=lambda t: t.slot)
 
@@ -125,6 +200,11 @@ def simulate(resources: Sequence[Resource], scenario: Scenario) -> SimulationRes
         due = timetable.first(t.check.check_interval_sec)
         queue.append((due, _START, seq, t.slot, t))
         seq += 1
+    traffic = _Traffic(engine, scenario)
+    if traffic.rate or engine.passive.watching(0.0):
+        for second in range(1, int(scenario.duration) + 1):
+            queue.append((float(second), _TRAFFIC, seq, 0, None))
+            seq += 1
     heapq.heapify(queue)
 
     faults: dict[int, ScenarioEvent] = {}
@@ -139,13 +219,14 @@ def simulate(resources: Sequence[Resource], scenario: Scenario) -> SimulationRes
             result.records.extend(engine.step_ramps(step))
             step = engine.next_ramp_step(step)
         clock[0] = now
-        if kind == _EVENT:
+        if kind == _TRAFFIC:
+            seen = engine.observe_traffic(now, traffic.second())
+            result.records.extend(seen.records)
+            for address in seen.ejected:  # (as the data plane does: its runs start again)
+                traffic.runs.pop(address, None)
+        elif kind == _EVENT:
             assert isinstance(payload, ScenarioEvent)
-            for t in select(targets, resources, payload.select):
-                if payload.fault == "heal":
-                    faults.pop(t.slot, None)
-                else:
-                    faults[t.slot] = payload
+            _event(payload, select(targets, resources, payload.select), faults, traffic)
         elif kind == _START:
             assert isinstance(payload, ProbeTarget)
             res = _outcome(payload, faults.get(slot), scenario.response_time)

@@ -19,6 +19,23 @@ A scenario is a YAML mapping::
         select: {region: us-east1}
         fault: heal
 
+Real traffic (SPEC §8) is scripted too: ``traffic.requestsPerSecond`` is
+what each consumer front end carries; each virtual second it goes where the
+front end's route sends it - its shares, then the region's HEALTHY endpoints
+that are not ejected - and an endpoint fails the fraction of it that an
+``errorRate`` event set (``errorKind``: the status or error it fails with,
+500 by default; a ``heal`` ends it too)::
+
+    traffic: {requestsPerSecond: 200}
+    events:
+      - at: 30
+        select: {region: us-east1}
+        errorRate: 1.0        # every real request fails; the probes still pass
+
+so outlier detection and TRAFFIC health sources are rehearsed in virtual
+time. ``stormHoldPercent`` / ``stormHoldWindowSec`` are serve's
+``--storm-hold-percent`` / ``--storm-hold-window``.
+
 ``select`` narrows the endpoints by ``project``, ``region``,
 ``backendService`` and ``group`` (names), ``endpoint`` (``ip`` or
 ``ip:port``); ``count`` keeps only the first N in address order. An empty
@@ -50,13 +67,21 @@ class ScenarioEvent(Model):
     fault: Literal["hang", "refuse", "reset", "heal"] | None = None
     status: int | None = Field(None, ge=100, le=599)
     latency: float | None = Field(None, ge=0)
+    # the fraction of real requests that fail (SPEC §8), and with what
+    error_rate: float | None = Field(None, ge=0, le=1)
+    error_kind: str = Field("500", pattern=r"^(5[0-9][0-9]|timeout|reset|refused)$")
 
     @model_validator(mode="after")
     def _one_effect(self) -> Self:
-        given = [x for x in (self.fault, self.status, self.latency) if x is not None]
+        effects = (self.fault, self.status, self.latency, self.error_rate)
+        given = [x for x in effects if x is not None]
         if len(given) != 1:
-            raise ValueError("give exactly one of fault, status or latency")
+            raise ValueError("give exactly one of fault, status, latency or errorRate")
         return self
+
+
+class Traffic(Model):
+    requests_per_second: float = Field(0.0, ge=0, le=1_000_000)
 
 
 class Scenario(Model):
@@ -64,3 +89,6 @@ class Scenario(Model):
     response_time: float = Field(0.01, ge=0)
     start: Literal["unknown", "healthy"] = "unknown"
     events: list[ScenarioEvent] = Field(default_factory=list, max_length=10_000)
+    traffic: Traffic = Field(default_factory=Traffic)
+    storm_hold_percent: float = Field(0.0, ge=0, le=100)
+    storm_hold_window_sec: float = Field(30.0, ge=1, le=3600)
