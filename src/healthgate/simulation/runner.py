@@ -170,6 +170,14 @@ def _event(
             faults[t.slot] = event
 
 
+def _settle(engine: HealthEngine, targets: Sequence[ProbeTarget], response: float) -> None:
+    """Every endpoint HEALTHY: enough successes for its threshold."""
+    ok = ProbeResult(Outcome.OK, response)
+    for t in targets:
+        for _ in range(t.check.healthy_threshold):
+            engine.on_result(0.0, t.slot, ok)
+
+
 def simulate(resources: Sequence[Resource], scenario: Scenario) -> SimulationResult:
     result = SimulationResult()
     engine = result.engine
@@ -178,14 +186,9 @@ def simulate(resources: Sequence[Resource], scenario: Scenario) -> SimulationRes
     )
     result.records.extend(engine.apply(resources, 0.0).records)
     targets = sorted(engine.targets(), key=lambda t: t.slot)
-
     if scenario.start == "healthy":
-        ok = ProbeResult(Outcome.OK, scenario.response_time)
-        for t in targets:
-            for _ in range(t.check.healthy_threshold):
-                engine.on_result(0.0, t.slot, ok)
-        # the settled state is the starting point, not part of the timeline
-        result.records = []
+        _settle(engine, targets, scenario.response_time)
+        result.records = []  # (the settled state is the starting point, not the timeline's)
 
     queue: list[tuple[float, int, int, int, object]] = []
     seq = 0
