@@ -170,6 +170,14 @@ def _event(
             faults[t.slot] = event
 
 
+def _ramps_until(engine: HealthEngine, then: float, now: float, records: list[Record]) -> None:
+    """Ramped failbacks move on in the same virtual time."""
+    step = engine.next_ramp_step(then)
+    while step is not None and step <= now:
+        records.extend(engine.step_ramps(step))
+        step = engine.next_ramp_step(step)
+
+
 def _settle(engine: HealthEngine, targets: Sequence[ProbeTarget], response: float) -> None:
     """Every endpoint HEALTHY: enough successes for its threshold."""
     ok = ProbeResult(Outcome.OK, response)
@@ -216,11 +224,7 @@ def simulate(resources: Sequence[Resource], scenario: Scenario) -> SimulationRes
         now, kind, _, slot, payload = heapq.heappop(queue)
         if now > end:
             break
-        # ramped failbacks move on in the same virtual time
-        step = engine.next_ramp_step(clock[0])
-        while step is not None and step <= now:
-            result.records.extend(engine.step_ramps(step))
-            step = engine.next_ramp_step(step)
+        _ramps_until(engine, clock[0], now, result.records)
         clock[0] = now
         if kind == _TRAFFIC:
             seen = engine.observe_traffic(now, traffic.second())
