@@ -22,6 +22,7 @@ ms and keeps each change with its time.
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import subprocess
 import sys
@@ -59,6 +60,40 @@ try:
 except (OSError, IndexError):
     pass
 """
+
+
+# requests from the client's namespace through every front end for argv[1]
+# seconds, in argv[2] threads per front end (argv[3:]: the front ends'
+# addresses; port FRONT_PORT): at the end, one line of JSON - per front end
+# the answers by status ("0": no answer)
+LOAD = (
+    """
+import json, socket, sys, threading, time
+seconds, threads, fronts = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+counts = {f: {} for f in fronts}
+lock = threading.Lock()
+def one(front):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        status = "0"
+        try:
+            s = socket.create_connection((front, %d), timeout=3)
+            s.settimeout(3)
+            s.sendall(b"GET / HTTP/1.1\\r\\nHost: front\\r\\nConnection: close\\r\\n\\r\\n")
+            data = s.recv(64)
+            status = data.split(b" ")[1].decode() if data.startswith(b"HTTP/") else "0"
+            s.close()
+        except OSError:
+            pass
+        with lock:
+            counts[front][status] = counts[front].get(status, 0) + 1
+workers = [threading.Thread(target=one, args=(f,)) for f in fronts for _ in range(threads)]
+for w in workers: w.start()
+for w in workers: w.join()
+print(json.dumps(counts))
+"""
+    % FRONT_PORT
+)
 
 
 def node_address(i: int) -> str:
@@ -483,6 +518,30 @@ class Ground:
             return None
         words = done.stdout.split()
         return words[0].removeprefix("region=") if words else None
+
+    def load(self, seconds: float, threads: int = 4) -> subprocess.Popen[str]:
+        """Requests through every front end from the client's namespace for
+        ``seconds`` (:data:`LOAD`); :meth:`load_result` reads what came back."""
+        fronts = [node_address(i) for i in range(len(REGIONS))]
+        return subprocess.Popen(
+            ["ip", "netns", "exec", self.lab.places["client"].ns, sys.executable, "-c", LOAD,
+             str(seconds), str(threads), *fronts],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    @staticmethod
+    def load_result(proc: subprocess.Popen[str], timeout: float = 60.0) -> dict[str, Any]:
+        out, err = proc.communicate(timeout=timeout)
+        lines = out.strip().splitlines()
+        if not lines:
+            raise RuntimeError(f"the load generator said nothing: {err[-2000:]}")
+        result: dict[str, Any] = json.loads(lines[-1])
+        return result
+
+    def apply(self, docs: list[dict[str, Any]], delete: bool = False) -> None:
+        body = {"manifest": yaml.safe_dump_all(docs)}
+        path = "/v1/delete" if delete else "/v1/apply"
+        self.live()[-1].http.post(path, json=body, timeout=30).raise_for_status()
 
     def try_write(self, node: Node) -> int:
         """The status of a small write through ``node`` (a cut-off node must refuse)."""

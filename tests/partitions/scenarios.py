@@ -318,6 +318,76 @@ def writer_cut(ground: Ground) -> Outcome:
     return out
 
 
+TRAFFIC_SOURCE = {
+    "kind": "HealthSource",
+    "project": "shop",
+    "region": "us-east1",
+    "name": "web-traffic",
+    "sourceType": "TRAFFIC",
+    "sources": ["backendServices/web"],
+    "trafficPolicy": {"windowSec": 10, "minimumRequests": 10, "holdSec": 10},
+}
+
+
+def _us_composite(*sources: str) -> dict[str, Any]:
+    return {
+        "kind": "CompositeHealthCheck",
+        "project": "shop",
+        "region": "us-east1",
+        "name": "web-composite",
+        "healthSources": [f"healthSources/{s}" for s in sources],
+        "healthDestination": "forwardingRules/web-fr",
+    }
+
+
+def traffic_quorum(ground: Ground, seconds: float = 20.0) -> Outcome:
+    """us-east1 judged by its real traffic too (a TRAFFIC source in its
+    composite), traffic through every region's front end; eu's node cut from
+    us's node, where us's producer listener is: every request eu's front end
+    sends to us-east1 fails (and is retried in europe-west1, where it is
+    served). eu's node says UNHEALTHY; us's and asia's, whose traffic
+    succeeds, say HEALTHY: one of three is no quorum - no route moves, the
+    source stays HEALTHY, no record."""
+    out = Outcome("one node's link to a region cut, traffic judged")
+    ground.apply([TRAFFIC_SOURCE, _us_composite("web-source", "web-traffic")])
+    source = "/v1/projects/shop/regions/us-east1/healthSources/web-traffic"
+    try:
+        ground.settle(60)
+        since_id = ground.last_id()
+        writes_before = {n.name: n.cluster()["trafficVerdictWrites"] for n in ground.live()}
+        with ground.watching() as watch:
+            load = ground.load(seconds, threads=6)
+            time.sleep(2.0)  # (every node judges its traffic HEALTHY first)
+            cut = time.monotonic()
+            ground.lab.cut(["eu-node"], ["us-node"])
+
+            def eu_says_unhealthy() -> bool:
+                nodes = ground.nodes["asia"].get(source)["status"]["traffic"].get("nodes", {})
+                return bool(nodes.get("eu", {}).get("state") == "UNHEALTHY")
+
+            ground.wait(eu_says_unhealthy, seconds - 4, "eu's verdict of us-east1: UNHEALTHY")
+            out.notes["eu_verdict_after"] = round(time.monotonic() - cut, 2)
+            out.notes["verdicts"] = ground.nodes["asia"].get(source)["status"]["traffic"]["nodes"]
+            out.notes["source"] = {
+                n.name: n.get(source)["status"]["healthState"] for n in ground.live()
+            }
+            out.notes["answers"] = ground.load_result(load)
+            heal_wall = _heal(ground, out, watch)
+            _count_flaps(out, watch, cut, {})
+        out.notes["verdict_writes"] = {
+            n.name: n.cluster()["trafficVerdictWrites"] - writes_before[n.name]
+            for n in ground.live()
+        }
+        check_log(ground, out, since_id, heal_wall)
+        records = ground.live()[0].events(since_id)
+        out.false += [f"record: {e['path']} -> {e['to']} ({e['reason']})" for e in records]
+    finally:
+        ground.apply([_us_composite("web-source")])
+        ground.apply([TRAFFIC_SOURCE], delete=True)
+        ground.settle(60)
+    return out
+
+
 def _first_times(
     checks: dict[str, Callable[[], bool]], since: float, timeout: float
 ) -> dict[str, float | None]:

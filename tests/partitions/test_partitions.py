@@ -123,3 +123,20 @@ def test_a_flapping_link_moves_nothing(ground: Ground, capsys: pytest.CaptureFix
     report(capsys, out)
     assert out.notes["cycles"] >= 7
     assert_clean(out)
+
+
+def test_one_nodes_broken_link_does_not_fail_a_region_over_by_its_traffic(
+    ground: Ground, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = scenarios.traffic_quorum(ground)
+    report(capsys, out)
+    assert_clean(out)  # no route moved, no record: one node of three is no quorum
+    assert out.notes["verdicts"]["eu"]["state"] == "UNHEALTHY", out.notes
+    assert out.notes["verdicts"]["us"]["state"] == "HEALTHY", out.notes
+    assert out.notes["verdicts"]["asia"]["state"] == "HEALTHY", out.notes
+    assert set(out.notes["source"].values()) == {"HEALTHY"}, out.notes
+    # eu's clients were served (retried in europe-west1): no 5xx at the clients
+    eu_front = next(k for k in out.notes["answers"] if k.endswith(".11"))
+    assert set(out.notes["answers"][eu_front]) == {"200"}, out.notes["answers"]
+    # verdicts are written when they flip, a few each, never per request
+    assert all(n <= 4 for n in out.notes["verdict_writes"].values()), out.notes

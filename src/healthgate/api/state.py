@@ -33,6 +33,7 @@ from healthgate.model.plan import Plan
 from healthgate.model.resources import (
     BackendService,
     ForwardingRule,
+    HealthSource,
     NetworkEndpointGroup,
     Resource,
     Shift,
@@ -95,6 +96,8 @@ class ApiState:
     public_healthz: bool = False  # forwarding rules' healthz without a token
     agent_address: tuple[str, int] | None = None  # where HAProxy's agent-check is answered
     cluster_status: Callable[[], dict[str, Any]] | None = None  # cluster mode: this node's view
+    # cluster mode: every node's verdict of a TRAFFIC source
+    traffic_status: Callable[[str], dict[str, Any]] | None = None
     manifest_slots: asyncio.Semaphore = field(init=False)
     # one manifest slot per token at most: a token's second waits for its first
     # (token -> its lock and how many of its requests hold or wait for it)
@@ -299,10 +302,30 @@ class ApiState:
         node = engine.node_status(path)
         if node is None or res.kind in ("ServiceAttachment",):
             return None
-        return _with_fraction(
+        out = _with_fraction(
             {"healthState": node.state.name, "reason": node.reason, "lastChange": iso(node.since)},
             node.fraction,
         )
+        if isinstance(res, HealthSource) and res.source_type == "TRAFFIC":
+            out["traffic"] = self._traffic(str(path))
+        return out
+
+    def _traffic(self, source: str) -> dict[str, Any]:
+        """A TRAFFIC source's window as this node judges it (SPEC §8), and in
+        cluster mode every node's verdict."""
+        v = self.health.engine.passive.verdicts().get(source)
+        out: dict[str, Any] = {}
+        if v is not None:
+            out["thisNode"] = {
+                "state": v.state.name,
+                "judged": v.judged,
+                "requests": v.requests,
+                "errors": v.errors,
+                "reason": v.reason,
+            }
+        if self.traffic_status is not None:
+            out["nodes"] = self.traffic_status(source)
+        return out
 
     def _fr_status(self, res: ForwardingRule) -> dict[str, Any] | None:
         engine = self.health.engine

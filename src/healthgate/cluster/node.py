@@ -33,6 +33,7 @@ from healthgate.cluster.membership import MEMBERS, join, member_of, members_of
 from healthgate.cluster.opinions import OPINIONS, OpinionWriter
 from healthgate.cluster.probing import ClusterProbing, ClusterSettings
 from healthgate.cluster.session import Session
+from healthgate.cluster.traffic import TRAFFIC, ClusterTraffic
 from healthgate.controlplane.recorder import TransitionRecorder
 from healthgate.controlplane.saved_states import engine_states
 from healthgate.store.base import WRITE_ID, Guard, StoreError, decode_json, sane_time
@@ -69,6 +70,11 @@ class ClusterNode:
             self.client, self.session, MEMBERS + settings.node, settings.node
         )
         probing.writer = self.writer
+        # TRAFFIC health sources: this node's verdicts out, the nodes' quorum in
+        self.traffic = ClusterTraffic(
+            self.client, self.session, MEMBERS + settings.node, settings.node, probing.feed,
+            probing.clock,
+        )  # fmt: skip
         self.election = Election(self.client, ELECTION, settings.node, self._elected, self._deposed)
         self._tasks: list[asyncio.Task[Any]] = []
         self._campaign: asyncio.Task[None] | None = None
@@ -97,6 +103,8 @@ class ClusterNode:
         self.probing.set_members(members_of(members))
         rev_o, opinions = await asyncio.to_thread(client.list_prefix, OPINIONS)
         self.probing.load_opinions(opinions)
+        rev_t, verdicts = await asyncio.to_thread(client.list_prefix, TRAFFIC)
+        self.traffic.load(verdicts)
         self.recorder.last_id = await asyncio.to_thread(self.store.last_log_id)
         log_rev, _ = await asyncio.to_thread(client.list_prefix, "m/log")
         spawn = self._spawn
@@ -125,7 +133,9 @@ class ClusterNode:
             "opinions",
         )
         spawn(follow(client, LOG, log_rev, lambda _kvs: None, self._log_event), "log")
+        spawn(follow(client, TRAFFIC, rev_t, self.traffic.load, self.traffic.changed), "traffic")
         spawn(self.writer.run(), "opinion-writer")
+        spawn(self.traffic.run(), "traffic-writer")
         spawn(self._keep_session(), "session")
         spawn(self._resync(), "resync")
         spawn(self._compact(), "compaction")
@@ -158,6 +168,7 @@ class ClusterNode:
                     log.info("cannot join again yet: %s", exc)
                     await asyncio.sleep(1.0)
             self.probing.joined(opinions, revision)
+            self.traffic.rewrite()  # (its verdicts went with the old lease)
             log.warning("node %s joined again (session %d)", self.settings.node, self.session.epoch)
             self._campaign = self._spawn(self.election.campaign(self.session), "election")
 
@@ -252,6 +263,7 @@ class ClusterNode:
             "probingByNode": dict(sorted(probing.shares.items())),
             "etcdMember": self.client.members.current(),  # the member this node talks to now
             "opinionWrites": self.writer.writes,
+            "trafficVerdictWrites": self.traffic.writes,
             "opinionsDropped": self.writer.dropped,
             # transitions this node decided in the last minute that the log does not hold yet
             "unwrittenRecords": self.recorder.unwritten(self.probing.clock() - TAKE_OVER_HORIZON),

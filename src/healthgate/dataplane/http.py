@@ -67,7 +67,7 @@ from healthgate.dataplane.http_message import (
 from healthgate.dataplane.retry import NextTry, RetryBudget, next_try
 from healthgate.dataplane.tcp import count_down
 from healthgate.dataplane.upstream import UpstreamConnection, UpstreamPool, expire_head
-from healthgate.health.evidence import GATEWAY_STATUSES, REFUSED, RESET, TIMEOUT
+from healthgate.health.evidence import CONNECT_TIMEOUT, GATEWAY_STATUSES, REFUSED, RESET, TIMEOUT
 from healthgate.http_scan import plain_request
 
 log = logging.getLogger("healthgate.dataplane")
@@ -815,7 +815,7 @@ class HttpProxy(_FastEntry):
                 except (OSError, TimeoutError) as exc:
                     raise _Retry(
                         f"{address[0]}:{address[1]}: connect failed ({type(exc).__name__}); request not sent",
-                        REFUSED,
+                        CONNECT_TIMEOUT if isinstance(exc, TimeoutError) else REFUSED,
                         gateway=True,
                         sent=False,
                     ) from None

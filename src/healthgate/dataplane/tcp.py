@@ -22,7 +22,7 @@ from typing import cast
 
 from healthgate.dataplane.counters import ListenerCounters, success
 from healthgate.dataplane.guard import ConnectionGuard
-from healthgate.health.evidence import REFUSED, RESET, TIMEOUT
+from healthgate.health.evidence import CONNECT_TIMEOUT, REFUSED, RESET
 
 log = logging.getLogger("healthgate.dataplane")
 
@@ -137,7 +137,9 @@ async def connect_first(
         except (OSError, TimeoutError) as exc:
             log.debug("upstream %s:%d failed: %r", address[0], address[1], exc)
             if counters is not None:
-                counters.error(address, TIMEOUT if isinstance(exc, TimeoutError) else REFUSED, True)
+                counters.error(
+                    address, CONNECT_TIMEOUT if isinstance(exc, TimeoutError) else REFUSED, True
+                )
     return None
 
 

@@ -27,6 +27,7 @@ GATEWAY_STATUSES = frozenset({502, 503, 504})
 TIMEOUT = "timeout"  # no answer within the per-try timeout
 RESET = "reset"  # the connection was reset or closed before an answer
 REFUSED = "refused"  # no connection could be made (a gateway error)
+CONNECT_TIMEOUT = "connect-timeout"  # ... within the connect timeout (a gateway error)
 UNREACHABLE = "unreachable"  # an ICMP error on a UDP session (a gateway error)
 
 

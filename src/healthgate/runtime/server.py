@@ -402,6 +402,8 @@ class Server:
         # real traffic as evidence (SPEC §8), and failbackMaxErrorPercent's
         # gate: once a second, the listeners' counts to the engine
         self.evidence = EvidenceSampler(health, dataplane)
+        if self.node is not None:  # (cluster mode: verdicts are opinions, the quorum decides)
+            self.evidence.on_verdicts = self.node.traffic.local
         self._tasks.append(asyncio.create_task(self.evidence.run(), name="traffic evidence"))
         health.subscribe(
             lambda records: dataplane.routes_changed(
@@ -426,6 +428,7 @@ class Server:
             state.agent_address = (self.agent.host, self.agent.port)
         if self.node is not None:
             state.cluster_status = self.node.status
+            state.traffic_status = self.node.traffic.status
             state.collectors.append(ClusterCollector(self.node.status))
         state.collectors.append(DataPlaneCollector(dataplane))
         if isinstance(dataplane, WorkerPool):

@@ -145,7 +145,7 @@ class _Traffic:
             peak = run + errors if not served else max(run, -(-errors // (served + 1)))
             self.runs[address] = run + errors if not served else errors // (served + 1)
             kind = event.error_kind if event else "500"
-            gateway = errors if kind in ("502", "503", "504", "refused") else 0
+            gateway = errors if kind in ("502", "503", "504", "refused", "connect-timeout") else 0
             kinds = {kind: errors} if errors else {}
             out[address] = Hops(served, errors, gateway, kinds, peak, peak if gateway else 0,
                                 (kind,) * min(peak, 10))  # fmt: skip

@@ -69,7 +69,7 @@ class ScenarioEvent(Model):
     latency: float | None = Field(None, ge=0)
     # the fraction of real requests that fail (SPEC §8), and with what
     error_rate: float | None = Field(None, ge=0, le=1)
-    error_kind: str = Field("500", pattern=r"^(5[0-9][0-9]|timeout|reset|refused)$")
+    error_kind: str = Field("500", pattern=r"^(5[0-9][0-9]|timeout|reset|refused|connect-timeout)$")
 
     @model_validator(mode="after")
     def _one_effect(self) -> Self:
