@@ -77,7 +77,7 @@ def one(front):
     while time.monotonic() < end:
         status = "0"
         try:
-            s = socket.create_connection((front, %d), timeout=3)
+            s = socket.create_connection((front, PORT), timeout=3)
             s.settimeout(3)
             s.sendall(b"GET / HTTP/1.1\\r\\nHost: front\\r\\nConnection: close\\r\\n\\r\\n")
             data = s.recv(64)
