@@ -146,3 +146,42 @@ def test_envoy_splits_a_dialled_route_by_locality_weight(stack: tuple[Stack, Env
     us = 100 * seen["us-east1"] / 400
     print(f"\nEnvoy with a 70/30 route: {seen} = {us:.1f}% us-east1")
     assert abs(us - 70) <= 8, seen  # 400 draws of p = 0.7: one standard deviation is 2.3 points
+
+
+def test_envoy_ejects_a_region_that_fails_its_real_requests(tmp_path: Path) -> None:
+    """SPEC §8: the producer's outlierDetection reaches Envoy's cluster; a
+    region whose real requests fail while its health checks pass (the
+    checks come from their own address, which the backends spare) is
+    ejected by Envoy itself, and its traffic moves to the next region."""
+    probe_source = "127.0.0.9"
+    xds_port = free_port()
+    with (
+        Stack(tmp_path, "--xds", f"127.0.0.1:{xds_port}", "--probe-source", probe_source) as st,
+        Envoy(tmp_path, xds_port) as envoy,
+    ):
+        wait_for(lambda: envoy.region_served() == "us-east1", 20, what="Envoy routes via ADS")
+        url = "/v1/projects/shop/regions/us-east1/backendServices/web"
+        doc = {k: v for k, v in st.api.get(url).json().items() if k != "status"}
+        doc["outlierDetection"] = {"consecutiveErrors": 3, "maxEjectionPercent": 50}
+        assert st.api.put(url, json=doc).is_success
+        admin = f"http://127.0.0.1:{envoy.admin}"
+
+        def configured() -> bool:
+            dump = httpx.get(f"{admin}/config_dump?resource=dynamic_active_clusters").text
+            return "outlier_detection" in dump and '"consecutive_5xx": 3' in dump
+
+        wait_for(configured, 10, what="the outlier detection in Envoy's cluster")
+        st.backends.backends.gray("us-east1", 500, probe_source)
+        statuses = []
+        with httpx.Client(timeout=5) as client:
+            for _ in range(10):  # bounded: the first three fail, then Envoy ejects us-east1
+                statuses.append(client.get(f"http://127.0.0.1:{envoy.port}/").status_code)
+            after = [client.get(f"http://127.0.0.1:{envoy.port}/").text for _ in range(50)]
+        print(f"\nthrough Envoy, us-east1 failing real requests: {statuses}")
+        assert statuses[:3] == [500, 500, 500] and statuses[3:] == [200] * 7, statuses
+        assert all(body.startswith("region=europe-west1") for body in after)
+        clusters = httpx.get(f"{admin}/clusters?format=json").json()["cluster_statuses"]
+        hosts = [h for c in clusters if c["name"] == CLUSTER for h in c.get("host_statuses", [])]
+        us = [h for h in hosts if h.get("locality", {}).get("zone") == "shop-us"]
+        assert us and us[0]["health_status"].get("failed_outlier_check") is True, us
+        assert st.neg_state("us-east1") == "HEALTHY"  # healthgate's probes still pass

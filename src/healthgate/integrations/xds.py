@@ -30,6 +30,14 @@ its shares in priority 0, each locality weighted by its share in basis points
 (``locality_weighted_lb_config``), and every other region after them, one
 priority each; Envoy then spreads new requests by those weights.
 
+**Outlier detection** (SPEC §8): when a producer backend service behind the
+cluster's regions has ``outlierDetection``, the cluster carries Envoy's
+``outlier_detection`` with the same figures - the first such service in
+failover order (a cluster has one). Envoy's hosts here are the regions'
+producer rule addresses, so what Envoy ejects by its own real traffic is a
+region's address: its traffic moves to the next priority, as a TRAFFIC
+source does in healthgate's own front ends (docs/integrations.md).
+
 Failback is Envoy's own: as soon as a higher priority is healthy again it
 takes the traffic back. ``failback: false`` has no EDS equivalent
 (documented).
@@ -61,7 +69,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 
 import grpc
-from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.cluster.v3 import cluster_pb2, outlier_detection_pb2
 from envoy.config.core.v3 import address_pb2, config_source_pb2, health_check_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
@@ -72,9 +80,9 @@ from healthgate.health.engine import HealthEngine
 from healthgate.health.states import HealthState
 from healthgate.integrations.verdicts import agent_answer
 from healthgate.model.change import WorldChange
-from healthgate.model.lookups import published_address
+from healthgate.model.lookups import published_address, published_rule
 from healthgate.model.names import ResourcePath, brief
-from healthgate.model.resources import BackendService, ForwardingRule, Resource
+from healthgate.model.resources import BackendService, ForwardingRule, OutlierDetection, Resource
 
 log = logging.getLogger("healthgate.xds")
 
@@ -156,14 +164,57 @@ def _snapshot(
         name = cluster_name(bs_path)
         if name in clusters:
             continue  # (two front ends of one service: one cluster)
-        clusters[name] = _cluster(name).SerializeToString(deterministic=True)
+        outliers = _outliers_behind(engine, resources, str(path))
+        clusters[name] = _cluster(name, outliers).SerializeToString(deterministic=True)
         assignments[name] = _assignment(engine, resources, str(path), name).SerializeToString(
             deterministic=True
         )
     return Snapshot(clusters, assignments)
 
 
-def _cluster(name: str) -> cluster_pb2.Cluster:
+def _outliers_behind(
+    engine: HealthEngine, resources: Mapping[ResourcePath, Resource], frontend: str
+) -> OutlierDetection | None:
+    """The outlierDetection of the first producer backend service, in the
+    front end's failover order, that has one."""
+    for _candidate, attachment in engine.graph.failover_order(frontend):
+        found = published_rule(resources, attachment)
+        bs_path = found[1].ref("backend_service") if found is not None else None
+        bs = resources.get(bs_path) if bs_path is not None else None
+        if isinstance(bs, BackendService) and bs.outlier_detection is not None:
+            return bs.outlier_detection
+    return None
+
+
+def envoy_outlier_detection(od: OutlierDetection) -> outlier_detection_pb2.OutlierDetection:
+    """Envoy's ``outlier_detection`` with SPEC §8's figures: a detection that
+    is off here (0) is not enforced there; success-rate detection (which
+    SPEC §8 has not) is off."""
+
+    def u32(n: int) -> wrappers_pb2.UInt32Value:
+        return wrappers_pb2.UInt32Value(value=n)
+
+    enforcing = od.enforcing_percent
+    return outlier_detection_pb2.OutlierDetection(
+        consecutive_5xx=u32(max(1, od.consecutive_errors)),
+        enforcing_consecutive_5xx=u32(enforcing if od.consecutive_errors else 0),
+        consecutive_gateway_failure=u32(max(1, od.consecutive_gateway_errors)),
+        enforcing_consecutive_gateway_failure=u32(
+            enforcing if od.consecutive_gateway_errors else 0
+        ),
+        failure_percentage_threshold=u32(max(1, od.failure_percentage_threshold)),
+        enforcing_failure_percentage=u32(enforcing if od.failure_percentage_threshold else 0),
+        failure_percentage_request_volume=u32(od.failure_percentage_minimum_requests),
+        failure_percentage_minimum_hosts=u32(1),
+        enforcing_success_rate=u32(0),
+        interval=duration_pb2.Duration(seconds=od.interval_sec),
+        base_ejection_time=duration_pb2.Duration(seconds=od.base_ejection_time_sec),
+        max_ejection_time=duration_pb2.Duration(seconds=od.max_ejection_time_sec),
+        max_ejection_percent=u32(od.max_ejection_percent),
+    )
+
+
+def _cluster(name: str, outliers: OutlierDetection | None = None) -> cluster_pb2.Cluster:
     cluster = cluster_pb2.Cluster(
         name=name,
         type=cluster_pb2.Cluster.EDS,
@@ -179,6 +230,8 @@ def _cluster(name: str) -> cluster_pb2.Cluster:
     cluster.common_lb_config.healthy_panic_threshold.CopyFrom(percent_pb2.Percent(value=0.0))
     # localities weighted (a split route's shares); each carries a weight
     cluster.common_lb_config.locality_weighted_lb_config.SetInParent()
+    if outliers is not None:
+        cluster.outlier_detection.CopyFrom(envoy_outlier_detection(outliers))
     return cluster
 
 
