@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.e2e.harness import break_and_time, region_at
@@ -189,3 +190,39 @@ def test_haproxy_weighs_a_dialled_route_by_the_agents_answers(
         # (the agent's weights arrive with its first answers: up to agent-inter)
         wait_for(weighed, 15, interval=0.5, what="a 70/30 split through HAProxy")
         print(f"\nHAProxy with a 70/30 route: {seen}")
+
+
+def test_haproxy_marks_a_region_down_on_its_real_traffic(tmp_path: Path) -> None:
+    """SPEC §8: the producer's outlierDetection becomes HAProxy's ``observe
+    layer7`` / ``error-limit`` / ``on-error mark-down`` on that region's
+    server; a region whose real requests fail while healthgate's checks pass
+    is marked down by HAProxy itself, traffic moves to the backup, and the
+    region comes back at its next passing check."""
+    probe_source = "127.0.0.9"
+    agent_port = free_port()
+    with Stack(
+        tmp_path, "--agent", f"127.0.0.1:{agent_port}", "--probe-source", probe_source
+    ) as st:
+        url = "/v1/projects/shop/regions/us-east1/backendServices/web"
+        doc = {k: v for k, v in st.api.get(url).json().items() if k != "status"}
+        doc["outlierDetection"] = {"consecutiveErrors": 3, "baseEjectionTimeSec": 3}
+        assert st.api.put(url, json=doc).is_success
+        section = st.api.get(f"/v1/projects/web/global/forwardingRules/{FRONT}/haproxy").text
+        us_line = next(line for line in section.splitlines() if " shop-us " in line)
+        assert "observe layer7 error-limit 3 on-error mark-down" in us_line, section
+        assert "check inter 3s rise 1" in us_line
+        with HAProxy(tmp_path, section) as hp:
+            wait_for(lambda: hp.servers() == {"shop-us": "UP", "shop-eu": "UP"}, 10, what="UP")
+            st.backends.backends.gray("us-east1", 500, probe_source)
+            with httpx.Client(timeout=5) as client:
+                statuses = [
+                    client.get(f"http://127.0.0.1:{hp.port}/").status_code for _ in range(6)
+                ]
+                wait_for(lambda: hp.servers()["shop-us"] == "DOWN", 5, what="shop-us DOWN")
+                after = [client.get(f"http://127.0.0.1:{hp.port}/").text for _ in range(20)]
+            print(f"\nthrough HAProxy, us-east1 failing real requests: {statuses}")
+            assert statuses[:3] == [500, 500, 500], statuses
+            assert all(b.startswith("region=europe-west1") for b in after), after[:3]
+            assert st.neg_state("us-east1") == "HEALTHY"  # healthgate's own checks still pass
+            st.backends.backends.gray("us-east1", 0, probe_source)
+            wait_for(lambda: hp.servers()["shop-us"] == "UP", 10, what="shop-us back UP")

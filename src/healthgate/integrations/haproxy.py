@@ -14,6 +14,16 @@ A route that splits its traffic when it is exported (``trafficDial``, SPEC
 answers ``up P%``: HAProxy weighs them by share. The exported roles are
 fixed: export again when dials are added or removed (the weights an agent
 set stay until it sets others).
+
+**Outlier detection** (SPEC §8): a region whose producer backend service has
+``outlierDetection`` (``consecutiveErrors`` above 0, or else
+``consecutiveGatewayErrors``) gets HAProxy's nearest equivalent on its
+server: ``observe layer7`` (``layer4`` in tcp mode) with ``error-limit``
+that many errors in a row and ``on-error mark-down``, and a plain ``check``
+every ``baseEjectionTimeSec`` with ``rise 1`` - HAProxy marks the server
+down on its own real traffic, and takes it back at its next passing check.
+What HAProxy has not: failure percentages, ``maxEjectionPercent``, an
+ejection time that grows, ``enforcingPercent`` (docs/integrations.md).
 """
 
 from __future__ import annotations
@@ -21,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from healthgate.health.engine import HealthEngine
-from healthgate.model.lookups import published_address
+from healthgate.model.lookups import published_address, published_rule
 from healthgate.model.names import ResourcePath
 from healthgate.model.resources import BackendService, ForwardingRule, Resource
 
@@ -70,8 +80,28 @@ def haproxy_backend(
             f"    server {candidate.name} {host}:{port}{backup} weight 100 agent-check "
             f"agent-addr {agent_host} agent-port {agent_port} agent-inter {agent_inter} "
             f'agent-send "{neg.project}/{neg.region}/{neg.name}\\n"'
+            + _observe(resources, attachment, mode)
         )
         servers += 1
     if not servers:
         raise ExportError(f"{frontend} has no region to send traffic to")
     return "\n".join(lines) + "\n"
+
+
+def _observe(resources: Mapping[ResourcePath, Resource], attachment: str, mode: str) -> str:
+    """HAProxy's equivalent of the region's producer outlierDetection (see
+    the module doc), or nothing."""
+    found = published_rule(resources, attachment)
+    bs_path = found[1].ref("backend_service") if found is not None else None
+    bs = resources.get(bs_path) if bs_path is not None else None
+    od = bs.outlier_detection if isinstance(bs, BackendService) else None
+    if od is None:
+        return ""
+    limit = od.consecutive_errors or od.consecutive_gateway_errors
+    if not limit or not od.enforcing_percent:
+        return ""
+    layer = "layer7" if mode == "http" else "layer4"
+    return (
+        f" check inter {od.base_ejection_time_sec}s rise 1 observe {layer} "
+        f"error-limit {limit} on-error mark-down"
+    )
