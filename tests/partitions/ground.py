@@ -66,8 +66,7 @@ except (OSError, IndexError):
 # seconds, in argv[2] threads per front end (argv[3:]: the front ends'
 # addresses; port FRONT_PORT): at the end, one line of JSON - per front end
 # the answers by status ("0": no answer)
-LOAD = (
-    """
+LOAD = """
 import json, socket, sys, threading, time
 seconds, threads, fronts = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
 counts = {f: {} for f in fronts}
@@ -91,9 +90,7 @@ workers = [threading.Thread(target=one, args=(f,)) for f in fronts for _ in rang
 for w in workers: w.start()
 for w in workers: w.join()
 print(json.dumps(counts))
-"""
-    % FRONT_PORT
-)
+""".replace("PORT", str(FRONT_PORT))
 
 
 def node_address(i: int) -> str:
