@@ -21,6 +21,13 @@ TCP bulk: one client downloads the 256 MB file through each L4 proxy, MB/s.
 Ratios are to HAProxy. Goals (issue 6): one healthgate hop >= 0.75x HAProxy's
 requests/s, TCP bulk >= 0.9x HAProxy's throughput; (issue 31) the L7 front
 end >= 1.0x HAProxy mode http, the L4 hop >= 1.0x HAProxy mode tcp.
+
+A second healthgate serve (``--passive``, on by default) runs the same world
+with SPEC §8's real-traffic evidence on: the producer backend service has
+``outlierDetection`` and its composite a TRAFFIC health source; its front
+end and L4 hop are measured in the same repeats, and their ratios printed
+to HAProxy and to the first serve (issue 40: >= 1.0x HAProxy, >= 0.97x of
+itself with them off).
 """
 
 from __future__ import annotations
@@ -49,12 +56,31 @@ FAST = {"checkIntervalSec": 1, "timeoutSec": 1, "healthyThreshold": 2, "unhealth
 
 
 def published_region(
-    region: str, be_port: int, fr_ip: str, fr_port: int, check: dict[str, Any]
+    region: str,
+    be_port: int,
+    fr_ip: str,
+    fr_port: int,
+    check: dict[str, Any],
+    passive: bool = False,
 ) -> list[dict[str, Any]]:
     """One region of project "bench" serving the nginx backend, published
-    through a composite and an attachment, and project "c"'s PSC NEG for it."""
+    through a composite and an attachment, and project "c"'s PSC NEG for it;
+    with ``passive``, outlier detection and a TRAFFIC source too (SPEC §8)."""
     base = {"project": "bench", "region": region}
+    extra: list[dict[str, Any]] = []
+    if passive:
+        extra.append(
+            {
+                **base,
+                "kind": "HealthSource",
+                "name": "traffic",
+                "sourceType": "TRAFFIC",
+                "sources": ["web"],
+                "trafficPolicy": {"windowSec": 10},
+            }
+        )
     return [
+        *extra,
         {**base, "kind": "HealthCheck", "name": "hc", **check},
         {
             **base,
@@ -71,6 +97,7 @@ def published_region(
             "protocol": "HTTP",
             "healthChecks": ["hc"],
             "backends": [{"group": "neg"}],
+            **({"outlierDetection": {"failurePercentageThreshold": 50}} if passive else {}),
         },
         {**base, "kind": "HealthAggregationPolicy", "name": "pol"},
         {
@@ -93,7 +120,7 @@ def published_region(
             **base,
             "kind": "CompositeHealthCheck",
             "name": "chc",
-            "healthSources": ["src"],
+            "healthSources": ["src", "traffic"] if passive else ["src"],
             "healthDestination": "fr",
         },
         {**base, "kind": "ServiceAttachment", "name": "sa", "targetService": "fr"},
@@ -106,6 +133,49 @@ def published_region(
             "pscTargetService": f"projects/bench/regions/{region}/serviceAttachments/sa",
         },
     ]
+
+
+def bench_world(
+    be_port: int, prod_port: int, front_port: int, prod_ip: str = "127.0.9.100",
+    passive: bool = False,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Region r1 publishing the nginx backend at ``prod_ip:prod_port``, and
+    project "c"'s front end on ``front_port`` over it."""
+    check = {"type": "TCP", "port": be_port, "checkIntervalSec": 5}
+    return [
+        *published_region("r1", be_port, prod_ip, prod_port, check, passive),
+        {
+            "project": "c",
+            "kind": "BackendService",
+            "name": "front",
+            "loadBalancingScheme": "EXTERNAL_MANAGED",
+            "protocol": "HTTP",
+            "backends": [{"group": "regions/r1/networkEndpointGroups/psc"}],
+        },
+        {
+            "project": "c",
+            "kind": "ForwardingRule",
+            "name": "front",
+            "IPAddress": "127.0.0.1",
+            "portRange": str(front_port),
+            "loadBalancingScheme": "EXTERNAL_MANAGED",
+            "backendService": "front",
+            "dataPlaneRegion": "r1",
+        },
+    ]
+
+
+def start_serve(work: Path, name: str, manifest: Path, api: int, workers: int) -> Proc:
+    """healthgate serve on the proxy core, its listeners from ``manifest``."""
+    return Proc(
+        pinned(
+            [sys.executable, "-m", "healthgate", "serve", "--db", str(work / f"{name}.db"),
+             "--listen", f"127.0.0.1:{api}", "-f", str(manifest), "--log-level", "warning",
+             "--dataplane-workers", str(workers)],
+            1,
+        ),
+        work / f"{name}.log",
+    )  # fmt: skip
 
 
 def nginx_conf(work: Path, name: str, body: str) -> Path:
@@ -191,6 +261,12 @@ def main() -> int:
         help="healthgate serve --dataplane-workers N (pinned to the proxy core like the rest: "
         "this measures the worker path and its propagation, not two cores)",
     )
+    ap.add_argument(
+        "--passive",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure a serve with outlier detection and a TRAFFIC source on (SPEC 8)",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
     for tool in ("haproxy", "nginx", "wrk"):
@@ -255,65 +331,33 @@ backend betcp
             )
             hg_front, hg_prod, hg_api = free_port(), free_port("127.0.9.100"), free_port()
             manifest = work / "hg.yaml"
-            manifest.write_text(
-                yaml.safe_dump_all(
-                    [
-                        *published_region(
-                            "r1",
-                            be_port,
-                            "127.0.9.100",
-                            hg_prod,
-                            {"type": "TCP", "port": be_port, "checkIntervalSec": 5},
-                        ),
-                        {
-                            "project": "c",
-                            "kind": "BackendService",
-                            "name": "front",
-                            "loadBalancingScheme": "EXTERNAL_MANAGED",
-                            "protocol": "HTTP",
-                            "backends": [{"group": "regions/r1/networkEndpointGroups/psc"}],
-                        },
-                        {
-                            "project": "c",
-                            "kind": "ForwardingRule",
-                            "name": "front",
-                            "IPAddress": "127.0.0.1",
-                            "portRange": str(hg_front),
-                            "loadBalancingScheme": "EXTERNAL_MANAGED",
-                            "backendService": "front",
-                            "dataPlaneRegion": "r1",
-                        },
-                    ]
-                )
-            )
-            procs.append(
-                serve := Proc(
-                    pinned(
-                        [
-                            sys.executable,
-                            "-m",
-                            "healthgate",
-                            "serve",
-                            "--db",
-                            str(work / "hg.db"),
-                            "--listen",
-                            f"127.0.0.1:{hg_api}",
-                            "-f",
-                            str(manifest),
-                            "--log-level",
-                            "warning",
-                            "--dataplane-workers",
-                            str(args.workers),
-                        ],
-                        1,
-                    ),
-                    work / "hg.log",
-                )
-            )
+            manifest.write_text(yaml.safe_dump_all(bench_world(be_port, hg_prod, hg_front)))
+            procs.append(serve := start_serve(work, "hg", manifest, hg_api, args.workers))
             for port in (ha_http, ng_port, hg_front, hg_api):
                 wait_port(port)
             wait_port(hg_prod, "127.0.9.100")
             wait_healthy(hg_api, "projects/bench/regions/r1/backendServices/web")
+            passive: list[tuple[str, str, Proc]] = []
+            if args.passive:  # the same world with SPEC §8's evidence on, in its own serve
+                p_front, p_prod, p_api = free_port(), free_port("127.0.9.101"), free_port()
+                p_manifest = work / "hg-passive.yaml"
+                p_manifest.write_text(
+                    yaml.safe_dump_all(
+                        bench_world(be_port, p_prod, p_front, "127.0.9.101", passive=True)
+                    )
+                )
+                procs.append(
+                    p_serve := start_serve(work, "hg-passive", p_manifest, p_api, args.workers)
+                )
+                for port in (p_front, p_api):
+                    wait_port(port)
+                wait_port(p_prod, "127.0.9.101")
+                wait_healthy(p_api, "projects/bench/regions/r1/backendServices/web")
+                passive = [
+                    ("healthgate L4 hop, passive on", f"http://127.0.9.101:{p_prod}/", p_serve),
+                    ("healthgate front end (L7), passive on", f"http://127.0.0.1:{p_front}/",
+                     p_serve),
+                ]  # fmt: skip
             targets = [  # name, URL, the proxy's process (with its children)
                 ("haproxy", f"http://127.0.0.1:{ha_http}/", haproxy),
                 # (the L4 hop's peer: HAProxy in mode tcp, each client connection
@@ -322,6 +366,7 @@ backend betcp
                 ("nginx", f"http://127.0.0.1:{ng_port}/", nginx),
                 ("healthgate L4 hop", f"http://127.0.9.100:{hg_prod}/", serve),
                 ("healthgate front end (L7)", f"http://127.0.0.1:{hg_front}/", serve),
+                *passive,
             ]
             for repeat in range(args.repeats):
                 for name, url, proc in targets:
@@ -401,6 +446,23 @@ backend betcp
             f"L4 hop x HAProxy mode tcp (requests/s, median of {len(l4)}): {_median(l4):.2f}"
             f"  (per repeat: {' '.join(f'{x:.2f}' for x in l4)})"
         )
+    for on, off, peer in (
+        ("healthgate front end (L7), passive on", "healthgate front end (L7)", "haproxy"),
+        ("healthgate L4 hop, passive on", "healthgate L4 hop", "haproxy mode tcp"),
+    ):
+        pairs = [
+            (by[(r["repeat"], on)]["rps"], r["rps"], by[(r["repeat"], peer)]["rps"])
+            for r in http
+            if r["proxy"] == off and (r["repeat"], on) in by and (r["repeat"], peer) in by
+        ]
+        if pairs:
+            itself = [a / b for a, b, _ in pairs]
+            vs_peer = [a / c for a, _, c in pairs]
+            print(
+                f"{on}: x itself with them off {_median(itself):.2f} "
+                f"(per repeat: {' '.join(f'{x:.2f}' for x in itself)}), x {peer} "
+                f"{_median(vs_peer):.2f} (median of {len(pairs)})"
+            )
     for r in rows:
         if r["test"] == "propagation":
             print(

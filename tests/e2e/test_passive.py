@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from tests.e2e.harness import Backends, e2e_world, ports
+from tests.helpers import run_cli
 from tests.integration.serve_proc import ServeProcess, wait_for
 
 US, EU = "us-east1", "europe-west1"
@@ -143,6 +144,11 @@ def test_a_gray_region_fails_over_on_its_real_traffic_and_comes_back(make: Any) 
     ]
     assert "requests failed" in source["reason"], source
     assert "500 ×" in source["reason"]
+    out = run_cli("describe", "fr", "shop-frontend", "--server", stack.serve.url, "--project", "web")
+    assert "HealthSource projects/shop/regions/us-east1/healthSources/web-traffic: UNHEALTHY" in (
+        out.stdout
+    ), out.stdout + out.stderr
+    assert "real traffic (this node):" in out.stdout
     # healed: no traffic to judge while routed away; holdSec later probes are trusted again
     stack.gray(US, 0)
     wait_for(lambda: stack.region() == US, 20, what="back to us-east1 after holdSec")
@@ -170,6 +176,12 @@ def test_an_endpoint_failing_real_requests_is_ejected_and_returns(make: Any) -> 
         health = stack.api.get(US_BS + "/health").json()
         [status] = [s for s in health["healthStatus"] if s["ipAddress"] == bad]
         assert status["healthState"] == "HEALTHY" and status["ejectedUntil"], status
+        assert health["ejected"] == 1
+        out = run_cli(
+            "describe", "fr", "shop-frontend", "--server", stack.serve.url, "--project", "web"
+        )
+        assert f"{bad}:{stack.backends.port}: HEALTHY" in out.stdout, out.stdout + out.stderr
+        assert "ejected from real traffic until" in out.stdout
         stack.backends.backends.by_endpoint.clear()
         during = _requests(client, stack.front, 60)
         assert Counter(during) == Counter({(200, US): 60})  # none reach the ejected endpoint

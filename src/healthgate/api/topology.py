@@ -17,6 +17,7 @@ from fastapi import APIRouter
 
 from healthgate.api.auth import Principal
 from healthgate.api.state import ApiState, Auth
+from healthgate.controlplane.recorder import iso
 from healthgate.model.names import GLOBAL, ResourcePath
 from healthgate.model.resources import (
     BackendService,
@@ -51,6 +52,8 @@ class Topology:
                 "reason": ep.reason,
                 "lastProbe": ep.last_result.describe() if ep.last_result else None,
             }
+            if ep.ejected_until:  # (SPEC §8: out of real traffic, its probe state stands)
+                item["ejectedUntil"] = iso(ep.ejected_until)
             quorum = state.quorum(backend_service, ep.ip, ep.port)
             if quorum is not None:  # cluster mode: the quorum, and who probes it now
                 item["reason"] = quorum[0]

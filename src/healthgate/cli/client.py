@@ -330,17 +330,36 @@ def reason_tree(api: Client, item: dict[str, Any], depth: int = 0) -> list[str]:
             source = _get(api, _resolve(src, me, "healthSources"))
             if source:
                 lines += reason_tree(api, source, depth + 1)
+    elif kind == "HealthSource" and item.get("sourceType") == "TRAFFIC":
+        lines += _traffic_lines(pad, (item.get("status") or {}).get("traffic") or {})
     elif kind == "HealthSource":
         bs_path = ResourcePath.parse(_resolve(item["sources"][0], me, "backendServices"))
         health = _get(api, f"{bs_path}/health")
         if health:
+            ejected = f", {health['ejected']} ejected" if health.get("ejected") else ""
             lines.append(
-                f"{pad}  BackendService {bs_path}: {health['healthy']} of {health['endpoints']} healthy"
+                f"{pad}  BackendService {bs_path}: {health['healthy']} of "
+                f"{health['endpoints']} healthy{ejected}"
             )
             for ep in health["healthStatus"]:
                 last = (ep["lastResult"] or {}).get("description", "no probe yet")
                 addr = f"{ep['ipAddress']}:{ep['port']}" if ep["port"] else ep["ipAddress"]
-                lines.append(f"{pad}    {addr}: {ep['healthState']} - last probe: {last}")
+                out = f" (ejected from real traffic until {ep['ejectedUntil']})" if ep.get(
+                    "ejectedUntil"
+                ) else ""  # fmt: skip
+                lines.append(f"{pad}    {addr}: {ep['healthState']} - last probe: {last}{out}")
+    return lines
+
+
+def _traffic_lines(pad: str, traffic: dict[str, Any]) -> list[str]:
+    """A TRAFFIC source's window: this node's, and every node's in a cluster."""
+    lines = []
+    mine = traffic.get("thisNode")
+    if mine:
+        lines.append(f"{pad}  real traffic (this node): {mine['state']} - {mine['reason']}")
+    for node, v in (traffic.get("nodes") or {}).items():
+        judged = "" if v.get("judged") else " (too little traffic to judge)"
+        lines.append(f"{pad}  node {node}: {v['state']}{judged} - {v['reason']}")
     return lines
 
 

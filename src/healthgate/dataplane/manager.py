@@ -68,6 +68,16 @@ log = logging.getLogger("healthgate.dataplane")
 # (listener, upstream, successes, errors, errors by kind): /metrics reads these
 UpstreamTotal = tuple[str, Address, int, int, Mapping[str, int]]
 
+
+def upstream_text(address: Address) -> str:
+    ip, port = address
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+def upstream_view(counts: Iterable[tuple[Address, int, int]]) -> dict[str, dict[str, int]]:
+    """A listener's status: ``"ip:port" -> {served, errors}`` (the dashboard's rates)."""
+    return {upstream_text(a): {"served": ok, "errors": bad} for a, ok, bad in counts}
+
 __all__ = ["PROPAGATION_BUCKETS", "Balance", "DataPlane", "DataPlaneSettings", "HealthView"]
 
 
@@ -466,6 +476,9 @@ class DataPlane:
                 "layer": str(li.spec.layer),
                 "error": li.error,
                 **li.counters.events,
+                "upstreams": upstream_view(
+                    (a, c.served, c.errors) for a, c in li.counters.upstreams.items()
+                ),
             }
             for path, li in self.listeners.items()
         }
@@ -549,8 +562,8 @@ class DataPlaneCollector(Collector):
         for path, events in self.dp.listener_events().items():
             for key, value in sorted(events.items()):
                 events_family.add_metric([path, key], value)
-        for path, (ip, port), ok, errors, by_kind in self.dp.upstream_totals():
-            upstream = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+        for path, address, ok, errors, by_kind in self.dp.upstream_totals():
+            upstream = upstream_text(address)
             served.add_metric([path, upstream], ok)
             if errors:
                 failed.add_metric([path, upstream], errors)

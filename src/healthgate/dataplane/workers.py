@@ -45,6 +45,7 @@ from healthgate.dataplane.manager import (
     DataPlane,
     DataPlaneSettings,
     UpstreamTotal,
+    upstream_view,
 )
 from healthgate.health.engine import EndpointKey, HealthEngine, RouteTable
 from healthgate.health.evidence import Hops
@@ -303,11 +304,16 @@ class WorkerPool:
             for path, status in c.stats.items():
                 merged = out.setdefault(path, {})
                 for key, value in status.items():
+                    if key == "upstreams":
+                        continue  # (the workers' together: from their hops, below)
                     if isinstance(value, int) and not isinstance(value, bool):
                         previous = merged.get(key, 0)
                         merged[key] = (previous if isinstance(previous, int) else 0) + value
                     elif key not in merged or (key == "error" and value):
                         merged[key] = value
+        for path, merged in out.items():
+            totals = self._totals.get(path, {})
+            merged["upstreams"] = upstream_view((a, t[0], t[1]) for a, t in totals.items())
         return out
 
     def collect(self) -> Iterator[Metric]:

@@ -47,7 +47,9 @@ function producerSide(p) {
     for (const src of c.sources) {
       html += `<div class="level">source ${esc(src.name)} ${badge(state(src))}<div class="reason">${esc(src.status && src.status.reason)}</div>`;
       html += `<div class="chips">` + src.endpoints.map(ep =>
-        `<span class="chip ${esc(ep.healthState)}" title="${esc(ep.reason)}">${esc(ep.ipAddress)} · ${
+        `<span class="chip ${esc(ep.healthState)}${ep.ejectedUntil ? " ejected" : ""}" title="${esc(ep.reason)}${
+          ep.ejectedUntil ? " - ejected from real traffic until " + esc(ep.ejectedUntil) : ""}">${esc(ep.ipAddress)} · ${
+          ep.ejectedUntil ? "ejected · " : ""}${
           ep.probedBy ? "probed by " + esc(ep.probedBy.join(", ") || "nobody") : esc(ep.lastProbe || "no probe yet")}</span>`
       ).join("") + `</div></div>`;
     }
@@ -57,17 +59,17 @@ function producerSide(p) {
 }
 
 // Requests per second per region, from the front end's listener counters
-// ("served_by ip:port"), which count answered requests or connections.
+// (per upstream "ip:port": served well and failed), which count answered
+// requests or connections.
 function listenerRates(fr) {
-  const stats = (fr.status && fr.status.listener) || {};
+  const upstreams = ((fr.status && fr.status.listener) || {}).upstreams || {};
   const now = Date.now() / 1000;
   const prev = lastCounts[fr.selfLink] || {};
   const out = {};
   const next = {};
-  for (const [key, count] of Object.entries(stats)) {
-    if (!key.startsWith("served_by ")) continue;
-    const region = upstreamRegion[key.slice(10)] || key.slice(10);
-    next[region] = (next[region] || 0) + count;
+  for (const [key, c] of Object.entries(upstreams)) {
+    const region = upstreamRegion[key] || key;
+    next[region] = (next[region] || 0) + c.served + c.errors;
   }
   for (const [region, count] of Object.entries(next)) {
     const p = prev[region];
