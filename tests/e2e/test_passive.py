@@ -144,7 +144,9 @@ def test_a_gray_region_fails_over_on_its_real_traffic_and_comes_back(make: Any) 
     ]
     assert "requests failed" in source["reason"], source
     assert "500 ×" in source["reason"]
-    out = run_cli("describe", "fr", "shop-frontend", "--server", stack.serve.url, "--project", "web")
+    out = run_cli(
+        "describe", "fr", "shop-frontend", "--server", stack.serve.url, "--project", "web"
+    )
     assert "HealthSource projects/shop/regions/us-east1/healthSources/web-traffic: UNHEALTHY" in (
         out.stdout
     ), out.stdout + out.stderr

@@ -340,7 +340,7 @@ def _us_composite(*sources: str) -> dict[str, Any]:
     }
 
 
-def traffic_quorum(ground: Ground, seconds: float = 20.0) -> Outcome:
+def traffic_quorum(ground: Ground, seconds: float = 24.0) -> Outcome:
     """us-east1 judged by its real traffic too (a TRAFFIC source in its
     composite), traffic through every region's front end; eu's node cut from
     us's node, where us's producer listener is: every request eu's front end
@@ -358,6 +358,12 @@ def traffic_quorum(ground: Ground, seconds: float = 20.0) -> Outcome:
         with ground.watching() as watch:
             load = ground.load(seconds, threads=6)
             time.sleep(2.0)  # (every node judges its traffic HEALTHY first)
+            # steady traffic, every verdict HEALTHY: no verdict is written
+            steady = {n.name: n.cluster()["trafficVerdictWrites"] for n in ground.live()}
+            time.sleep(3.0)
+            out.notes["steady_verdict_writes"] = sum(
+                n.cluster()["trafficVerdictWrites"] - steady[n.name] for n in ground.live()
+            )
             cut = time.monotonic()
             ground.lab.cut(["eu-node"], ["us-node"])
 
@@ -365,7 +371,7 @@ def traffic_quorum(ground: Ground, seconds: float = 20.0) -> Outcome:
                 nodes = ground.nodes["asia"].get(source)["status"]["traffic"].get("nodes", {})
                 return bool(nodes.get("eu", {}).get("state") == "UNHEALTHY")
 
-            ground.wait(eu_says_unhealthy, seconds - 4, "eu's verdict of us-east1: UNHEALTHY")
+            ground.wait(eu_says_unhealthy, seconds - 7, "eu's verdict of us-east1: UNHEALTHY")
             out.notes["eu_verdict_after"] = round(time.monotonic() - cut, 2)
             out.notes["verdicts"] = ground.nodes["asia"].get(source)["status"]["traffic"]["nodes"]
             out.notes["source"] = {

@@ -78,6 +78,7 @@ def upstream_view(counts: Iterable[tuple[Address, int, int]]) -> dict[str, dict[
     """A listener's status: ``"ip:port" -> {served, errors}`` (the dashboard's rates)."""
     return {upstream_text(a): {"served": ok, "errors": bad} for a, ok, bad in counts}
 
+
 __all__ = ["PROPAGATION_BUCKETS", "Balance", "DataPlane", "DataPlaneSettings", "HealthView"]
 
 

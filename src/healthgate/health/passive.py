@@ -238,18 +238,17 @@ class PassiveHealth:
             det.regroup(self._groups(bs))
             self._grouped[bs] = groups_key
         decisions = det.observe(now, hops)
+        # (in a cluster each node ejects by its own traffic: an ejection that
+        # moved the aggregation would give the nodes different composites)
+        counted = policy.count_as_unhealthy and self.local_traffic
         for d in decisions:
             if d.phase is EjectionPhase.EJECTED:
-                self.table.set_ejected(
-                    now, bs, d.endpoint, d.until, policy.count_as_unhealthy, out.records
-                )
+                self.table.set_ejected(now, bs, d.endpoint, d.until, counted, out.records)
                 address = addresses.get((bs, d.endpoint))
                 if address is not None:
                     out.ejected.append(address)
             elif d.phase is EjectionPhase.RETURNED:
-                self.table.set_ejected(
-                    now, bs, d.endpoint, None, policy.count_as_unhealthy, out.records
-                )
+                self.table.set_ejected(now, bs, d.endpoint, None, counted, out.records)
             out.records.append(
                 Ejection(
                     now,
