@@ -164,7 +164,7 @@ def test_l4_a_refused_connect_and_a_reset_before_the_first_byte_are_errors() -> 
             for name, address in targets.items():
                 counters = ListenerCounters()
                 server = await loop.create_server(
-                    lambda a=address, c=counters: TcpProxy(lambda: [a], 1.0, c),  # type: ignore[misc]
+                    lambda a=address, c=counters: TcpProxy(lambda _ip: [a], 1.0, c),  # type: ignore[misc]
                     "127.0.0.1",
                     0,
                 )

@@ -150,7 +150,7 @@ def test_the_tcp_front_end_counts_against_the_same_cap() -> None:
         upstream = await asyncio.start_server(hold, "127.0.0.1", 0)
         target = [("127.0.0.1", upstream.sockets[0].getsockname()[1])]
         server = await asyncio.get_running_loop().create_server(
-            lambda: TcpProxy(lambda: target, 1.0, ListenerCounters(stats), None, None, guard),
+            lambda: TcpProxy(lambda _ip: target, 1.0, ListenerCounters(stats), None, None, guard),
             "127.0.0.1",
             0,
         )

@@ -35,7 +35,7 @@ async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> No
 async def tcp_proxy_to(upstreams: list[tuple[str, int]], stats: dict[str, int]) -> asyncio.Server:
     loop = asyncio.get_running_loop()
     return await loop.create_server(
-        lambda: TcpProxy(lambda: upstreams, 1.0, ListenerCounters(stats)), "127.0.0.1", 0
+        lambda: TcpProxy(lambda _ip: upstreams, 1.0, ListenerCounters(stats)), "127.0.0.1", 0
     )
 
 

@@ -28,10 +28,20 @@ import itertools
 import math
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import NamedTuple, Protocol
 
+from healthgate.dataplane.affinity import (
+    CookieSigner,
+    cookie_value,
+    key_of,
+    rank,
+    rendezvous,
+    set_cookie,
+    tag_of,
+    target_text,
+)
 from healthgate.health.engine import EndpointKey, RouteTable
 from healthgate.model.lookups import published_rule
 from healthgate.model.names import ResourcePath
@@ -71,6 +81,11 @@ class _ProducerAddresses(NamedTuple):
     endpoints: tuple[EndpointKey, ...]  # valid while the engine gives this same tuple
     rule: _ProducerRule  # ... and the rule entry is this one
     addresses: list[Address]
+    # session affinity's view, made when first asked: each address once,
+    # its tag and its weight (its count in the weighted rotation)
+    distinct: tuple[Address, ...] = ()
+    tags: tuple[int, ...] = ()
+    weights: tuple[float, ...] = ()
 
 
 class _RouteTargets(NamedTuple):
@@ -80,6 +95,26 @@ class _RouteTargets(NamedTuple):
     # running sums of the shares of the first targets when the route splits
     # its new traffic (SPEC §6), else empty
     cumulative: tuple[float, ...] = ()
+    # session affinity (SPEC §9): each target's tag, the shares of the
+    # first ones, and the tags a sticky client may stay on
+    tags: tuple[int, ...] = ()
+    weights: tuple[float, ...] = ()
+    keep: frozenset[int] = frozenset()
+    # a region's published rule is served here with session affinity
+    local_affinity: bool = False
+
+
+class Affinity(NamedTuple):
+    """A backend service's session affinity (SPEC §9), as the data plane reads it."""
+
+    resources: Mapping[ResourcePath, Resource]  # valid while the resources are these
+    mode: str  # NONE, CLIENT_IP, GENERATED_COOKIE, HEADER_FIELD
+    header: bytes = b""  # HEADER_FIELD's header, lowercase
+    ttl: int = 0  # the cookie's Max-Age (0: a session cookie)
+    sticky: bool = False  # failoverPolicy.stickyFailback
+
+
+NO_AFFINITY = "NONE"
 
 
 class _FirstTries(NamedTuple):
@@ -91,6 +126,7 @@ class _FirstTries(NamedTuple):
     # turns) and the running sums of the shares, to draw one per request
     regions: tuple[tuple[list[Address], str | None], ...] = ()
     cumulative: tuple[float, ...] = ()
+    affine: bool = False  # session affinity: each request takes the general path
 
 
 class HealthView(Protocol):
@@ -130,6 +166,10 @@ class UpstreamChoice:
         self._plans: dict[str, _FirstTries] = {}  # the fast path's (see first_try)
         self.propagation = [0] * (len(PROPAGATION_BUCKETS) + 1)
         self.propagation_sum = 0.0
+        self._affinity: dict[str, Affinity] = {}
+        # signs and checks the generated affinity cookie (serve sets its keys)
+        self.signer = CookieSigner([b"healthgate-unset-affinity-key"])
+        self.clock = time.time
 
     def consumer_upstreams(self, frontend: str) -> list[Address]:
         """Where a consumer front end's next connection or request goes, in order.
@@ -168,6 +208,8 @@ class UpstreamChoice:
             or plan.resources is not self.resources
         ):
             plan = self._plan(frontend, consumer)
+        if plan.affine:
+            return None
         addresses, turns = plan.addresses, plan.turns
         if plan.cumulative:  # (a split route: the region is drawn by share)
             cumulative = plan.cumulative
@@ -198,7 +240,10 @@ class UpstreamChoice:
             if regions:
                 addresses, turns = regions[0]
                 cumulative = route.cumulative
-        plan = _FirstTries(generation, self.resources, addresses, turns, tuple(regions), cumulative)
+        affine = consumer and self.affine(frontend)
+        plan = _FirstTries(
+            generation, self.resources, addresses, turns, tuple(regions), cumulative, affine
+        )
         self._plans[frontend] = plan
         return plan
 
@@ -231,7 +276,10 @@ class UpstreamChoice:
             route = table.routes.get(frontend)
             targets: list[Target] = []
             weights: list[float] = []
+            tags: list[int] = []
+            keep: frozenset[int] = frozenset()
             if route is not None and route.attachment is not None:
+                keep = frozenset(tag_of(a) for a in route.keep)
                 shares = dict(route.split)
                 first = list(shares) or [route.attachment]
                 # then every other NEG that may take traffic (a dialled-down
@@ -241,10 +289,25 @@ class UpstreamChoice:
                     target = self.rule_of_attachment(att)
                     if target is not None:
                         targets.append(target)
+                        tags.append(tag_of(att))
                         if att in shares:
                             weights.append(shares[att])
             cumulative = tuple(itertools.accumulate(weights)) if len(weights) > 1 else ()
-            cached = _RouteTargets(table.version, self.resources, targets, cumulative)
+            local_affinity = any(
+                (local := self._served_here(t.rule)) is not None
+                and self.affinity(local).mode != NO_AFFINITY
+                for t in targets
+            )
+            cached = _RouteTargets(
+                table.version,
+                self.resources,
+                targets,
+                cumulative,
+                tuple(tags),
+                tuple(weights) if len(weights) > 1 else (),
+                keep,
+                local_affinity,
+            )
             self._upstreams[frontend] = cached
         return cached
 
@@ -259,6 +322,138 @@ class UpstreamChoice:
         i = bisect.bisect_right(cumulative, random.random() * cumulative[-1])
         targets = cached.targets
         return targets if i == 0 else [targets[i], *targets[:i], *targets[i + 1 :]]
+
+    def affinity(self, rule: str) -> Affinity:
+        """The session affinity of a rule's backend service (SPEC §9)."""
+        cached = self._affinity.get(rule)
+        if cached is None or cached.resources is not self.resources:
+            fr = self.resources.get(ResourcePath.parse(rule))
+            bs_path = fr.ref("backend_service") if isinstance(fr, ForwardingRule) else None
+            bs = self.resources.get(bs_path) if bs_path is not None else None
+            if isinstance(bs, BackendService):
+                cached = Affinity(
+                    self.resources,
+                    bs.session_affinity,
+                    (bs.affinity_header or "").lower().encode(),
+                    bs.affinity_cookie_ttl_sec,
+                    bs.failover_policy is not None and bs.failover_policy.sticky_failback,
+                )
+            else:
+                cached = Affinity(self.resources, NO_AFFINITY)
+            self._affinity[rule] = cached
+        return cached
+
+    def affine(self, frontend: str) -> bool:
+        """Does a consumer front end's choice depend on the client: its
+        backend service has session affinity, or a region's published rule
+        served here has (its endpoint then follows the client)."""
+        return (
+            self.affinity(frontend).mode != NO_AFFINITY
+            or self._route_targets(frontend).local_affinity
+        )
+
+    def affine_groups(
+        self, frontend: str, client_ip: str, headers: Sequence[tuple[bytes, bytes]]
+    ) -> tuple[list[list[Address]], bytes]:
+        """:meth:`consumer_upstream_groups` for a request of a front end with
+        session affinity (dataplane/affinity.py), and the ``Set-Cookie``
+        line to add to its answer (b"": none). ``headers`` as received.
+
+        The client's region: with ``stickyFailback`` the one its cookie
+        names while that one may keep it; else, when the route splits, the
+        rendezvous of its key over the shares; else the route's region.
+        The other regions follow in order, for the retries. (A front end
+        without affinity whose region is served here with it: its region
+        drawn by share as ever, the endpoint by the client.)"""
+        aff = self.affinity(frontend)
+        self.route_used()
+        route = self._route_targets(frontend)
+        targets = route.targets
+        if not targets:
+            return [], b""
+        cookie = None
+        client = ""
+        if aff.mode == "GENERATED_COOKIE":
+            value = None
+            for name, raw in headers:
+                if len(name) == 6 and name.lower() == b"cookie":
+                    value = cookie_value(raw)
+                    if value is not None:
+                        break
+            cookie = self.signer.read(value, self.clock(), aff.ttl) if value else None
+            client = cookie.client if cookie is not None else self.signer.new_client()
+        key = _client_key(aff, client, client_ip, headers)
+        tags = route.tags
+        i = -1
+        if aff.sticky and cookie is not None and cookie.target != "-":
+            for j, t in enumerate(tags):
+                if t in route.keep and target_text(t) == cookie.target:
+                    i = j
+                    break
+        if i < 0 and route.weights:
+            if aff.mode == NO_AFFINITY:
+                cumulative = route.cumulative
+                i = bisect.bisect_right(cumulative, random.random() * cumulative[-1])
+            else:
+                i = rendezvous(key, tags, route.weights)
+        i = max(i, 0)
+        ordered = targets if i == 0 else [targets[i], *targets[:i], *targets[i + 1 :]]
+        groups = []
+        for j, (rule, address) in enumerate(ordered):
+            n = 3 if j == 0 else 1
+            local = self._served_here(rule)
+            if not local:
+                groups.append([address])
+                continue
+            producer = self.affinity(local)
+            if producer.mode == NO_AFFINITY:
+                groups.append(self.producer_upstreams(local, n))
+            else:
+                local_key = _client_key(producer, client, client_ip, headers)
+                groups.append(self.producer_affine(local, local_key, n))
+        line = b""
+        if aff.mode == "GENERATED_COOKIE":
+            chosen = target_text(tags[i])
+            if cookie is None or cookie.target != chosen:
+                line = set_cookie(self.signer.issue(chosen, self.clock(), client), aff.ttl)
+        return groups, line
+
+    def producer_affine(self, frontend: str, key: int, n: int = 3) -> list[Address]:
+        """Up to ``n`` endpoints of a producer rule for a client's key: the
+        one it is assigned to by rendezvous over the HEALTHY endpoints'
+        weights first (dataplane/affinity.py), then its next choices."""
+        addresses = self._producer_addresses(frontend)
+        if not addresses:
+            return []
+        cached = self._addresses[frontend]
+        tags, weights = cached.tags, cached.weights
+        if not tags:
+            distinct = tuple(dict.fromkeys(addresses))
+            tags = tuple(tag_of(f"{ip}:{port}") for ip, port in distinct)
+            counts: dict[Address, int] = {}
+            for a in addresses:
+                counts[a] = counts.get(a, 0) + 1
+            weights = tuple(float(counts[a]) for a in distinct)
+            self._addresses[frontend] = cached._replace(
+                distinct=distinct, tags=tags, weights=weights
+            )
+        distinct = self._addresses[frontend].distinct
+        return [distinct[i] for i in rank(key, tags, weights)[:n]]
+
+    def producer_for_client(self, frontend: str, client_ip: str) -> list[Address]:
+        """:meth:`producer_upstreams` for one new L4 connection: with
+        ``CLIENT_IP`` affinity the client's own endpoint first."""
+        if self.affinity(frontend).mode == NO_AFFINITY:
+            return self.producer_upstreams(frontend)
+        return self.producer_affine(frontend, key_of(client_ip.encode()))
+
+    def consumer_for_client(self, frontend: str, client_ip: str) -> list[Address]:
+        """:meth:`consumer_upstreams` for one new L4 connection: with
+        ``CLIENT_IP`` affinity the client's own region first."""
+        if not self.affine(frontend):
+            return self.consumer_upstreams(frontend)
+        groups, _ = self.affine_groups(frontend, client_ip, ())
+        return [address for group in groups for address in group]
 
     def rule_of_attachment(self, attachment: str) -> Target | None:
         """(producer forwarding-rule path, its address) of a service attachment."""
@@ -397,6 +592,28 @@ def weighted(items: list[tuple[Address, int]]) -> list[Address]:
         current[best] -= total
         out.append(scaled[best][0])
     return out
+
+
+def _client_key(
+    aff: Affinity, client: str, client_ip: str, headers: Sequence[tuple[bytes, bytes]]
+) -> int:
+    """A client's key under one backend service's affinity: its cookie's id
+    (``client``), its header's value, else its address (CLIENT_IP, or a
+    request without the header or the cookie)."""
+    if aff.mode == "GENERATED_COOKIE" and client:
+        return key_of(client.encode())
+    if aff.mode == "HEADER_FIELD" and (value := _header(headers, aff.header)):
+        return key_of(value)
+    return key_of(client_ip.encode())
+
+
+def _header(headers: Sequence[tuple[bytes, bytes]], lower: bytes) -> bytes | None:
+    """The first value of a header, by its lowercase name."""
+    n = len(lower)
+    for name, value in headers:
+        if len(name) == n and name.lower() == lower:
+            return value
+    return None
 
 
 def _distinct(addresses: list[Address], n: int) -> list[Address]:

@@ -49,7 +49,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 import httptools
 
@@ -80,6 +80,19 @@ Address = tuple[str, int]
 # may grow), and within a body
 HEAD_SLICE = 2048
 BODY_SLICE = 64 * 1024
+
+
+class Affine(Protocol):
+    """A front end's session affinity (SPEC §9, dataplane/affinity.py)."""
+
+    def on(self) -> bool:
+        """Has the front end affinity now (then no request takes the fast path)."""
+
+    def groups(
+        self, client_ip: str, headers: Sequence[tuple[bytes, bytes]]
+    ) -> tuple[list[list[Address]], bytes] | None:
+        """The request's regions in order and a ``Set-Cookie`` line (b""),
+        or None when the front end has no affinity."""
 
 
 class _Retry(Exception):
@@ -157,8 +170,12 @@ class HttpProxy(_FastEntry):
         first: Callable[[], tuple[Address, Sequence[Address]] | None] | None = None,
         guard: ConnectionGuard | None = None,
         budget: RetryBudget | None = None,
+        affine: Affine | None = None,
     ) -> None:
         self.choose = choose
+        # session affinity (SPEC §9): (client address, request headers) ->
+        # (groups, a Set-Cookie line), or None when the front end has none
+        self.affine = affine
         # a consumer front end's retry budget (SPEC §8), and the count of its
         # requests in flight, which the C fast path keeps too
         self.budget = budget
@@ -506,6 +523,8 @@ class HttpProxy(_FastEntry):
         """Make the first try of a plain request; False when it must take the
         general path instead (no route, or no pooled connection yet)."""
         groups: Sequence[Sequence[Address]] | None = None
+        if self.affine is not None and self.affine.on():
+            return False  # (the client's region depends on its request: the general path)
         if self.first is not None:  # (which observes the route's use itself)
             choice = self.first()
             if choice is None:
@@ -708,7 +727,15 @@ class HttpProxy(_FastEntry):
         if not req.last_error:  # (a request the fast path began is counted already)
             self.stats["requests"] = self.stats.get("requests", 0) + 1
         groups = req.groups
-        if groups is None:
+        extra = b""
+        picked = (
+            self.affine.groups(self.client_ip, req.headers)
+            if groups is None and self.affine is not None
+            else None
+        )
+        if picked is not None:
+            groups, extra = picked
+        elif groups is None:
             groups = self.choose()
             if self.on_route_used is not None:
                 self.on_route_used()
@@ -730,7 +757,7 @@ class HttpProxy(_FastEntry):
             gauge.n += 1
         retrying = [False]  # (in another region, within the retry budget)
         try:
-            refusal = await self._tries(req, groups, client, retrying)
+            refusal = await self._tries(req, groups, client, retrying, extra)
         finally:
             if gauge is not None:
                 gauge.n -= 1
@@ -746,6 +773,7 @@ class HttpProxy(_FastEntry):
         groups: Sequence[Sequence[Address]],
         client: asyncio.Transport,
         retrying: list[bool],
+        extra: bytes = b"",
     ) -> bytes | None:
         """Try ``req`` region by region, endpoint by endpoint (dataplane/retry.py);
         None once answered (or the client left), else the answer it gets."""
@@ -776,7 +804,7 @@ class HttpProxy(_FastEntry):
                     active[address] = active.get(address, 0) + 1
                 try:
                     status = await self._try(
-                        address, data, req.method == "HEAD", idempotent, client, req.http11
+                        address, data, req.method == "HEAD", idempotent, client, req.http11, extra
                     )
                     if status:
                         self.counters.answered(address, status)
@@ -804,6 +832,7 @@ class HttpProxy(_FastEntry):
         idempotent: bool,
         client: asyncio.Transport,
         http11: bool = True,
+        extra: bytes = b"",
     ) -> int:
         """One try; the status it was answered with (0: the client left first)."""
         loop = asyncio.get_running_loop()
@@ -859,7 +888,7 @@ class HttpProxy(_FastEntry):
                     str(status),
                     gateway=status in GATEWAY_STATUSES,
                 )
-            conn.commit(client)
+            conn.commit(client, extra)
             try:
                 reusable = await conn.done
             except (ConnectionError, OSError):

@@ -18,7 +18,8 @@ import asyncio
 import functools
 import logging
 import resource
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import secrets
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
@@ -26,6 +27,7 @@ from typing import Protocol
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from healthgate.dataplane.affinity import KEY_BYTES, CookieSigner
 from healthgate.dataplane.choice import (
     PROPAGATION_BUCKETS,
     Address,
@@ -118,6 +120,9 @@ class DataPlaneSettings:
     # listening sockets of every rule together (0: a sixteenth of the open-file
     # limit, 64 to 4,096): a rule that does not fit gets no listener, with a log line
     max_listening_sockets: int = 0
+    # the keys of the session-affinity cookie (dataplane/affinity.py): the
+    # signing one first, then the previous one (empty: a key of this process)
+    affinity_keys: tuple[bytes, ...] = ()
 
     def listening_budget(self) -> int:
         if self.max_listening_sockets:
@@ -145,6 +150,27 @@ class DataPlaneSettings:
 BALANCE_POLICIES = tuple(b.value for b in Balance)
 
 
+class FrontAffinity:
+    """A consumer L7 front end's session affinity, read per request (the
+    front end's backend service may gain or lose it with any apply)."""
+
+    __slots__ = ("choice", "path")
+
+    def __init__(self, choice: UpstreamChoice, path: str) -> None:
+        self.choice = choice
+        self.path = path
+
+    def on(self) -> bool:
+        return self.choice.affine(self.path)
+
+    def groups(
+        self, client_ip: str, headers: Sequence[tuple[bytes, bytes]]
+    ) -> tuple[list[list[Address]], bytes] | None:
+        if not self.on():
+            return None
+        return self.choice.affine_groups(self.path, client_ip, headers)
+
+
 class DataPlane:
     def __init__(self, engine: HealthView, settings: DataPlaneSettings | None = None) -> None:
         self.engine = engine
@@ -161,6 +187,7 @@ class DataPlane:
             max_sessions_per_prefix=s.max_sessions_per_prefix,
         )
         self.choice = UpstreamChoice(engine, s.balance, self.listeners)
+        self.choice.signer = CookieSigner(s.affinity_keys or (secrets.token_bytes(KEY_BYTES),))
         self._live: dict[str, set[TcpProxy]] = {}
         self._unfitted: set[str] = set()  # rules without a listener for want of sockets
         # forwarding rule -> its backend service, and the reverse
@@ -382,6 +409,7 @@ class DataPlane:
             budget = (
                 RetryBudget(functools.partial(self._retry_limits, path)) if spec.consumer else None
             )
+            affine = FrontAffinity(choice, path) if spec.consumer else None
             return lambda: HttpProxy(
                 groups,
                 self.pool,
@@ -392,9 +420,19 @@ class DataPlane:
                 first,
                 self.guard,
                 budget,
+                affine,
             )
         live = self._live.setdefault(path, set())
-        return lambda: TcpProxy(choose, s.connect_timeout, counters, live, active, self.guard)
+        if spec.consumer:
+
+            def for_client(client_ip: str) -> list[Address]:
+                return choice.consumer_for_client(path, client_ip)
+        else:
+
+            def for_client(client_ip: str) -> list[Address]:
+                return choice.producer_for_client(path, client_ip)
+
+        return lambda: TcpProxy(for_client, s.connect_timeout, counters, live, active, self.guard)
 
     def _retry_limits(self, rule: str) -> tuple[float, int] | None:
         """A consumer rule's retry budget (SPEC §8) as its backend service has

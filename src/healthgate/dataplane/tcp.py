@@ -180,7 +180,7 @@ class TcpProxy(Pipe):
 
     def __init__(
         self,
-        choose: Callable[[], Sequence[Address]],
+        choose: Callable[[str], Sequence[Address]],
         connect_timeout: float,
         counters: ListenerCounters,
         live: set[TcpProxy] | None = None,
@@ -190,7 +190,8 @@ class TcpProxy(Pipe):
         super().__init__()
         self.guard = guard  # the connection cap (dataplane/guard.py)
         self.admitted: asyncio.BaseTransport | None = None  # counted by the guard
-        self.choose = choose
+        self.choose = choose  # (the client's address) -> candidates in order
+        self.client_ip = ""
         self.connect_timeout = connect_timeout
         self.counters = counters
         self.stats = counters.events
@@ -208,11 +209,14 @@ class TcpProxy(Pipe):
         super().connection_made(transport)
         assert self.transport is not None
         self.transport.pause_reading()
+        peer = self.transport.get_extra_info("peername")
+        if peer:
+            self.client_ip = str(peer[0])
         self.stats["connections"] = self.stats.get("connections", 0) + 1
         self.task = asyncio.get_running_loop().create_task(self._connect())
 
     async def _connect(self) -> None:
-        candidates = self.choose()
+        candidates = self.choose(self.client_ip)
         result = (
             await connect_first(candidates, self.connect_timeout, UpstreamPipe, self.counters)
             if candidates

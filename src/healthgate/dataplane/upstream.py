@@ -175,13 +175,20 @@ class UpstreamConnection(_UpstreamEntry):
         if self.transport is not None:
             self.transport.close()
 
-    def commit(self, client: asyncio.Transport) -> None:
-        """Send what was buffered to the client; stream the rest directly."""
+    def commit(self, client: asyncio.Transport, extra: bytes = b"") -> None:
+        """Send what was buffered to the client; stream the rest directly.
+        ``extra``: header lines (CRLF-ended) to add to the answer's head,
+        right after its status line (the head is whole in the buffer once
+        its status is known)."""
         self.sink = client
         buffer = self.buffer
         if buffer:
             if not client.is_closing():
-                client.write(buffer[0] if len(buffer) == 1 else b"".join(buffer))
+                data = buffer[0] if len(buffer) == 1 else b"".join(buffer)
+                if extra:
+                    line = data.find(b"\r\n") + 2
+                    data = data[:line] + extra + data[line:] if line > 1 else data
+                client.write(data)
             buffer.clear()
 
     def _interim(self, data: bytes) -> bytes | None:

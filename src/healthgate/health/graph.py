@@ -470,6 +470,11 @@ class HealthGraph:
             for c in order(candidates, region)
             if c.accepted and c.eligible and c.path != target
         )
+        keep = tuple(
+            self._attachment_of(c.path)
+            for c in order(candidates, region)
+            if c.accepted and c.eligible and c.take > 0
+        )
         single = len(shares) <= 1 and target == choice.target
         split = () if single else tuple((self._attachment_of(s.neg), s.percent) for s in shares)
         reason = choice.reason if single else f"{choice.reason}; shares {split_text(shares)}"
@@ -493,6 +498,7 @@ class HealthGraph:
                     split=split,
                     shares=shares,
                     recorded=None if logged == shares else logged,
+                    keep=keep,
                 )
                 if now_route == prev:
                     return False
@@ -509,6 +515,7 @@ class HealthGraph:
             split,
             shares,
             None if full == shares else full,
+            keep,
         )
         logged_split = len(full) > 1 or full_target != choice.target
         why = choice.reason if not logged_split else f"{choice.reason}; shares {split_text(full)}"

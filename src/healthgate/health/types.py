@@ -72,6 +72,10 @@ class Route:
     # a ramped failback the log says where traffic is going (its full
     # shares), the data plane follows the ramp's steps (None: as ``shares``)
     recorded: tuple[Share, ...] | None = None
+    # attachments a client with session affinity may stay on when
+    # failoverPolicy.stickyFailback holds it there (SPEC §9): accepted,
+    # eligible, not shifted and not dialled to 0
+    keep: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

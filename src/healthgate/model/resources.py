@@ -14,6 +14,7 @@ paths, the ``REFS`` table of reference fields) is model/resource.py.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
 from typing import Any, Literal, Self
 
@@ -275,6 +276,9 @@ class FailoverPolicy(Model):
     failback_max_error_percent: float | None = Field(None, ge=0, le=100)
     # SPEC §8: retries into the next region bounded (absent: unbounded)
     retry_budget: RetryBudget | None = None
+    # SPEC §9: with session affinity, a client that failed over stays where
+    # it is after failback (until its cookie expires) instead of returning
+    sticky_failback: bool = False
 
 
 class OutlierDetection(Model):
@@ -302,6 +306,9 @@ class OutlierDetection(Model):
         return self
 
 
+# an HTTP header name (RFC 9110 token)
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
 Scheme = Literal["INTERNAL", "INTERNAL_MANAGED", "EXTERNAL", "EXTERNAL_MANAGED"]
 
 
@@ -313,12 +320,37 @@ class BackendService(Resource):
     backends: list[Backend] = Field(default_factory=list)
     failover_policy: FailoverPolicy | None = None
     outlier_detection: OutlierDetection | None = None
+    # SPEC §9: a client keeps its region (consumer) or endpoint (producer)
+    session_affinity: Literal["NONE", "CLIENT_IP", "GENERATED_COOKIE", "HEADER_FIELD"] = "NONE"
+    affinity_cookie_ttl_sec: int = Field(0, ge=0, le=1_209_600)  # 0: a session cookie
+    affinity_header: str | None = Field(None, min_length=1, max_length=64)
 
     SCOPES = frozenset({"regional", "global"})
     REFS = (
         ("health_checks", "healthChecks", "healthChecks"),
         ("backends", "backends", "networkEndpointGroups"),
     )
+
+    @model_validator(mode="after")
+    def _check_affinity(self) -> Self:
+        mode = self.session_affinity
+        if mode in ("GENERATED_COOKIE", "HEADER_FIELD") and self.protocol not in ("HTTP", "HTTPS"):
+            raise ValueError(
+                f"sessionAffinity: {mode} needs an L7 backend service (protocol HTTP or "
+                f"HTTPS), not {self.protocol}; CLIENT_IP works at L4"
+            )
+        if mode == "HEADER_FIELD":
+            if self.affinity_header is None:
+                raise ValueError("affinityHeader: required with sessionAffinity HEADER_FIELD")
+            if not _TOKEN.fullmatch(self.affinity_header):
+                raise ValueError(
+                    f"affinityHeader: {self.affinity_header!r} is not an HTTP header name"
+                )
+        elif self.affinity_header is not None:
+            raise ValueError("affinityHeader: only with sessionAffinity HEADER_FIELD")
+        if self.affinity_cookie_ttl_sec and mode != "GENERATED_COOKIE":
+            raise ValueError("affinityCookieTtlSec: only with sessionAffinity GENERATED_COOKIE")
+        return self
 
     @model_validator(mode="after")
     def _check_scope_fields(self) -> Self:

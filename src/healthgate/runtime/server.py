@@ -39,6 +39,7 @@ from healthgate.api.app import ApiSettings, ApiState, create_app
 from healthgate.api.auth import Access, is_loopback
 from healthgate.api.listener import ApiListener
 from healthgate.api.metrics import ClusterCollector, WebhookCollector
+from healthgate.cluster.affinity_key import shared_affinity_keys
 from healthgate.cluster.node import ClusterNode
 from healthgate.cluster.probing import ClusterProbing, ClusterSettings
 from healthgate.controlplane.errors import ControlError, Refusal
@@ -49,6 +50,7 @@ from healthgate.controlplane.probing import Feed, InProcessProbing, ProbeSource
 from healthgate.controlplane.recorder import TransitionRecorder
 from healthgate.controlplane.resources import ControlPlane
 from healthgate.controlplane.webhooks import WebhookDispatcher, WebhookSettings
+from healthgate.dataplane.affinity import load_keys
 from healthgate.dataplane.manager import (
     DataPlane,
     DataPlaneCollector,
@@ -376,13 +378,23 @@ class Server:
         if s.xds:
             await self._start_xds(s.xds, self.health, control)
 
+    def _affinity_keys(self) -> list[bytes]:
+        """The session-affinity cookie's keys (SPEC §9): in a cluster one
+        pair in the store, so that every node honours every node's cookie;
+        else in a file beside the database (0600, rotated weekly)."""
+        if isinstance(self.store, EtcdStore):
+            return shared_affinity_keys(self.store.client)
+        db = Path(self.settings.db)
+        return load_keys(db.with_name(db.name + ".affinity-key"))
+
     async def _start_dataplane(self) -> None:
         """The listeners, in this process or in worker processes, following
         the routes (already resumed: fail static) and the resources."""
         s = self.settings
         health, control = self.health, self.control
         assert health is not None and control is not None
-        settings = replace(s.dataplane, reserved=control.reserved)
+        keys = await asyncio.to_thread(self._affinity_keys)
+        settings = replace(s.dataplane, reserved=control.reserved, affinity_keys=tuple(keys))
         if s.clustered:  # the nodes of one region share its front ends' addresses
             settings = replace(settings, region=s.region, reuse_port=True)
         dataplane: DataPlaneService
