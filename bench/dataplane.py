@@ -209,9 +209,12 @@ def wait_healthy(api: int, backend_service: str, timeout: float = 30) -> None:
     wait_until(healthy, timeout, f"{backend_service} not HEALTHY within {timeout:g} s", every=0.2)
 
 
-def wrk(url: str, duration: float, conns: int) -> tuple[float, float]:
+def wrk(
+    url: str, duration: float, conns: int, headers: tuple[str, ...] = ()
+) -> tuple[float, float]:
+    extra = [a for h in headers for a in ("-H", h)]
     out = subprocess.run(
-        pinned(["wrk", "-t1", f"-c{conns}", f"-d{int(duration)}s", "--latency", url], 0),
+        pinned(["wrk", "-t1", f"-c{conns}", f"-d{int(duration)}s", "--latency", *extra, url], 0),
         capture_output=True,
         text=True,
         timeout=duration + 60,

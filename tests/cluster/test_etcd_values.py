@@ -17,7 +17,10 @@ import yaml
 from aetcd.rpc import rpc_pb2 as pb
 from aetcd.rpc import rpc_pb2_grpc as stubs
 
+from healthgate.cluster.affinity_key import parse_keys, shared_affinity_keys
 from healthgate.fixtures.etcd_local import EtcdCluster
+from healthgate.store.base import StoreError
+from healthgate.store.etcd_client import EtcdClient
 from tests.cluster.test_etcd_security import WORLD, Node
 from tests.integration.serve_proc import wait_for
 
@@ -113,3 +116,29 @@ def test_the_node_log_is_not_read_back_with_a_forged_time(node: tuple[EtcdCluste
 def test_log_lines_name_the_key_not_the_whole_value(node: tuple[EtcdCluster, Node]) -> None:
     text = Path(node[1].log).read_text()
     assert "not json" not in text.replace("not JSON", "")  # (the value itself is not echoed)
+
+
+def test_the_affinity_cookie_key_is_one_pair_for_every_node(
+    node: tuple[EtcdCluster, Node],
+) -> None:
+    """SPEC §9: the node that started first wrote the pair; another asking
+    gets the same one (so a cookie of one node verifies on every node); a
+    forged value is refused by name, never used."""
+    etcd, _n = node
+    with etcd.channel(etcd.endpoints[0]) as ch:
+        got = stubs.KVStub(ch).Range(pb.RangeRequest(key=NS + b"m/affinity-key"), timeout=5)
+    assert got.kvs, "the first node wrote no affinity key"
+    stored = parse_keys(bytes(got.kvs[0].value))
+    assert len(stored) == 1 and len(stored[0]) == 32
+    client = EtcdClient(etcd.endpoints)
+    try:
+        assert shared_affinity_keys(client) == stored  # (asked again: the same pair)
+        put_raw(etcd, b"m/affinity-key", b"zz" * 40)
+        with pytest.raises(StoreError, match="m/affinity-key"):
+            shared_affinity_keys(client)
+        put_raw(etcd, b"m/affinity-key", got.kvs[0].value)
+    finally:
+        client.close()
+    for bad in (b"", b"00" * 31, b"\n".join([b"00" * 32] * 3), b"x" * 1000):
+        with pytest.raises(ValueError):
+            parse_keys(bad)

@@ -38,8 +38,9 @@ class Backends:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
 
-    def set_mode(self, region: str, mode: str) -> None:
-        self.run(self.backends.set_mode(region, mode))
+    def set_mode(self, region: str, mode: str, count: int | None = None) -> None:
+        """Break (or heal) a region's endpoints: its first ``count`` (None: all)."""
+        self.run(self.backends.set_mode(region, mode, count))
 
 
 def e2e_world(

@@ -10,6 +10,7 @@ HEADER_FIELD keep a client by its address or by a header."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -249,3 +250,42 @@ def test_every_worker_and_a_restarted_serve_honour_the_cookie(tmp_path: Path) ->
         assert [where(j) for j in jars] == before
     finally:
         s.close()
+
+
+def test_a_recovered_endpoint_starts_slowly(stack: Sessions) -> None:
+    """slowStartSec (SPEC §9): an endpoint that turns HEALTHY again takes a
+    small part of its share of new connections at first, all of it once the
+    time is up (the producer's own L4 listener, real connections)."""
+    bs_path = "/v1/projects/shop/regions/us-east1/backendServices/web"
+    bs = stack.api.get(bs_path).json()
+    for key in ("selfLink", "creationTimestamp", "updateTimestamp", "status"):
+        bs.pop(key, None)
+    bs["slowStartSec"] = 8
+    assert stack.api.put(bs_path, json=bs).is_success
+    rule = next(
+        d
+        for d in stack.world
+        if d["kind"] == "ForwardingRule" and d["project"] == "shop" and d["region"] == "us-east1"
+    )
+    producer = f"http://{rule['IPAddress']}:{rule['ports'][0]}/"
+
+    def healthy() -> int:
+        return int(stack.api.get(f"{bs_path}/health").json().get("healthy", 0))
+
+    def share(n: int) -> float:
+        hits = 0
+        for _ in range(n):
+            with httpx.Client(timeout=5) as client:
+                hits += "endpoint=127.0.1.1" in client.get(producer).text
+        return hits / n
+
+    stack.backends.set_mode("us-east1", "refuse", 1)  # (127.0.1.1)
+    wait_for(lambda: healthy() == 3, 20, what="127.0.1.1 UNHEALTHY")
+    stack.backends.set_mode("us-east1", "ok", 1)
+    wait_for(lambda: healthy() == 4, 20, what="127.0.1.1 HEALTHY again")
+    early = share(120)  # (its first 1-2 s: 10-25 % of its weight)
+    time.sleep(8)  # (the slow start's own length: what the test measures is after it)
+    late = share(200)
+    print(f"\nslow start: {early:.1%} of new connections at first, {late:.1%} after")
+    assert early <= 0.12, early  # (an equal share would be 25 %)
+    assert 0.15 <= late <= 0.35, late

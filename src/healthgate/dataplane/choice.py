@@ -75,6 +75,8 @@ class _ProducerRule(NamedTuple):
     resources: Mapping[ResourcePath, Resource]  # valid while the resources are these
     backend_service: ResourcePath | None
     port: int  # the rule's port, for endpoints that have none
+    slow_start: float = 0.0  # slowStartSec (SPEC §9; 0: off)
+    slow_start_min: float = 0.1  # slowStartMinWeightPercent / 100
 
 
 class _ProducerAddresses(NamedTuple):
@@ -86,6 +88,9 @@ class _ProducerAddresses(NamedTuple):
     distinct: tuple[Address, ...] = ()
     tags: tuple[int, ...] = ()
     weights: tuple[float, ...] = ()
+    # slow start (SPEC §9): rebuilt at this monotonic time, while an
+    # endpoint's weight is still growing (0: nothing is)
+    until: float = 0.0
 
 
 class _RouteTargets(NamedTuple):
@@ -127,6 +132,7 @@ class _FirstTries(NamedTuple):
     regions: tuple[tuple[list[Address], str | None], ...] = ()
     cumulative: tuple[float, ...] = ()
     affine: bool = False  # session affinity: each request takes the general path
+    until: float = 0.0  # slow start: valid until this monotonic time (0: no end)
 
 
 class HealthView(Protocol):
@@ -167,6 +173,10 @@ class UpstreamChoice:
         self.propagation = [0] * (len(PROPAGATION_BUCKETS) + 1)
         self.propagation_sum = 0.0
         self._affinity: dict[str, Affinity] = {}
+        # slow start: when each endpoint joined a rule's HEALTHY set, and that set
+        self._since: dict[str, dict[EndpointKey, float]] = {}
+        self._healthy_before: dict[str, set[EndpointKey]] = {}
+        self.monotonic = time.monotonic
         # signs and checks the generated affinity cookie (serve sets its keys)
         self.signer = CookieSigner([b"healthgate-unset-affinity-key"])
         self.clock = time.time
@@ -206,6 +216,7 @@ class UpstreamChoice:
             plan is None
             or plan.generation != self.engine.generation
             or plan.resources is not self.resources
+            or (plan.until and self.monotonic() >= plan.until)
         ):
             plan = self._plan(frontend, consumer)
         if plan.affine:
@@ -241,8 +252,20 @@ class UpstreamChoice:
                 addresses, turns = regions[0]
                 cumulative = route.cumulative
         affine = consumer and self.affine(frontend)
+        untils = [
+            c.until
+            for rule in ([frontend] if not consumer else [t for _, t in regions if t])
+            if (c := self._addresses.get(rule)) is not None and c.until
+        ]
         plan = _FirstTries(
-            generation, self.resources, addresses, turns, tuple(regions), cumulative, affine
+            generation,
+            self.resources,
+            addresses,
+            turns,
+            tuple(regions),
+            cumulative,
+            affine,
+            min(untils, default=0.0),
         )
         self._plans[frontend] = plan
         return plan
@@ -493,32 +516,88 @@ class UpstreamChoice:
                 return picked
         return _distinct(addresses[start:] + addresses[:start], n)
 
-    def _producer_addresses(self, frontend: str) -> list[Address]:
-        """The addresses of a producer rule's HEALTHY endpoints (of all of
-        them when none is), in the engine's order."""
+    def _rule(self, frontend: str) -> _ProducerRule:
+        """A producer rule's backend service, port and slow start, per resources."""
         rule = self._rules.get(frontend)
         if rule is None or rule.resources is not self.resources:
             fr = self.resources.get(ResourcePath.parse(frontend))
             bs_path = fr.ref("backend_service") if isinstance(fr, ForwardingRule) else None
             port = fr.port_list()[0] if isinstance(fr, ForwardingRule) else 0
-            rule = self._rules[frontend] = _ProducerRule(self.resources, bs_path, port)
+            bs = self.resources.get(bs_path) if bs_path is not None else None
+            slow, least = 0.0, 0.1
+            if isinstance(bs, BackendService):
+                slow, least = bs.slow_start_sec, bs.slow_start_min_weight_percent / 100
+            rule = self._rules[frontend] = _ProducerRule(self.resources, bs_path, port, slow, least)
+        return rule
+
+    def observe_health(self) -> None:
+        """Health just changed: the producer rules served here with slow
+        start note which endpoints joined their HEALTHY set now (so an
+        endpoint's start is when it joined, not its first request after)."""
+        for frontend in self.serving:
+            if self._rule(frontend).slow_start:
+                self._producer_addresses(frontend)
+
+    def _producer_addresses(self, frontend: str) -> list[Address]:
+        """The addresses of a producer rule's HEALTHY endpoints (of all of
+        them when none is), in the engine's order."""
+        rule = self._rule(frontend)
         bs_path = rule.backend_service
         if bs_path is None:
             return []
-        endpoints = self.engine.healthy_endpoints(bs_path) or self.engine.all_endpoints(bs_path)
+        healthy = self.engine.healthy_endpoints(bs_path)
+        endpoints = healthy or self.engine.all_endpoints(bs_path)
         cached = self._addresses.get(frontend)
-        if cached is None or cached.endpoints is not endpoints or cached.rule is not rule:
+        if (
+            cached is None
+            or cached.endpoints is not endpoints
+            or cached.rule is not rule
+            or (cached.until and self.monotonic() >= cached.until)
+        ):
             port = rule.port
             weights = endpoint_weights(self.resources, bs_path)
+            growing = self._slow_start(frontend, rule, healthy) if rule.slow_start else {}
+            until = 0.0
+            if growing:
+                step = min(1.0, rule.slow_start / 20)  # (the weights move in 5 % steps at most)
+                until = self.monotonic() + step
             addresses = weighted(
                 [
-                    ((ip, p if p is not None else port), weights.get((ip, p), 128))
+                    (
+                        (ip, p if p is not None else port),
+                        _grown(weights.get((ip, p), DEFAULT_WEIGHT), growing.get((ip, p))),
+                    )
                     for ip, p in endpoints
                 ]
             )
-            cached = _ProducerAddresses(endpoints, rule, addresses)
+            cached = _ProducerAddresses(endpoints, rule, addresses, until=until)
             self._addresses[frontend] = cached
         return cached.addresses
+
+    def _slow_start(
+        self, frontend: str, rule: _ProducerRule, healthy: tuple[EndpointKey, ...]
+    ) -> dict[EndpointKey, float]:
+        """Slow start (SPEC §9, Envoy's with aggression 1): each endpoint
+        that joined the HEALTHY set since the last look (turned HEALTHY, was
+        added, returned from ejection) grows from ``slowStartMinWeightPercent``
+        of its weight along ``t / slowStartSec``. The factor of each one
+        still growing; the first look starts nobody (serve's start, a new rule)."""
+        now = self.monotonic()
+        now_set = set(healthy)
+        since = self._since.setdefault(frontend, {})
+        before = self._healthy_before.get(frontend)
+        self._healthy_before[frontend] = now_set
+        if before is not None:
+            for key in now_set - before:
+                since[key] = now
+        out: dict[EndpointKey, float] = {}
+        for key, t0 in list(since.items()):
+            elapsed = now - t0
+            if key not in now_set or elapsed >= rule.slow_start:
+                del since[key]
+            else:
+                out[key] = max(rule.slow_start_min, elapsed / rule.slow_start)
+        return out
 
     def all_rule_endpoints(self, rule: str) -> list[Address]:
         fr = self.resources.get(ResourcePath.parse(rule))
@@ -543,6 +622,13 @@ class UpstreamChoice:
 
 DEFAULT_WEIGHT = 128
 MOST_SLOTS = 4096  # a weighted rotation is at most this long (weights scaled down)
+
+
+def _grown(weight: int, factor: float | None) -> int:
+    """An endpoint's weight during its slow start (``factor`` None: none)."""
+    if factor is None or weight <= 0:
+        return weight
+    return max(1, round(weight * factor))
 
 
 def endpoint_weights(

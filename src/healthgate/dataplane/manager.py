@@ -462,7 +462,9 @@ class DataPlane:
     def routes_changed(self, frontends: list[str]) -> None:
         """Called with the front ends whose route just changed. With
         ``drain_on_failover``, their open TCP connections to a region that is
-        no longer routed to are closed; by default they are kept."""
+        no longer routed to are closed; by default they are kept. (Called
+        on every change of health: slow start notes who joined, too.)"""
+        self.choice.observe_health()
         if not self.settings.drain_on_failover:
             return
         for frontend in frontends:

@@ -404,8 +404,7 @@ async def run_worker(index: int) -> None:
                 view.endpoints = m.endpoints
                 view.generation += 1
                 changed = [f for f, r in m.routes.items() if before.get(f) != r]
-                if changed:
-                    dp.routes_changed(changed)
+                dp.routes_changed(changed)  # (with none: slow start's look at who joined)
     finally:
         reporter.cancel()
         await asyncio.gather(reporter, return_exceptions=True)

@@ -324,6 +324,10 @@ class BackendService(Resource):
     session_affinity: Literal["NONE", "CLIENT_IP", "GENERATED_COOKIE", "HEADER_FIELD"] = "NONE"
     affinity_cookie_ttl_sec: int = Field(0, ge=0, le=1_209_600)  # 0: a session cookie
     affinity_header: str | None = Field(None, min_length=1, max_length=64)
+    # SPEC §9 slow start (producer only): an endpoint that joins the HEALTHY
+    # set grows from this percent of its weight over slowStartSec (0: off)
+    slow_start_sec: int = Field(0, ge=0, le=3600)
+    slow_start_min_weight_percent: int = Field(10, ge=1, le=100)
 
     SCOPES = frozenset({"regional", "global"})
     REFS = (
@@ -364,6 +368,11 @@ class BackendService(Resource):
                 raise ValueError(
                     "healthChecks: a global backend service of PSC NEGs takes its health "
                     "from the producers' composite health checks, not from a health check"
+                )
+            if self.slow_start_sec:
+                raise ValueError(
+                    "slowStartSec: endpoints start slowly on a regional (producer) backend "
+                    "service; a global one's backends are regions (see failbackRampSec)"
                 )
             if self.outlier_detection is not None:
                 raise ValueError(
