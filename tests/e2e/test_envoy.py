@@ -16,7 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from healthgate.integrations.xds import bootstrap
+from healthgate.integrations.xds import bootstrap, envoy_hash_policy
+from healthgate.model.resources import BackendService
+from healthgate.model.validation import parse_resource
 from tests.e2e.harness import break_and_time, region_at
 from tests.e2e.test_failover import Stack
 from tests.integration.serve_proc import wait_for
@@ -185,3 +187,54 @@ def test_envoy_ejects_a_region_that_fails_its_real_requests(tmp_path: Path) -> N
         us = [h for h in hosts if h.get("locality", {}).get("zone") == "shop-us"]
         assert us and us[0]["health_status"].get("failed_outlier_check") is True, us
         assert st.neg_state("us-east1") == "HEALTHY"  # healthgate's probes still pass
+
+
+def test_envoy_keeps_a_cookie_client_in_its_region(tmp_path: Path) -> None:
+    """SPEC §9 in Envoy: a consumer backend service with GENERATED_COOKIE
+    affinity and a 70/30 dial becomes a MAGLEV cluster whose regions weigh
+    their shares; the route's hash policy (envoy_hash_policy) hashes Envoy's
+    own HG_AFFINITY cookie. Each cookie client stays in one region; the
+    clients split about 70/30; when its region fails a client moves."""
+    xds_port = free_port()
+    with Stack(tmp_path, "--xds", f"127.0.0.1:{xds_port}") as st:
+        world = st.world()
+        for d in world:
+            if d["kind"] == "BackendService" and d["project"] == "web":
+                d["sessionAffinity"] = "GENERATED_COOKIE"
+                d["affinityCookieTtlSec"] = 600
+                d["backends"][0]["trafficDial"] = 70
+                bs, _ = parse_resource(d)
+        st.apply(world)
+        assert isinstance(bs, BackendService)
+        policy = envoy_hash_policy(bs)
+        envoy = Envoy(tmp_path, xds_port)
+        envoy.cfg.write_text(
+            json.dumps(bootstrap(xds_port, envoy.port, envoy.admin, CLUSTER, policy))
+        )
+        with envoy:
+            wait_for(lambda: envoy.region_served() is not None, 20, what="Envoy routes via ADS")
+            url = f"http://127.0.0.1:{envoy.port}/"
+            regions = []
+            for _ in range(120):
+                with httpx.Client(timeout=5) as client:
+                    first = client.get(url)
+                    assert "HG_AFFINITY=" in first.headers.get("set-cookie", ""), first.headers
+                    seen = {client.get(url).text.split()[0] for _ in range(5)}
+                    assert len(seen) == 1, seen  # one region per client
+                    regions.append(next(iter(seen)))
+            us = regions.count("region=us-east1") / len(regions)
+            print(f"\nEnvoy, cookie clients at 70/30: {us:.0%} in us-east1")
+            assert 0.5 <= us <= 0.9, us  # (120 clients, Maglev's table: roughly the dial)
+            # us-east1 fails: its client, cookie and all, moves to europe-west1
+            with httpx.Client(timeout=5) as client:
+                for _ in range(50):  # (until a client of us-east1's: 70 % each time)
+                    if client.get(url).text.split()[0] == "region=us-east1":
+                        break
+                    client.cookies.clear()
+                else:
+                    raise AssertionError("no client of us-east1 in 50 tries")
+                st.backends.set_mode("us-east1", "refuse")
+                wait_for(
+                    lambda: envoy.endpoints().get("shop-us") == "UNHEALTHY", 15, what="us down"
+                )
+                assert client.get(url).text.split()[0] == "region=europe-west1"

@@ -226,3 +226,37 @@ def test_haproxy_marks_a_region_down_on_its_real_traffic(tmp_path: Path) -> None
             assert st.neg_state("us-east1") == "HEALTHY"  # healthgate's own checks still pass
             st.backends.backends.gray("us-east1", 0, probe_source)
             wait_for(lambda: hp.servers()["shop-us"] == "UP", 10, what="shop-us back UP")
+
+
+@pytest.mark.parametrize("affinity", ["GENERATED_COOKIE", "CLIENT_IP"])
+def test_haproxy_keeps_a_client_in_its_region(tmp_path: Path, affinity: str) -> None:
+    """SPEC §9 exported: at a 70/30 dial, a cookie client (HAProxy's own
+    inserted HG_AFFINITY) or a client address (balance source, consistent
+    hash) stays in one region; clients spread about by the dial."""
+    agent_port = free_port()
+    with Stack(tmp_path, "--agent", f"127.0.0.1:{agent_port}") as st:
+        url = "/v1/projects/web/global/backendServices/shop"
+        body = {k: v for k, v in st.api.get(url).json().items() if k != "status"}
+        body["backends"][0]["trafficDial"] = 70
+        body["sessionAffinity"] = affinity
+        assert st.api.put(url, json=body).is_success
+        rule = f"/v1/projects/web/global/forwardingRules/{FRONT}"
+        wait_for(lambda: len(st.api.get(rule).json()["status"]["route"]["shares"]) == 2, 10,
+                 what="the split")  # fmt: skip
+        section = st.api.get(f"{rule}/haproxy").text
+        assert ("cookie HG_AFFINITY insert" in section) == (affinity == "GENERATED_COOKIE")
+        assert ("balance source" in section) == (affinity == "CLIENT_IP")
+        with HAProxy(tmp_path, section) as hp:
+            wait_for(lambda: hp.servers() == {"shop-us": "UP", "shop-eu": "UP"}, 10, what="UP")
+            front = f"http://127.0.0.1:{hp.port}/"
+            regions = []
+            for i in range(1, 81):
+                source = f"127.0.6.{i}" if affinity == "CLIENT_IP" else "127.0.0.1"
+                transport = httpx.HTTPTransport(local_address=source)
+                with httpx.Client(transport=transport, timeout=5) as client:
+                    seen = {client.get(front).text.split()[0] for _ in range(5)}
+                assert len(seen) == 1, (i, seen)
+                regions.append(next(iter(seen)))
+            us = regions.count("region=us-east1") / len(regions)
+            print(f"\nHAProxy, {affinity} clients at 70/30: {us:.0%} in us-east1")
+            assert set(regions) == {"region=us-east1", "region=europe-west1"}, regions

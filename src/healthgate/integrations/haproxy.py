@@ -24,6 +24,16 @@ every ``baseEjectionTimeSec`` with ``rise 1`` - HAProxy marks the server
 down on its own real traffic, and takes it back at its next passing check.
 What HAProxy has not: failure percentages, ``maxEjectionPercent``, an
 ejection time that grows, ``enforcingPercent`` (docs/integrations.md).
+
+**Session affinity** (SPEC §9) of the consumer backend service:
+``CLIENT_IP`` is ``balance source`` and ``HEADER_FIELD`` ``balance
+hdr(NAME)``, both with ``hash-type consistent`` (weights - the agent's
+``up P%`` - shape the hash); ``GENERATED_COOKIE`` is HAProxy's own inserted
+cookie ``HG_AFFINITY`` naming the region's server (``maxlife`` from
+``affinityCookieTtlSec``), with ``option redispatch`` so a client whose
+region is down moves. HAProxy's cookie persists to any server that is up
+- a backup included - so a client that failed over stays there after
+failback, as ``stickyFailback`` does.
 """
 
 from __future__ import annotations
@@ -62,6 +72,17 @@ def haproxy_backend(
         f"backend {frontend.name}",
         f"    mode {mode}",
     ]
+    affinity = bs.session_affinity if isinstance(bs, BackendService) else "NONE"
+    if affinity == "CLIENT_IP":
+        lines += ["    balance source", "    hash-type consistent"]
+    elif affinity == "HEADER_FIELD" and isinstance(bs, BackendService):
+        lines += [f"    balance hdr({bs.affinity_header})", "    hash-type consistent"]
+    elif affinity == "GENERATED_COOKIE" and isinstance(bs, BackendService):
+        life = f" maxlife {bs.affinity_cookie_ttl_sec}s" if bs.affinity_cookie_ttl_sec else ""
+        lines += [
+            f"    cookie HG_AFFINITY insert indirect nocache httponly{life}",
+            "    option redispatch",
+        ]
     servers = 0
     route = engine.route_table().routes.get(str(frontend))
     shares = {s.neg for s in route.shares} if route is not None and route.split else set()
@@ -80,6 +101,7 @@ def haproxy_backend(
             f"    server {candidate.name} {host}:{port}{backup} weight 100 agent-check "
             f"agent-addr {agent_host} agent-port {agent_port} agent-inter {agent_inter} "
             f'agent-send "{neg.project}/{neg.region}/{neg.name}\\n"'
+            + (f" cookie {candidate.name}" if affinity == "GENERATED_COOKIE" else "")
             + _observe(resources, attachment, mode)
         )
         servers += 1

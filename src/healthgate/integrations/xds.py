@@ -165,10 +165,13 @@ def _snapshot(
         if name in clusters:
             continue  # (two front ends of one service: one cluster)
         outliers = _outliers_behind(engine, resources, str(path))
-        clusters[name] = _cluster(name, outliers).SerializeToString(deterministic=True)
-        assignments[name] = _assignment(engine, resources, str(path), name).SerializeToString(
-            deterministic=True
-        )
+        bs = resources[bs_path]
+        assert isinstance(bs, BackendService)
+        affine = bs.session_affinity != "NONE"
+        clusters[name] = _cluster(name, outliers, affine).SerializeToString(deterministic=True)
+        assignments[name] = _assignment(
+            engine, resources, str(path), name, affine
+        ).SerializeToString(deterministic=True)
     return Snapshot(clusters, assignments)
 
 
@@ -214,12 +217,16 @@ def envoy_outlier_detection(od: OutlierDetection) -> outlier_detection_pb2.Outli
     )
 
 
-def _cluster(name: str, outliers: OutlierDetection | None = None) -> cluster_pb2.Cluster:
+def _cluster(
+    name: str, outliers: OutlierDetection | None = None, affine: bool = False
+) -> cluster_pb2.Cluster:
     cluster = cluster_pb2.Cluster(
         name=name,
         type=cluster_pb2.Cluster.EDS,
         connect_timeout=duration_pb2.Duration(seconds=1),
-        lb_policy=cluster_pb2.Cluster.ROUND_ROBIN,
+        # session affinity (SPEC §9): a consistent hash of the route's
+        # hash_policy (envoy_hash_policy) over the regions, by their weights
+        lb_policy=cluster_pb2.Cluster.MAGLEV if affine else cluster_pb2.Cluster.ROUND_ROBIN,
     )
     cluster.eds_cluster_config.eds_config.CopyFrom(
         config_source_pb2.ConfigSource(
@@ -228,15 +235,19 @@ def _cluster(name: str, outliers: OutlierDetection | None = None) -> cluster_pb2
         )
     )
     cluster.common_lb_config.healthy_panic_threshold.CopyFrom(percent_pb2.Percent(value=0.0))
-    # localities weighted (a split route's shares); each carries a weight
-    cluster.common_lb_config.locality_weighted_lb_config.SetInParent()
+    if not affine:  # localities weighted (a split route's shares); each carries a weight
+        cluster.common_lb_config.locality_weighted_lb_config.SetInParent()
     if outliers is not None:
         cluster.outlier_detection.CopyFrom(envoy_outlier_detection(outliers))
     return cluster
 
 
 def _assignment(
-    engine: HealthEngine, resources: Mapping[ResourcePath, Resource], frontend: str, name: str
+    engine: HealthEngine,
+    resources: Mapping[ResourcePath, Resource],
+    frontend: str,
+    name: str,
+    affine: bool = False,
 ) -> endpoint_pb2.ClusterLoadAssignment:
     cla = endpoint_pb2.ClusterLoadAssignment(cluster_name=name)
     cla.policy.overprovisioning_factor.CopyFrom(wrappers_pb2.UInt32Value(value=100))
@@ -263,6 +274,8 @@ def _assignment(
             address_pb2.SocketAddress(address=ip, port_value=port)
         )
         weight = weights.get(candidate.path)
+        if affine and weight:  # (Maglev weighs hosts, not localities)
+            endpoint.load_balancing_weight.CopyFrom(wrappers_pb2.UInt32Value(value=weight))
         locality = endpoint_components_pb2.LocalityLbEndpoints(
             priority=0 if weight else priority,
             load_balancing_weight=wrappers_pb2.UInt32Value(value=weight or 1),
@@ -470,10 +483,37 @@ class XdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ignor
         return out
 
 
-def bootstrap(xds_port: int, listen_port: int, admin_port: int, cluster: str) -> dict[str, object]:
+def envoy_hash_policy(bs: BackendService) -> list[dict[str, object]]:
+    """The route ``hash_policy`` matching a consumer backend service's
+    session affinity (SPEC §9), for the Envoy route that sends to its
+    cluster (the cluster itself is MAGLEV then): Envoy's own generated
+    cookie ``HG_AFFINITY`` (Envoy signs nothing: see docs/integrations.md),
+    a header, or the source address. Empty without affinity."""
+    mode = bs.session_affinity
+    if mode == "GENERATED_COOKIE":
+        return [{"cookie": {"name": "HG_AFFINITY", "ttl": f"{bs.affinity_cookie_ttl_sec}s",
+                            "path": "/"}}]  # fmt: skip
+    if mode == "HEADER_FIELD":
+        return [{"header": {"header_name": bs.affinity_header}}]
+    if mode == "CLIENT_IP":
+        return [{"connection_properties": {"source_ip": True}}]
+    return []
+
+
+def bootstrap(
+    xds_port: int,
+    listen_port: int,
+    admin_port: int,
+    cluster: str,
+    hash_policy: list[dict[str, object]] | None = None,
+) -> dict[str, object]:
     """An Envoy bootstrap that knows nothing of the service but healthgate's
     ADS address and a listener routing everything to ``cluster`` (what the
-    demo, the tests and docs/integrations.md use)."""
+    demo, the tests and docs/integrations.md use); ``hash_policy`` on that
+    route for session affinity (:func:`envoy_hash_policy`)."""
+    route: dict[str, object] = {"cluster": cluster}
+    if hash_policy:
+        route["hash_policy"] = hash_policy
     hcm = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
     return {
         "node": {"id": "test-envoy", "cluster": "test"},
@@ -545,7 +585,7 @@ def bootstrap(xds_port: int, listen_port: int, admin_port: int, cluster: str) ->
                                                     "routes": [
                                                         {
                                                             "match": {"prefix": "/"},
-                                                            "route": {"cluster": cluster},
+                                                            "route": route,
                                                         }
                                                     ],
                                                 }
