@@ -525,7 +525,7 @@ static int proxy_shaped(Proxy *self) {
 
 /* HttpProxy._fast with a first-try chooser: 1 sent, 0 the general path, -1 error */
 static int proxy_fast(Proxy *self, PyObject *data, int head_only) {
-    PyObject *choice = PyObject_CallNoArgs(self->first);
+    PyObject *choice = PyObject_CallOneArg(self->first, data); /* (the request: affinity) */
     if (choice == NULL) return -1;
     if (choice == Py_None) {
         Py_DECREF(choice);
@@ -533,7 +533,7 @@ static int proxy_fast(Proxy *self, PyObject *data, int head_only) {
     }
     if (!PyTuple_Check(choice) || PyTuple_GET_SIZE(choice) != 2) {
         Py_DECREF(choice);
-        PyErr_SetString(PyExc_TypeError, "first() must give (address, region) or None");
+        PyErr_SetString(PyExc_TypeError, "first(data) must give (address, region) or None");
         return -1;
     }
     if (!PyBytes_Check(self->xff)) { /* (the chooser's code ran since proxy_shaped) */

@@ -10,6 +10,7 @@ HEADER_FIELD keep a client by its address or by a header."""
 
 from __future__ import annotations
 
+import http.client
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.e2e.test_shares import BS, Stack
+from tests.e2e.test_shares import BS, FRONT, Stack
 from tests.integration.serve_proc import wait_for
 
 CLIENTS = 300
@@ -94,6 +95,40 @@ def test_cookie_clients_keep_their_region_through_dials_and_failover(stack: Sess
         print(f"70 -> 60: {len(moved)} of {CLIENTS} clients moved")
         assert all(a == "us-east1" for a, _ in moved), moved
         assert len(moved) <= 0.12 * CLIENTS + 10, len(moved)
+
+        # a returning client's request takes the fast path (C when built):
+        # its cookie is read there, verified once and remembered
+        def fast() -> int:
+            listener = stack.api.get(FRONT).json()["status"]["listener"]
+            return int(listener.get("fast_path", 0))
+
+        before = fast()
+        port = int(stack.front.rsplit(":", 1)[1].strip("/"))
+        for client, region in zip(clients[:20], at_60[:20], strict=True):
+            # (http.client: no Connection header, which keeps httpx's off the fast path)
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            try:
+                for _ in range(5):
+                    cookie = f"HG_AFFINITY={client.cookies['HG_AFFINITY']}"
+                    conn.request("GET", "/", headers={"Cookie": cookie})
+                    resp = conn.getresponse()
+                    assert resp.read().decode().split()[0] == f"region={region}"
+                    assert resp.getheader("Set-Cookie") is None
+            finally:
+                conn.close()
+        # (of 100: a try finding no pooled connection takes the general path)
+        assert fast() - before >= 70, fast() - before
+        # ... and a forged one there is not ours: a new cookie, by the general path
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        try:
+            value = clients[0].cookies["HG_AFFINITY"]
+            forged = value[:-1] + ("A" if value[-1] != "A" else "B")  # (its mac's last digit)
+            conn.request("GET", "/", headers={"Cookie": f"HG_AFFINITY={forged}"})
+            resp = conn.getresponse()
+            resp.read()
+            assert resp.status == 200 and "HG_AFFINITY=" in (resp.getheader("Set-Cookie") or "")
+        finally:
+            conn.close()
         # us-east1 fails: only its clients move; europe-west1's stay put
         stack.backends.set_mode("us-east1", "refuse")
         wait_for(lambda: stack.shares() == {"europe-west1": 100.0}, 20, what="failed over")
@@ -260,7 +295,7 @@ def test_a_recovered_endpoint_starts_slowly(stack: Sessions) -> None:
     bs = stack.api.get(bs_path).json()
     for key in ("selfLink", "creationTimestamp", "updateTimestamp", "status"):
         bs.pop(key, None)
-    bs["slowStartSec"] = 8
+    bs["slowStartSec"] = 10
     assert stack.api.put(bs_path, json=bs).is_success
     rule = next(
         d
@@ -279,13 +314,14 @@ def test_a_recovered_endpoint_starts_slowly(stack: Sessions) -> None:
                 hits += "endpoint=127.0.1.1" in client.get(producer).text
         return hits / n
 
+    wait_for(lambda: healthy() == 4, 20, what="every endpoint HEALTHY first")
     stack.backends.set_mode("us-east1", "refuse", 1)  # (127.0.1.1)
     wait_for(lambda: healthy() == 3, 20, what="127.0.1.1 UNHEALTHY")
     stack.backends.set_mode("us-east1", "ok", 1)
     wait_for(lambda: healthy() == 4, 20, what="127.0.1.1 HEALTHY again")
-    early = share(120)  # (its first 1-2 s: 10-25 % of its weight)
-    time.sleep(8)  # (the slow start's own length: what the test measures is after it)
+    early = share(120)  # (its first seconds: 10-30 % of its weight, 3-9 % of connections)
+    time.sleep(10)  # (the slow start's own length: what the test measures is after it)
     late = share(200)
     print(f"\nslow start: {early:.1%} of new connections at first, {late:.1%} after")
-    assert early <= 0.12, early  # (an equal share would be 25 %)
+    assert early <= 0.15, early  # (an equal share would be 25 %: 120 draws, sd 4 points)
     assert 0.15 <= late <= 0.35, late

@@ -34,7 +34,7 @@ async def l7(
 ) -> asyncio.Server:
     groups = [[u] for u in upstreams]
     pool = UpstreamPool(HttpSettings(**kw))
-    first = (lambda: (groups[0][0], groups[0])) if fast else None
+    first = (lambda _data: (groups[0][0], groups[0])) if fast else None
     return await asyncio.get_running_loop().create_server(
         lambda: HttpProxy(lambda: groups, pool, pool.settings, counters, first=first),
         "127.0.0.1",

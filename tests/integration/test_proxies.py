@@ -654,7 +654,7 @@ def test_http_a_fast_try_that_hangs_skips_its_region_where_the_route_has_moved_i
                     pool,
                     pool.settings,
                     ListenerCounters(stats),
-                    first=lambda: (region_a[0], region_a),
+                    first=lambda _data: (region_a[0], region_a),
                 ),
                 "127.0.0.1",
                 0,

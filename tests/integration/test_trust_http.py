@@ -66,7 +66,7 @@ class Front:
         self.server: asyncio.Server | None = None
         self.proxies: list[HttpProxy] = []
 
-    def _first(self) -> tuple[Address, list[Address]] | None:
+    def _first(self, _data: bytes) -> tuple[Address, list[Address]] | None:
         region = next((r for r in self.regions if r), None)
         return None if region is None else (region[0], region)
 

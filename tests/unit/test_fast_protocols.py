@@ -88,7 +88,7 @@ class Stack:
         self.client = Transport()
         self.proxy.connection_made(self.client)  # type: ignore[arg-type]
 
-    def first_try(self) -> tuple[tuple[str, int], list[tuple[str, int]]]:
+    def first_try(self, _data: bytes) -> tuple[tuple[str, int], list[tuple[str, int]]]:
         self.tries += 1
         return self.region[0], self.region
 
@@ -169,7 +169,7 @@ def test_without_a_first_try_chooser_the_route_is_asked(stack: Stack) -> None:
 
 
 def test_a_chooser_that_raises_raises_from_data_received(stack: Stack) -> None:
-    def broken() -> None:
+    def broken(_data: bytes) -> None:
         raise RuntimeError("chooser broke")
 
     stack.proxy.first = broken
@@ -214,7 +214,7 @@ def test_a_chooser_that_breaks_the_proxy_gets_an_error_not_a_crash(stack: Stack)
     """The chooser is Python, called from the middle of the C first try:
     whatever it does to the proxy, the C must not read a field blindly."""
 
-    def chooser() -> tuple[tuple[str, int], list[tuple[str, int]]]:
+    def chooser(_data: bytes) -> tuple[tuple[str, int], list[tuple[str, int]]]:
         stack.proxy._xff = "not bytes"  # type: ignore[assignment]
         return ADDRESS, stack.region
 

@@ -33,6 +33,9 @@ from enum import StrEnum
 from typing import NamedTuple, Protocol
 
 from healthgate.dataplane.affinity import (
+    COOKIE_B,
+    MAX_COOKIE,
+    Cookie,
     CookieSigner,
     cookie_value,
     key_of,
@@ -120,6 +123,7 @@ class Affinity(NamedTuple):
 
 
 NO_AFFINITY = "NONE"
+_COOKIE_END = frozenset(b"; \r\n\t,")
 
 
 class _FirstTries(NamedTuple):
@@ -133,6 +137,30 @@ class _FirstTries(NamedTuple):
     cumulative: tuple[float, ...] = ()
     affine: bool = False  # session affinity: each request takes the general path
     until: float = 0.0  # slow start: valid until this monotonic time (0: no end)
+    # GENERATED_COOKIE without a region served here with affinity: a request
+    # carrying a valid cookie takes the fast path (:meth:`UpstreamChoice._cookie_first`),
+    # with its regions' tags as the cookie names them, and the shares' weights
+    cookie: Affinity | None = None
+    tags: tuple[str, ...] = ()
+    weights: tuple[float, ...] = ()
+    raw_tags: tuple[int, ...] = ()
+    keep: frozenset[int] = frozenset()
+
+
+class _Verified:
+    """A cookie value that verified once: its client's key, and the region
+    it was last assigned per plan (so a returning client costs a dict read)."""
+
+    __slots__ = ("cookie", "key", "plan", "region")
+
+    def __init__(self, cookie: Cookie, key: int) -> None:
+        self.cookie = cookie
+        self.key = key
+        self.plan: object = None
+        self.region = 0
+
+
+MAX_VERIFIED = 65_536  # cookie values remembered as verified (then forgotten at once)
 
 
 class HealthView(Protocol):
@@ -173,6 +201,7 @@ class UpstreamChoice:
         self.propagation = [0] * (len(PROPAGATION_BUCKETS) + 1)
         self.propagation_sum = 0.0
         self._affinity: dict[str, Affinity] = {}
+        self._verified: dict[bytes, _Verified] = {}  # cookie values that verified
         # slow start: when each endpoint joined a rule's HEALTHY set, and that set
         self._since: dict[str, dict[EndpointKey, float]] = {}
         self._healthy_before: dict[str, set[EndpointKey]] = {}
@@ -202,7 +231,9 @@ class UpstreamChoice:
             for i, (rule, address) in enumerate(self.pick(frontend))
         ]
 
-    def first_try(self, frontend: str, consumer: bool) -> tuple[Address, list[Address]] | None:
+    def first_try(
+        self, frontend: str, consumer: bool, data: bytes = b""
+    ) -> tuple[Address, list[Address]] | None:
         """The first try of a request alone (the HTTP fast path's): the first
         address that :meth:`consumer_upstream_groups` (or, for a producer
         rule, :meth:`producer_upstreams`) would give, with the same round
@@ -210,7 +241,9 @@ class UpstreamChoice:
         that region hangs). The candidates are derived once per engine generation and
         resource change; a request then costs a dict read and a modulo. The
         first request after a route change, which rebuilds them, observes the
-        route's propagation."""
+        route's propagation. ``data``: the request (a front end with cookie
+        affinity reads the cookie there; None sends the request to the
+        general path)."""
         plan = self._plans.get(frontend)
         if (
             plan is None
@@ -219,10 +252,15 @@ class UpstreamChoice:
             or (plan.until and self.monotonic() >= plan.until)
         ):
             plan = self._plan(frontend, consumer)
-        if plan.affine:
-            return None
         addresses, turns = plan.addresses, plan.turns
-        if plan.cumulative:  # (a split route: the region is drawn by share)
+        if plan.affine:
+            if plan.cookie is None:
+                return None
+            i = self._cookie_first(plan, data)
+            if i < 0:
+                return None
+            addresses, turns = plan.regions[i]
+        elif plan.cumulative:  # (a split route: the region is drawn by share)
             cumulative = plan.cumulative
             i = bisect.bisect_right(cumulative, random.random() * cumulative[-1])
             addresses, turns = plan.regions[i]
@@ -252,6 +290,20 @@ class UpstreamChoice:
                 addresses, turns = regions[0]
                 cumulative = route.cumulative
         affine = consumer and self.affine(frontend)
+        cookie: Affinity | None = None
+        tags: tuple[str, ...] = ()
+        raw: tuple[int, ...] = ()
+        weights: tuple[float, ...] = ()
+        keep: frozenset[int] = frozenset()
+        if affine:
+            aff = self.affinity(frontend)
+            route = self._route_targets(frontend)
+            if aff.mode == "GENERATED_COOKIE" and not route.local_affinity and regions:
+                cookie = aff
+                raw = route.tags[: len(regions)]
+                tags = tuple(target_text(t) for t in raw)
+                weights = route.weights
+                keep = route.keep
         untils = [
             c.until
             for rule in ([frontend] if not consumer else [t for _, t in regions if t])
@@ -266,9 +318,64 @@ class UpstreamChoice:
             cumulative,
             affine,
             min(untils, default=0.0),
+            cookie,
+            tags,
+            weights,
+            raw,
+            keep,
         )
         self._plans[frontend] = plan
         return plan
+
+    def _cookie_first(self, plan: _FirstTries, data: bytes) -> int:
+        """The fast path of a request with a valid ``HG_AFFINITY`` cookie:
+        the index of its region among the plan's (-1: the general path -
+        no cookie, one that does not verify or has expired, or one that
+        must be issued again because the client's region changed). A value
+        is verified once and remembered (a bounded table)."""
+        at = data.find(COOKIE_B)
+        if at < 0:
+            return -1
+        start = at + len(COOKIE_B)
+        end = start
+        limit = min(len(data), start + MAX_COOKIE + 1)
+        while end < limit and data[end] not in _COOKIE_END:
+            end += 1
+        value = data[start:end]
+        entry = self._verified.get(value)
+        aff = plan.cookie
+        assert aff is not None
+        if entry is None:
+            try:
+                text = value.decode("ascii")
+            except UnicodeDecodeError:
+                return -1
+            cookie = self.signer.read(text, self.clock(), 0)
+            if cookie is None:
+                return -1
+            if len(self._verified) >= MAX_VERIFIED:
+                self._verified.clear()
+            entry = self._verified[value] = _Verified(cookie, key_of(cookie.client.encode()))
+        if aff.ttl and self.clock() - entry.cookie.issued > aff.ttl:
+            return -1
+        if entry.plan is not plan:
+            entry.plan = plan
+            i = -1
+            target = entry.cookie.target
+            if aff.sticky and target in plan.tags:
+                j = plan.tags.index(target)
+                if plan.raw_tags[j] in plan.keep:
+                    i = j
+            if i < 0:
+                i = (
+                    max(0, rendezvous(entry.key, plan.raw_tags, plan.weights))
+                    if plan.weights
+                    else 0
+                )
+            entry.region = i
+        i = entry.region
+        # (a cookie naming another region than the client's: issued again, by the general path)
+        return i if plan.tags[i] == entry.cookie.target else -1
 
     def _region(self, rule: str | None, address: Address, n: int) -> list[Address]:
         """Up to ``n`` candidates in one region of a route: endpoints of its
@@ -535,8 +642,15 @@ class UpstreamChoice:
         start note which endpoints joined their HEALTHY set now (so an
         endpoint's start is when it joined, not its first request after)."""
         for frontend in self.serving:
-            if self._rule(frontend).slow_start:
-                self._producer_addresses(frontend)
+            rule = self._rule(frontend)
+            if not rule.slow_start or rule.backend_service is None:
+                continue
+            healthy = self.engine.healthy_endpoints(rule.backend_service)
+            if self._slow_start(frontend, rule, healthy):
+                cached = self._addresses.get(frontend)
+                if cached is not None and not cached.until:  # (rebuilt, growing, when next read)
+                    del self._addresses[frontend]
+                    self._plans.pop(frontend, None)
 
     def _producer_addresses(self, frontend: str) -> list[Address]:
         """The addresses of a producer rule's HEALTHY endpoints (of all of

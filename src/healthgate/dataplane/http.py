@@ -167,7 +167,7 @@ class HttpProxy(_FastEntry):
         counters: ListenerCounters,
         on_route_used: Callable[[], None] | None = None,
         active: dict[Address, int] | None = None,
-        first: Callable[[], tuple[Address, Sequence[Address]] | None] | None = None,
+        first: Callable[[bytes], tuple[Address, Sequence[Address]] | None] | None = None,
         guard: ConnectionGuard | None = None,
         budget: RetryBudget | None = None,
         affine: Affine | None = None,
@@ -523,10 +523,10 @@ class HttpProxy(_FastEntry):
         """Make the first try of a plain request; False when it must take the
         general path instead (no route, or no pooled connection yet)."""
         groups: Sequence[Sequence[Address]] | None = None
-        if self.affine is not None and self.affine.on():
+        if self.first is None and self.affine is not None and self.affine.on():
             return False  # (the client's region depends on its request: the general path)
         if self.first is not None:  # (which observes the route's use itself)
-            choice = self.first()
+            choice = self.first(data)
             if choice is None:
                 return False
             address, region = choice

@@ -400,7 +400,7 @@ class DataPlane:
                 def groups() -> list[list[Address]]:
                     return [choice.producer_upstreams(path)]
 
-            first: Callable[[], tuple[Address, list[Address]] | None] | None = None
+            first: Callable[[bytes], tuple[Address, list[Address]] | None] | None = None
             if (
                 s.balance is Balance.ROUND_ROBIN
             ):  # (least-connections looks at every request's load; a partial: no Python frame)
