@@ -104,16 +104,16 @@ def test_cookie_clients_keep_their_region_through_dials_and_failover(stack: Sess
 
         before = fast()
         port = int(stack.front.rsplit(":", 1)[1].strip("/"))
-        for client, region in zip(clients[:20], at_60[:20], strict=True):
+        for browser, region in zip(clients[:20], at_60[:20], strict=True):
             # (http.client: no Connection header, which keeps httpx's off the fast path)
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
             try:
                 for _ in range(5):
-                    cookie = f"HG_AFFINITY={client.cookies['HG_AFFINITY']}"
+                    cookie = f"HG_AFFINITY={browser.cookies['HG_AFFINITY']}"
                     conn.request("GET", "/", headers={"Cookie": cookie})
-                    resp = conn.getresponse()
-                    assert resp.read().decode().split()[0] == f"region={region}"
-                    assert resp.getheader("Set-Cookie") is None
+                    answer = conn.getresponse()
+                    assert answer.read().decode().split()[0] == f"region={region}"
+                    assert answer.getheader("Set-Cookie") is None
             finally:
                 conn.close()
         # (of 100: a try finding no pooled connection takes the general path)
@@ -124,9 +124,10 @@ def test_cookie_clients_keep_their_region_through_dials_and_failover(stack: Sess
             value = clients[0].cookies["HG_AFFINITY"]
             forged = value[:-1] + ("A" if value[-1] != "A" else "B")  # (its mac's last digit)
             conn.request("GET", "/", headers={"Cookie": f"HG_AFFINITY={forged}"})
-            resp = conn.getresponse()
-            resp.read()
-            assert resp.status == 200 and "HG_AFFINITY=" in (resp.getheader("Set-Cookie") or "")
+            answer = conn.getresponse()
+            answer.read()
+            assert answer.status == 200
+            assert "HG_AFFINITY=" in (answer.getheader("Set-Cookie") or "")
         finally:
             conn.close()
         # us-east1 fails: only its clients move; europe-west1's stay put
