@@ -123,7 +123,6 @@ class Affinity(NamedTuple):
 
 
 NO_AFFINITY = "NONE"
-_COOKIE_END = frozenset(b"; \r\n\t,")
 
 
 class _FirstTries(NamedTuple):
@@ -327,6 +326,40 @@ class UpstreamChoice:
         self._plans[frontend] = plan
         return plan
 
+    def _cookie_client(
+        self, aff: Affinity, headers: Sequence[tuple[bytes, bytes]]
+    ) -> tuple[Cookie | None, str, int]:
+        """A request's valid cookie (None: absent, not ours, expired), its
+        client's id - a new one without a valid cookie - and its key."""
+        entry = None
+        for name, raw in headers:
+            if len(name) == 6 and name.lower() == b"cookie":
+                value = cookie_value(raw)
+                if value is not None:
+                    entry = self._verify(value.encode())
+                    break
+        if entry is not None and (not aff.ttl or self.clock() - entry.cookie.issued <= aff.ttl):
+            return entry.cookie, entry.cookie.client, entry.key
+        client = self.signer.new_client()
+        return None, client, key_of(client.encode())
+
+    def _verify(self, value: bytes) -> _Verified | None:
+        """A cookie value verified (once: remembered in a bounded table), or
+        None when it is not ours (its expiry is the caller's to check)."""
+        entry = self._verified.get(value)
+        if entry is None:
+            try:
+                text = value.decode("ascii")
+            except UnicodeDecodeError:
+                return None
+            cookie = self.signer.read(text, self.clock(), 0)
+            if cookie is None:
+                return None
+            if len(self._verified) >= MAX_VERIFIED:
+                self._verified.clear()
+            entry = self._verified[value] = _Verified(cookie, key_of(cookie.client.encode()))
+        return entry
+
     def _cookie_first(self, plan: _FirstTries, data: bytes) -> int:
         """The fast path of a request with a valid ``HG_AFFINITY`` cookie:
         the index of its region among the plan's (-1: the general path -
@@ -337,25 +370,18 @@ class UpstreamChoice:
         if at < 0:
             return -1
         start = at + len(COOKIE_B)
-        end = start
-        limit = min(len(data), start + MAX_COOKIE + 1)
-        while end < limit and data[end] not in _COOKIE_END:
-            end += 1
-        value = data[start:end]
-        entry = self._verified.get(value)
+        limit = start + MAX_COOKIE + 1
+        end = data.find(b"\r", start, limit)  # (the value ends its line, or at a ";")
+        semi = data.find(b";", start, limit)
+        if semi >= 0 and (end < 0 or semi < end):
+            end = semi
+        if end < 0:
+            return -1  # (longer than ours)
+        entry = self._verify(data[start:end].rstrip())
+        if entry is None:
+            return -1
         aff = plan.cookie
         assert aff is not None
-        if entry is None:
-            try:
-                text = value.decode("ascii")
-            except UnicodeDecodeError:
-                return -1
-            cookie = self.signer.read(text, self.clock(), 0)
-            if cookie is None:
-                return -1
-            if len(self._verified) >= MAX_VERIFIED:
-                self._verified.clear()
-            entry = self._verified[value] = _Verified(cookie, key_of(cookie.client.encode()))
         if aff.ttl and self.clock() - entry.cookie.issued > aff.ttl:
             return -1
         if entry.plan is not plan:
@@ -504,15 +530,9 @@ class UpstreamChoice:
         cookie = None
         client = ""
         if aff.mode == "GENERATED_COOKIE":
-            value = None
-            for name, raw in headers:
-                if len(name) == 6 and name.lower() == b"cookie":
-                    value = cookie_value(raw)
-                    if value is not None:
-                        break
-            cookie = self.signer.read(value, self.clock(), aff.ttl) if value else None
-            client = cookie.client if cookie is not None else self.signer.new_client()
-        key = _client_key(aff, client, client_ip, headers)
+            cookie, client, key = self._cookie_client(aff, headers)
+        else:
+            key = _client_key(aff, client, client_ip, headers)
         tags = route.tags
         i = -1
         if aff.sticky and cookie is not None and cookie.target != "-":
