@@ -9,7 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import ROOT
+
+# timed while a large apply runs: alone on the machine (tests/conftest.py)
+pytestmark = pytest.mark.serial
 
 
 def test_front_end_and_probes_keep_going_during_a_large_dry_run(tmp_path: Path) -> None:

@@ -28,6 +28,9 @@ from tests.integration.serve_proc import wait_for
 
 US, EU = "us-east1", "europe-west1"
 
+# timed to a fraction of a second: run alone on the machine (tests/conftest.py)
+pytestmark = pytest.mark.serial
+
 
 class GradualStack(Stack):
     def policy(self, **fields: Any) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import random
 import socket
 import ssl
 import struct
@@ -132,10 +134,37 @@ class Server:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port with nothing listening (connects are refused)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A port with nothing listening (connects are refused).
+
+    Under pytest-xdist (``make test`` runs two workers) each worker draws
+    from its own range below the kernel's ephemeral ports (32768+), never
+    twice the same: a port the kernel hands to one worker (port 0) may be
+    handed to the other before the first binds it, and a serve then exits
+    with "Address already in use"."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or not worker[2:].isdigit():
+        with socket.socket() as s:
+            s.bind((host, 0))
+            return int(s.getsockname()[1])
+    index = int(worker[2:]) % _WORKER_RANGES
+    low = _LOWEST + index * _RANGE
+    for _ in range(1000):
+        port = low + _random.randrange(_RANGE)
+        if port in _handed:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _handed.add(port)
+        return port
+    raise RuntimeError(f"no free port in {low}-{low + _RANGE - 1} for {worker}")
+
+
+_LOWEST, _RANGE, _WORKER_RANGES = 10_000, 5_000, 4  # (10,000-29,999: below 32,768)
+_handed: set[int] = set()
+_random = random.Random()
 
 
 class FullBacklog:

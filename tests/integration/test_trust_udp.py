@@ -125,6 +125,7 @@ def test_sessions_are_bounded_per_network() -> None:
     assert prefix_of("2001:db8:1:2:3::4") == "2001:db8:1:2::/64"
 
 
+@pytest.mark.serial  # (its idleness is timed: alone on the machine)
 def test_under_pressure_the_idlest_session_gives_way(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(guard_module, "SESSION_EVICT_IDLE", 60.0)
 
