@@ -53,11 +53,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# three workers for most of the suite (it waits on real clocks, not on a core),
+# two workers for most of the suite (it waits on real clocks, not on a core),
 # then the cluster, partition and closely timed tests alone (tests/conftest.py)
 SERIAL := cluster or partitions or serial
 unit: $(STAMP)
-	$(BIN)/pytest -q -n 3 --dist loadgroup -m "not ($(SERIAL))" --durations=15
+	$(BIN)/pytest -q -n 2 --dist loadgroup -m "not ($(SERIAL))" --durations=15
 	$(BIN)/pytest -q -m "$(SERIAL)" --durations=15
 
 # the pure engine and the store contract: seconds, for the edit-test loop

@@ -1,6 +1,6 @@
 """How ``make test`` runs the suite: in two parts.
 
-1. ``-n 3`` (pytest-xdist): everything but the families below, on three
+1. ``-n 2`` (pytest-xdist): everything but the families below, on two
    workers - most tests wait on real clocks (probes every second,
    thresholds), not on a core.
 2. Alone on the machine, one test at a time: ``-m "cluster or partitions

@@ -288,6 +288,7 @@ def test_every_worker_and_a_restarted_serve_honour_the_cookie(tmp_path: Path) ->
         s.close()
 
 
+@pytest.mark.serial  # (its share in its first seconds is timed: alone on the machine, tests/conftest.py)
 def test_a_recovered_endpoint_starts_slowly(stack: Sessions) -> None:
     """slowStartSec (SPEC §9): an endpoint that turns HEALTHY again takes a
     small part of its share of new connections at first, all of it once the

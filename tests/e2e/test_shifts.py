@@ -110,6 +110,7 @@ def test_traffic_moves_within_a_second_of_the_post_and_back_when_ended(stack: St
           "after the DELETE")  # fmt: skip
 
 
+@pytest.mark.serial  # (a shift's expiry is timed: alone on the machine, tests/conftest.py)
 def test_a_shift_runs_out_by_itself_and_a_restart_obeys_it_meanwhile(stack: Stack) -> None:
     with stack.api(CONSUMER) as api:
         name = shift(api, "web", "us-east1", name="maintenance").json()["name"]

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from healthgate.api.state import ApiSettings
 from healthgate.runtime.server import Server, ServeSettings
@@ -38,6 +39,7 @@ def test_a_slow_request_head_is_cut_off_and_the_api_keeps_answering(tmp_path: Pa
     assert data == b"" and took < 3, (data, took)
 
 
+@pytest.mark.serial  # (the stop is timed: alone on the machine, tests/conftest.py)
 def test_stopping_with_event_streams_open_ends_them_at_once(tmp_path: Path) -> None:
     async def go() -> tuple[float, str]:
         settings = ServeSettings(db=str(tmp_path / "hg.db"), listen="127.0.0.1:0")
