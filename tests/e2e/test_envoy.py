@@ -225,16 +225,21 @@ def test_envoy_keeps_a_cookie_client_in_its_region(tmp_path: Path) -> None:
             us = regions.count("region=us-east1") / len(regions)
             print(f"\nEnvoy, cookie clients at 70/30: {us:.0%} in us-east1")
             assert 0.5 <= us <= 0.9, us  # (120 clients, Maglev's table: roughly the dial)
-            # us-east1 fails: its client, cookie and all, moves to europe-west1
-            with httpx.Client(timeout=5) as client:
-                for _ in range(50):  # (until a client of us-east1's: 70 % each time)
-                    if client.get(url).text.split()[0] == "region=us-east1":
-                        break
-                    client.cookies.clear()
-                else:
-                    raise AssertionError("no client of us-east1 in 50 tries")
+            # us-east1 fails: its client, cookie and all, moves to europe-west1.
+            # (Envoy derives a new cookie from the downstream address and port: a
+            # fresh connection per try, until a client of us-east1's - 70 % each)
+            for _ in range(50):
+                client = httpx.Client(timeout=5)
+                if client.get(url).text.split()[0] == "region=us-east1":
+                    break
+                client.close()
+            else:
+                raise AssertionError("no client of us-east1 in 50 tries")
+            try:
                 st.backends.set_mode("us-east1", "refuse")
                 wait_for(
                     lambda: envoy.endpoints().get("shop-us") == "UNHEALTHY", 15, what="us down"
                 )
                 assert client.get(url).text.split()[0] == "region=europe-west1"
+            finally:
+                client.close()

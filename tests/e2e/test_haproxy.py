@@ -66,8 +66,8 @@ class HAProxy:
             self.proc.terminate()
             self.proc.wait(10)
 
-    def servers(self) -> dict[str, str]:
-        """Each server's status (UP, DOWN or MAINT) from HAProxy's own stats."""
+    def _rows(self) -> list[dict[str, str]]:
+        """This backend's server rows of HAProxy's own ``show stat``."""
         with socket.socket(socket.AF_UNIX) as s:
             s.settimeout(5)
             s.connect(str(self.sock))
@@ -75,18 +75,26 @@ class HAProxy:
             data = b""
             while chunk := s.recv(65536):
                 data += chunk
-        out = {}
         lines = data.decode().splitlines()
         header = lines[0].lstrip("# ").split(",")
-        for line in lines[1:]:
-            row = dict(zip(header, line.split(","), strict=False))
-            if row.get("pxname") == FRONT and row.get("svname") not in ("FRONTEND", "BACKEND"):
-                # an agent-only server reads "no check" while up, "DOWN (agent)" when down
-                status = row["status"]
-                out[row["svname"]] = next(
-                    (s for s in ("DOWN", "MAINT") if status.startswith(s)), "UP"
-                )
-        return out
+        rows = (dict(zip(header, line.split(","), strict=False)) for line in lines[1:])
+        return [
+            row
+            for row in rows
+            if row.get("pxname") == FRONT and row.get("svname") not in ("FRONTEND", "BACKEND")
+        ]
+
+    def servers(self) -> dict[str, str]:
+        """Each server's status (UP, DOWN or MAINT) from HAProxy's own stats."""
+        # an agent-only server reads "no check" while up, "DOWN (agent)" when down
+        return {
+            row["svname"]: next((s for s in ("DOWN", "MAINT") if row["status"].startswith(s)), "UP")
+            for row in self._rows()
+        }
+
+    def weights(self) -> dict[str, int]:
+        """Each server's current weight (the agent's answers change it)."""
+        return {row["svname"]: int(row["weight"]) for row in self._rows()}
 
     def region_served(self) -> str | None:
         return region_at(f"http://127.0.0.1:{self.port}/")
@@ -248,6 +256,10 @@ def test_haproxy_keeps_a_client_in_its_region(tmp_path: Path, affinity: str) -> 
         assert ("balance source" in section) == (affinity == "CLIENT_IP")
         with HAProxy(tmp_path, section) as hp:
             wait_for(lambda: hp.servers() == {"shop-us": "UP", "shop-eu": "UP"}, 10, what="UP")
+            # a consistent hash maps clients by weight: wait for the agent's first
+            # answers (up to agent-inter) to turn 100/100 into 70/30
+            wait_for(lambda: hp.weights() == {"shop-us": 70, "shop-eu": 30}, 15,
+                     what="the agent's weights")  # fmt: skip
             front = f"http://127.0.0.1:{hp.port}/"
             regions = []
             for i in range(1, 81):
