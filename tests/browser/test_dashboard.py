@@ -137,15 +137,24 @@ def test_dashboard_shows_a_failover(tmp_path: Path) -> None:
                 rate = float(text.rsplit("(", 1)[1].split()[0]) if "req/s" in text else 0.0
                 return text if rate >= 50 else None
 
+            readings: list[str] = []
+
+            def five() -> bool:
+                # (each refresh measures ~100 requests drawn at 70 %: one reading's
+                # spread is ~4.5 points, five readings' mean ~2)
+                text = busy()
+                if text is not None and (not readings or readings[-1] != text):
+                    readings.append(text)
+                return len(readings) >= 5
+
             try:
-                text = wait_for(busy, 15, 0.2, "the measured split under load")
+                wait_for(five, 30, 0.2, "five readings of the measured split under load")
             finally:
                 done.set()
                 loader.join(10)
-            print(f"\ndashboard {text}")
-            us = int(text.split("measured: ")[1].split("%")[0])
-            # (one refresh's requests, hundreds, each drawn at 70 %)
-            assert 60 <= us <= 80, text
+            print(f"\ndashboard {readings}")
+            us = sum(int(t.split("measured: ")[1].split("%")[0]) for t in readings) / len(readings)
+            assert 60 <= us <= 80, readings
             page.screenshot(path=str(ARTIFACTS / "dashboard-split.png"), full_page=True)
             body = {k: v for k, v in httpx.get(bs_url, timeout=5).json().items() if k != "status"}
             del body["backends"][0]["trafficDial"]
