@@ -180,7 +180,11 @@ def test_envoy_ejects_a_region_that_fails_its_real_requests(tmp_path: Path) -> N
                 statuses.append(client.get(f"http://127.0.0.1:{envoy.port}/").status_code)
             after = [client.get(f"http://127.0.0.1:{envoy.port}/").text for _ in range(50)]
         print(f"\nthrough Envoy, us-east1 failing real requests: {statuses}")
-        assert statuses[:3] == [500, 500, 500] and statuses[3:] == [200] * 7, statuses
+        # Envoy ejects on its main thread after the worker's third 500: the
+        # worker's next request may pick the host once more before it lands
+        # (Envoy's docs on outlier detection; CI saw four 500s once)
+        failed = statuses.index(200) if 200 in statuses else len(statuses)
+        assert failed in (3, 4) and statuses[failed:] == [200] * (10 - failed), statuses
         assert all(body.startswith("region=europe-west1") for body in after)
         clusters = httpx.get(f"{admin}/clusters?format=json").json()["cluster_statuses"]
         hosts = [h for c in clusters if c["name"] == CLUSTER for h in c.get("host_statuses", [])]
@@ -243,3 +247,33 @@ def test_envoy_keeps_a_cookie_client_in_its_region(tmp_path: Path) -> None:
                 assert client.get(url).text.split()[0] == "region=europe-west1"
             finally:
                 client.close()
+
+
+def test_envoy_sees_a_degraded_region_and_uses_it_only_when_nothing_is_healthy(
+    stack: tuple[Stack, Envoy],
+) -> None:
+    """SPEC §9 in Envoy: a region whose backends answer 429 to checks that
+    list it is ``DEGRADED`` in EDS (after every other region in priority);
+    Envoy sends its traffic to the HEALTHY region, and back to the degraded
+    one when the HEALTHY one fails."""
+    st, envoy = stack
+    world = st.world()
+    for d in world:
+        if d["kind"] == "HealthCheck":
+            d["degradedStatusCodes"] = ["429"]
+    st.apply(world)
+    st.backends.set_mode("us-east1", "429")
+    wait_for(lambda: envoy.endpoints().get("shop-us") == "DEGRADED", 20, what="DEGRADED in EDS")
+    wait_for(lambda: envoy.region_served() == "europe-west1", 10, what="Envoy leaves it")
+    st.backends.set_mode("europe-west1", "refuse")
+    wait_for(lambda: envoy.endpoints().get("shop-eu") == "UNHEALTHY", 20, what="eu down")
+
+    # nothing HEALTHY left: Envoy uses the degraded host, answered with its 429
+    def degraded_answers() -> bool:
+        answer = httpx.get(f"http://127.0.0.1:{envoy.port}/", timeout=5)
+        return answer.status_code == 429 and "region=us-east1" in answer.text
+
+    wait_for(degraded_answers, 10, what="Envoy on the degraded region")
+    st.backends.set_mode("europe-west1", "ok")
+    st.backends.set_mode("us-east1", "ok")
+    wait_for(lambda: envoy.region_served() == "us-east1", 20, what="us-east1 HEALTHY and first")

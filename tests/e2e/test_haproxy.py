@@ -92,6 +92,10 @@ class HAProxy:
             for row in self._rows()
         }
 
+    def statuses(self) -> dict[str, str]:
+        """Each server's status as HAProxy's stats spell it (``DRAIN``, ...)."""
+        return {row["svname"]: row["status"] for row in self._rows()}
+
     def weights(self) -> dict[str, int]:
         """Each server's current weight (the agent's answers change it)."""
         return {row["svname"]: int(row["weight"]) for row in self._rows()}

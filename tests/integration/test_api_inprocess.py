@@ -323,7 +323,7 @@ def test_metrics_parse_as_openmetrics_with_help_type_and_one_series_per_state() 
                 (sample.labels["state"], sample.value)
             )
         assert by_node and all(
-            sorted(s for s, _ in v) == ["HEALTHY", "UNHEALTHY", "UNKNOWN"]
+            sorted(s for s, _ in v) == ["DEGRADED", "HEALTHY", "UNHEALTHY", "UNKNOWN"]
             and sum(x for _, x in v) == 1
             for v in by_node.values()
         )

@@ -106,6 +106,25 @@ def probe_once(
             "",
         ),
         (servers.respond(404), "HTTP", {"status_ranges": ((200, 299),)}, Outcome.STATUS, 404, ""),
+        # SPEC §9: a degraded success (both probers, fresh; kept alive: below)
+        (
+            servers.respond(429),
+            "HTTP",
+            {"degraded_ranges": ((429, 429),)},
+            Outcome.DEGRADED,
+            429,
+            "",
+        ),
+        (servers.respond(200), "HTTP", {"degraded_ranges": ((429, 429),)}, Outcome.OK, 200, ""),
+        (servers.respond(429), "HTTP", {}, Outcome.STATUS, 429, "not in expectedStatusCodes"),
+        (
+            servers.respond(503),
+            "HTTP",
+            {"degraded_ranges": ((500, 503),), "contains": b"never there"},
+            Outcome.DEGRADED,
+            503,
+            "",
+        ),  # (a degraded answer is not searched for responseContains)
         (servers.reset_mid_response, "HTTP", {}, Outcome.RESET, 0, ""),
         (servers.not_http, "HTTP", {}, Outcome.MALFORMED, 0, "bad status line"),
         (servers.close_at_once, "HTTP", {}, Outcome.RESET, 0, ""),
@@ -337,6 +356,24 @@ def test_keepalive_reuses_one_connection_and_survives_server_idle_close(prober_k
     assert [r.outcome for r in results] == [Outcome.OK] * 5
     assert conns == 1
     assert [r.outcome for r in again] == [Outcome.OK] * 3 and conns2 == 1
+
+
+@both
+def test_a_kept_alive_connection_carries_degraded_answers(prober_kind: str) -> None:
+    """SPEC §9 on a kept-alive connection: each 429 a degraded success, one connection."""
+
+    async def go() -> tuple[list[ProbeResult], int]:
+        prober = PROBERS[prober_kind](ProbeSettings(keepalive=True))
+        async with Server(servers.respond(429)) as srv:
+            s = spec("HTTP", srv.port, degraded_ranges=((429, 429),))
+            results = [await prober.probe(s, key=1) for _ in range(4)]
+            conns = srv.connections
+        await prober.close()
+        return results, conns
+
+    results, conns = run_async(go())
+    assert [(r.outcome, r.status) for r in results] == [(Outcome.DEGRADED, 429)] * 4
+    assert conns == 1
 
 
 @both

@@ -86,3 +86,32 @@ def test_other_names_types_and_messages() -> None:
     assert handle(d, b"\x00", 512) is None  # not even a header: no answer
     response = dns.message.make_response(dns.message.make_query("shop.example.test", "A"))
     assert handle(d, response.to_wire(), 512) is None  # a response is never answered
+
+
+def test_a_split_route_answers_a_degraded_region_only_when_nothing_healthy_is_left() -> None:
+    """SPEC §9: resolvers cache what they get, so a DEGRADED region's share
+    of a split (70/30 by trafficDial) is left out of the answers."""
+    from healthgate.health.states import Outcome, ProbeResult
+
+    dicts = example_dicts()
+    find(dicts, "ForwardingRule", "shop-frontend").update(dnsName="shop.example.test.")
+    find(dicts, "BackendService", "shop", "global")["backends"][0]["trafficDial"] = 70
+    engine = HealthEngine()
+    world = resources(dicts)
+    engine.apply(world, 0.0)
+    feed(engine, 1.0, OK, times=3)
+    d = DnsDirectory(engine)
+    d.update({r.path: r for r in world})
+    us, eu = addresses_for(d, "us-east1"), addresses_for(d, "europe-west1")
+    seen = {addresses(ask(d, "shop.example.test"))[0][0] for _ in range(60)}
+    assert seen == {us, eu}  # (both shares answered: 0.7^60 for none of eu's)
+    feed(engine, 2.0, ProbeResult(Outcome.DEGRADED, 0.01, 429), "127.0.2.", times=3)
+    assert (
+        engine.route_table()
+        .routes["projects/web/global/forwardingRules/shop-frontend"]
+        .shares[1]
+        .region
+        == "europe-west1"
+    )  # (it keeps its share for the data plane)
+    seen = {addresses(ask(d, "shop.example.test"))[0][0] for _ in range(60)}
+    assert seen == {us}

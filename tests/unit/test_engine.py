@@ -8,6 +8,7 @@ from healthgate.health import graph as graph_module
 from healthgate.health import policy as policy_module
 from healthgate.health.engine import HealthEngine
 from healthgate.health.states import HealthState, Outcome, ProbeResult, RouteChange, Transition
+from healthgate.health.types import Counts
 from healthgate.model.names import ResourcePath
 from tests.helpers import OK, TIMEOUT, example_dicts, feed, find, non_endpoint, resources
 
@@ -45,7 +46,7 @@ def test_converges_and_routes_to_the_local_region() -> None:
     assert route(engine) == US
     status = engine.node_status(US)
     assert status is not None and status.state is H
-    assert engine.counts(US_BS) == (4, 4, 0)
+    assert engine.counts(US_BS) == Counts(4, 4, 0)
 
 
 def test_seed_policy_75_and_3_through_the_engine() -> None:
@@ -194,7 +195,7 @@ def test_adding_an_endpoint_touches_only_that_endpoint() -> None:
     after = {e.ip: (e.state, e.since) for e in engine.endpoints(US_BS)}
     assert after.pop("127.0.1.9")[0] is U
     assert after == before
-    assert engine.counts(US_BS) == (5, 4, 1)
+    assert engine.counts(US_BS) == Counts(5, 4, 1)
     # 4 of 5 = 80 % >= 75 % and >= 3: still HEALTHY, nothing logged above endpoints
     assert non_endpoint(result.records) == []
 
@@ -205,7 +206,7 @@ def test_removing_an_endpoint_frees_its_slot() -> None:
     find(dicts, "NetworkEndpointGroup", "web-neg", "us-east1")["endpoints"].pop()
     result = engine.apply(resources(dicts), 50.0)
     assert len(result.removed) == 1
-    assert engine.counts(US_BS) == (3, 3, 0)
+    assert engine.counts(US_BS) == Counts(3, 3, 0)
     assert engine.endpoint_count() == 5
 
 
@@ -214,9 +215,9 @@ def test_changing_a_policy_reevaluates_only_its_sources(monkeypatch: pytest.Monk
     calls: list[tuple[int, int, int]] = []
     real = policy_module.evaluate
 
-    def spy(policy: Any, total: int, healthy: int, unknown: int) -> Any:
+    def spy(policy: Any, total: int, healthy: int, unknown: int, degraded: int = 0) -> Any:
         calls.append((total, healthy, unknown))
-        return real(policy, total, healthy, unknown)
+        return real(policy, total, healthy, unknown, degraded)
 
     monkeypatch.setattr(graph_module, "evaluate", spy)
     dicts = example_dicts()

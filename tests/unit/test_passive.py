@@ -9,6 +9,7 @@ from typing import Any
 from healthgate.health.engine import HealthEngine
 from healthgate.health.evidence import Hops
 from healthgate.health.states import Ejection, HealthState, Record, RouteChange, Transition
+from healthgate.health.types import Counts
 from healthgate.model.names import ResourcePath
 from tests.helpers import OK, example_world, feed, resources
 
@@ -76,7 +77,7 @@ def test_an_endpoint_failing_real_requests_is_ejected_and_returns_probe_state_un
     assert E1 not in engine.healthy_endpoints(BS) and len(engine.healthy_endpoints(BS)) == 3
     [status] = [s for s in engine.endpoints(BS) if s.ip == E1[0]]
     assert status.state is H and status.ejected_until == 40.0  # the probes' state stands
-    assert engine.counts(BS) == (4, 4, 0)  # not counted as UNHEALTHY by default
+    assert engine.counts(BS) == Counts(4, 4, 0)  # not counted as UNHEALTHY by default
     for t in range(11, 40):
         assert engine.observe_traffic(float(t), {}).records == []
     [back] = engine.observe_traffic(40.0, {}).records
@@ -103,7 +104,7 @@ def test_count_as_unhealthy_moves_the_aggregation() -> None:
     # us-east1's policy: 75 % and at least 3 healthy of 4
     engine = healthy_engine(world(outliers={"maxEjectionPercent": 50, "countAsUnhealthy": True}))
     records = engine.observe_traffic(5.0, {E1: failing(5), E2: failing(5)}).records
-    assert engine.counts(BS) == (4, 2, 0)
+    assert engine.counts(BS) == Counts(4, 2, 0)
     sources = [r for r in records if isinstance(r, Transition) and r.kind == "HealthSource"]
     assert [(s.name, s.current) for s in sources] == [("web-source", U)]
     assert route_target(engine) == "projects/web/regions/europe-west1/networkEndpointGroups/shop-eu"

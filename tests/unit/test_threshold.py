@@ -7,14 +7,16 @@ from healthgate.health.states import HealthState, Outcome
 from healthgate.health.threshold import step
 
 U, H, X = HealthState.UNKNOWN, HealthState.HEALTHY, HealthState.UNHEALTHY
+D = HealthState.DEGRADED
 S, F, Q = Outcome.OK, Outcome.TIMEOUT, Outcome.SUSPECT
+G = Outcome.DEGRADED  # a degraded success (SPEC §9)
 
 
 def run(outcomes: list[Outcome], hthr: int = 3, uthr: int = 3) -> list[HealthState]:
-    state, ok, fail = U, 0, 0
+    state, ok, fail, clean = U, 0, 0, 0
     out = []
     for o in outcomes:
-        state, ok, fail = step(state, ok, fail, o, hthr, uthr)
+        state, ok, fail, clean = step(state, ok, fail, o, hthr, uthr, clean)
         out.append(state)
     return out
 
@@ -37,6 +39,20 @@ CASES = [
         [U, U, X],
     ),  # every failure kind counts
     ([Outcome.NOT_CHECKED] * 2, 2, 2, [U, H]),
+    # SPEC §9: the last healthyThreshold results successes, any degraded -> DEGRADED
+    ([G, G, G], 3, 3, [U, U, D]),
+    ([S, S, G], 3, 3, [U, U, D]),
+    ([G, S, S], 3, 3, [U, U, D]),
+    ([S, S, S, G, S, S, S], 3, 3, [U, U, H, D, D, D, H]),  # back after 3 clean ones
+    ([S, S, S, G, S, F, S, S], 3, 3, [U, U, H, D, D, D, D, D]),  # (a failure: no change yet)
+    ([G, G, G, F, F, F], 3, 3, [U, U, D, D, D, X]),  # DEGRADED -> UNHEALTHY
+    ([F, F, G, G], 2, 2, [U, X, X, D]),  # UNHEALTHY -> DEGRADED
+    ([F, F, G, S], 2, 2, [U, X, X, D]),
+    ([F, F, G, S, S], 2, 2, [U, X, X, D, H]),  # UNHEALTHY -> DEGRADED -> HEALTHY
+    ([S, S, F, G, S], 2, 2, [U, H, H, H, D]),  # (the degraded one in the last 2)
+    ([S, S, F, G, S, S], 2, 2, [U, H, H, H, D, H]),
+    ([G, Q, G, Q, G], 3, 3, [U, U, U, U, D]),  # a suspect result is no evidence
+    ([S, S, G, S, S, S], 3, 3, [U, U, D, D, D, H]),
 ]
 
 
@@ -46,6 +62,7 @@ def test_threshold_table() -> None:
 
 
 results = st.lists(st.sampled_from([S, F, Q]), max_size=60)
+with_degraded = st.lists(st.sampled_from([S, F, Q, G]), max_size=60)
 thresholds = st.integers(min_value=2, max_value=10)
 
 
@@ -81,3 +98,30 @@ def test_never_flips_on_a_single_result(outcomes: list[Outcome], hthr: int, uthr
             kind = S if states[i] is H else F
             tail = [o for o in outcomes[: i + 1] if o is not Q][-need:]
             assert tail == [kind] * need
+
+
+@given(with_degraded, thresholds, thresholds)
+def test_degraded_follows_the_last_full_run(outcomes: list[Outcome], hthr: int, uthr: int) -> None:
+    """Reference model (SPEC §9): a run of ``hthr`` successes ending here sets
+    DEGRADED if any of those ``hthr`` was degraded, HEALTHY otherwise; a run
+    of ``uthr`` failures sets UNHEALTHY; anything else keeps the state."""
+    states = run(outcomes, hthr, uthr)
+    expected = U
+    relevant: list[Outcome] = []
+    for i, o in enumerate(outcomes):
+        if o is not Q:
+            relevant.append(o)
+            tail = relevant[-hthr:]
+            if len(tail) == hthr and all(r in (S, G) for r in tail):
+                expected = D if G in tail else H
+            fails = relevant[-uthr:]
+            if len(fails) == uthr and all(r is F for r in fails):
+                expected = X
+        assert states[i] is expected, (outcomes[: i + 1], states[i], expected)
+
+
+@given(results, thresholds, thresholds)
+def test_nothing_is_degraded_without_degraded_successes(
+    outcomes: list[Outcome], hthr: int, uthr: int
+) -> None:
+    assert D not in run(outcomes, hthr, uthr)

@@ -68,6 +68,14 @@ def tcp_with_contains(d: list[dict[str, Any]]) -> None:
     hc(d).update(type="TCP", requestPath="/", responseContains="ready")
 
 
+def tcp_with_degraded(d: list[dict[str, Any]]) -> None:
+    hc(d).update(type="TCP", requestPath="/", degradedStatusCodes=["429"])
+
+
+def inverted_with_degraded(d: list[dict[str, Any]]) -> None:
+    hc(d).update(invert=True, degradedStatusCodes=["429"])
+
+
 def tcp_with_path(d: list[dict[str, Any]]) -> None:
     h = hc(d)
     h["type"] = "TCP"
@@ -142,6 +150,20 @@ RULES: list[tuple[str, Mutation, str, str]] = [
         "1,024 bytes",
     ),
     ("invert not a boolean", set_(hc, "invert", "sometimes"), "invert", "boolean"),
+    ("degradedStatusCodes on TCP", tcp_with_degraded, "degradedStatusCodes", "only HTTP"),
+    ("degradedStatusCodes inverted", inverted_with_degraded, "degradedStatusCodes", "inverted"),
+    (
+        "degraded status codes",
+        set_(hc, "degradedStatusCodes", ["4xx"]),
+        "degradedStatusCodes",
+        "ranges like",
+    ),
+    (
+        "too many degraded status codes",
+        set_(hc, "degradedStatusCodes", [str(c) for c in range(400, 421)]),
+        "degradedStatusCodes",
+        "at most 20",
+    ),
     (
         "status codes",
         set_(hc, "expectedStatusCodes", ["2xx"]),

@@ -104,3 +104,27 @@ def test_every_combination_follows_the_rule() -> None:
 def test_the_own_region_always_votes_first_and_once() -> None:
     assert vantages_of(E, [W, E, A]) == (E, W, A)
     assert vantages_of(E, []) == (E,)
+
+
+D = HealthState.DEGRADED
+
+
+@pytest.mark.parametrize(
+    ("opinions", "live", "want", "reason_has"),
+    [
+        # SPEC §9: up is HEALTHY when one live vantage sees it HEALTHY ...
+        ({E: D, W: H, A: D}, {E, W, A}, H, "HEALTHY from europe-west1"),
+        # ... DEGRADED when every one that sees it up sees it DEGRADED
+        ({E: D, W: D, A: U}, {E, W, A}, D, "DEGRADED from europe-west1, us-east1"),
+        ({E: D, W: U, A: U}, {E, W, A}, U, "UNHEALTHY from 2 of 3"),
+        ({E: D, W: U, A: X}, {E, W, A}, D, "short of a quorum"),
+        ({E: D}, {E}, D, "DEGRADED as seen from us-east1"),
+    ],
+)
+def test_degraded_opinions(
+    opinions: dict[str, HealthState], live: set[str], want: HealthState, reason_has: str
+) -> None:
+    vantages = tuple(opinions)
+    state, reason = verdict(opinions, vantages, live, HealthState.HEALTHY)
+    assert state is want
+    assert reason_has in reason

@@ -25,7 +25,7 @@ EventKind = Literal[
 KindQ = Annotated[EventKind | None, Query(description="only records of this kind")]
 StateQ = Annotated[
     Literal[
-        "HEALTHY", "UNHEALTHY", "UNKNOWN",
+        "HEALTHY", "UNHEALTHY", "UNKNOWN", "DEGRADED",
         # a Change record's action
         "apply", "delete", "create", "replace", "shift", "shift-extend", "shift-end",
         # a Ramp record's phase

@@ -9,6 +9,7 @@ from fastapi import APIRouter
 
 from healthgate.api.state import ApiState, Auth
 from healthgate.controlplane.recorder import iso
+from healthgate.health.types import Counts
 
 
 def health_router(state: ApiState) -> APIRouter:
@@ -52,12 +53,13 @@ def health_router(state: ApiState) -> APIRouter:
                     },
                 }
             )
-        counts = engine.counts(path) or (0, 0, 0)
+        counts = engine.counts(path) or Counts(0, 0, 0)
         return {
             "backendService": str(path),
-            "endpoints": counts[0],
-            "healthy": counts[1],
-            "unknown": counts[2],
+            "endpoints": counts.total,
+            "healthy": counts.healthy,
+            "degraded": counts.degraded,
+            "unknown": counts.unknown,
             "ejected": sum(1 for i in items if "ejectedUntil" in i),
             "healthStatus": items,
         }

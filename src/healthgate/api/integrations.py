@@ -62,8 +62,10 @@ def integrations_router(state: ApiState) -> APIRouter:
     async def forwarding_rule_healthz(
         project: str, region: str, name: str, authorization: Auth = None
     ) -> JSONResponse:
-        """200 when the rule's composite is HEALTHY, else 503; the body says
-        the state and why. Needs no token when serve runs with --public-healthz."""
+        """200 when the rule's composite is HEALTHY or DEGRADED (SPEC §9), else
+        503; the body says the state (``healthState``, and ``state`` as SPEC
+        §9 spells it) and why. Needs no token when serve runs with
+        --public-healthz."""
         if not state.public_healthz:
             state.check_read(state.principal(authorization), project)
         path = state.path_of(project, region, "forwardingRules", name)
@@ -72,6 +74,7 @@ def integrations_router(state: ApiState) -> APIRouter:
         body = {
             "forwardingRule": str(path),
             "healthState": health.state,
+            "state": health.state,
             "reason": health.reason,
             "lastChange": iso(health.since) if health.since is not None else None,
         }

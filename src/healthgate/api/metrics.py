@@ -28,7 +28,7 @@ from healthgate.health.states import Outcome, RecordKind
 from healthgate.probes.stats import LAG_BUCKETS, PROBE_BUCKETS
 
 MAX_ENDPOINT_SERIES = 10_000
-STATES = ("UNKNOWN", "HEALTHY", "UNHEALTHY")
+STATES = ("UNKNOWN", "HEALTHY", "UNHEALTHY", "DEGRADED")
 
 
 class EngineCollector(Collector):
@@ -64,11 +64,11 @@ class EngineCollector(Collector):
             counts = engine.counts(path)
             if counts is None:
                 continue
-            total, healthy, unknown = counts
             name = str(path)
-            bs_gauge.add_metric([name, "HEALTHY"], healthy)
-            bs_gauge.add_metric([name, "UNKNOWN"], unknown)
-            bs_gauge.add_metric([name, "UNHEALTHY"], total - healthy - unknown)
+            bs_gauge.add_metric([name, "HEALTHY"], counts.healthy)
+            bs_gauge.add_metric([name, "UNKNOWN"], counts.unknown)
+            bs_gauge.add_metric([name, "UNHEALTHY"], counts.unhealthy)
+            bs_gauge.add_metric([name, "DEGRADED"], counts.degraded)
         yield bs_gauge
         yield from self._passive()
 

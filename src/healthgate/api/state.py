@@ -283,12 +283,12 @@ class ApiState:
         if isinstance(res, BackendService) and not res.is_global:
             counts = engine.counts(path)
             if counts:
-                total, healthy, unknown = counts
                 return {
-                    "endpoints": total,
-                    "healthy": healthy,
-                    "unknown": unknown,
-                    "unhealthy": total - healthy - unknown,
+                    "endpoints": counts.total,
+                    "healthy": counts.healthy,
+                    "degraded": counts.degraded,
+                    "unknown": counts.unknown,
+                    "unhealthy": counts.unhealthy,
                 }
             return None
         if isinstance(res, Webhook):

@@ -179,7 +179,8 @@ def state_summary(item: dict[str, Any]) -> tuple[str, str]:
     if "endpoints" in status:
         return (
             f"{status['healthy']}/{status['endpoints']} healthy",
-            f"{status['unknown']} unknown, {status['unhealthy']} unhealthy",
+            f"{status['unknown']} unknown, {status['unhealthy']} unhealthy"
+            + (f", {status['degraded']} degraded" if status.get("degraded") else ""),
         )
     return "", ""
 

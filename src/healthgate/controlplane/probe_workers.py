@@ -453,7 +453,11 @@ class _Worker:
         failure_log = self.failure_log
         if failure_log.rate:
             for key, result in results:
-                if result.outcome is not Outcome.OK and failure_log.allow():
+                if (
+                    result.outcome is not Outcome.OK
+                    and result.outcome is not Outcome.DEGRADED
+                    and failure_log.allow()
+                ):
                     self.failures.append((self.engine.endpoint_path(key), result.describe()))
             if self.failures:
                 self._send(Failures(list(self.failures), failure_log.suppressed - self.left_out))

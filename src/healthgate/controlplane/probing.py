@@ -36,6 +36,7 @@ from healthgate.probes.spec import ProbeSpec
 from healthgate.probes.stats import FailureLogLimiter, ProbeStats, ProbeTotals
 
 _OK = Outcome.OK  # (a per-probe global: see the note on Outcome)
+_DEGRADED = Outcome.DEGRADED
 
 Emit = Callable[[list[Record]], None]
 
@@ -167,7 +168,7 @@ class LocalProber:
         failure_log = self.failure_log
         if failure_log.rate:
             for key, result in results:
-                if result.outcome is not _OK:
+                if result.outcome is not _OK and result.outcome is not _DEGRADED:
                     failure_log.failed(self.describe(cast(int, key)), result.describe())
         self.sink(now, cast("list[tuple[int, ProbeResult]]", results))
 

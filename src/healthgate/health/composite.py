@@ -1,5 +1,6 @@
-"""Composite health (SPEC §2.3): every source HEALTHY -> HEALTHY; any source
-UNHEALTHY -> UNHEALTHY; otherwise UNKNOWN."""
+"""Composite health (SPEC §2.3, §9): any source UNHEALTHY -> UNHEALTHY; else
+any UNKNOWN -> UNKNOWN; else any DEGRADED -> DEGRADED; else (every source
+HEALTHY) HEALTHY."""
 
 from __future__ import annotations
 
@@ -22,6 +23,12 @@ def combine(sources: Sequence[tuple[str, HealthState, str]]) -> tuple[HealthStat
     unknown = [(n, r) for n, s, r in sources if s is HealthState.UNKNOWN]
     if unknown:
         return HealthState.UNKNOWN, f"health source {unknown[0][0]} is UNKNOWN: {unknown[0][1]}"
+    degraded = [(n, r) for n, s, r in sources if s is HealthState.DEGRADED]
+    if degraded:
+        head = f"health source {degraded[0][0]} is DEGRADED: {degraded[0][1]}"
+        if len(degraded) > 1:
+            head += f" (also DEGRADED: {', '.join(n for n, _ in degraded[1:])})"
+        return HealthState.DEGRADED, head
     if len(sources) == 1:
         return HealthState.HEALTHY, f"health source {sources[0][0]} is HEALTHY"
     return HealthState.HEALTHY, f"all {len(sources)} health sources are HEALTHY"

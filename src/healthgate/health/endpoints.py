@@ -32,6 +32,7 @@ from healthgate.health.states import (
 from healthgate.health.threshold import RUN_CAP, step
 from healthgate.health.types import (
     ApplyResult,
+    Counts,
     EndpointKey,
     EndpointStatus,
     ProbeTarget,
@@ -54,7 +55,8 @@ from healthgate.model.resources import (
 UNKNOWN = HealthState.UNKNOWN
 HEALTHY = HealthState.HEALTHY
 UNHEALTHY = HealthState.UNHEALTHY
-_STATES = (UNKNOWN, HEALTHY, UNHEALTHY)
+DEGRADED = HealthState.DEGRADED
+_STATES = (UNKNOWN, HEALTHY, UNHEALTHY, DEGRADED)
 _OK = Outcome.OK  # per-probe outcomes as globals (see the note on Outcome)
 
 
@@ -63,6 +65,7 @@ class _Aggregate:
         "all_cache",
         "check",
         "count_ejected",
+        "degraded",
         "ejected",
         "healthy",
         "healthy_cache",
@@ -82,6 +85,7 @@ class _Aggregate:
         self.total = 0
         self.healthy = 0
         self.unknown = 0
+        self.degraded = 0  # SPEC §9: working but impaired (counted apart from healthy)
         self.slots: dict[EndpointKey, int] = {}
         self.healthy_cache: tuple[EndpointKey, ...] | None = None
         self.all_cache: tuple[EndpointKey, ...] | None = None  # until slots change
@@ -90,10 +94,21 @@ class _Aggregate:
         self.ejected: dict[EndpointKey, float] = {}
         self.count_ejected = False
 
+    def count(self, old: int, new: int) -> None:
+        """An endpoint of it went from state ``old`` to ``new`` (-1: none)."""
+        self.healthy += (new == HEALTHY) - (old == HEALTHY)
+        self.unknown += (new == UNKNOWN) - (old == UNKNOWN)
+        self.degraded += (new == DEGRADED) - (old == DEGRADED)
+
 
 def _reason_for_endpoint(state: HealthState, runs: int, threshold: int, last: str) -> str:
     if state is HEALTHY:
         return f"{runs} consecutive successful probes (healthyThreshold {threshold}); last: {last}"
+    if state is DEGRADED:
+        return (
+            f"{runs} consecutive successful probes (healthyThreshold {threshold}), of the last "
+            f"{threshold} at least one in degradedStatusCodes; last: {last}"
+        )
     return f"{runs} consecutive failed probes (unhealthyThreshold {threshold}); last: {last}"
 
 
@@ -119,6 +134,7 @@ class EndpointTable:
         self._state = bytearray()
         self._ok = bytearray()
         self._fail = bytearray()
+        self._clean = bytearray()  # successes since the last failure or degraded one
         self._agg = array("i")
         self._last_outcome = bytearray()
         self._last_status = array("H")
@@ -149,11 +165,18 @@ class EndpointTable:
         assert agg is not None
         old = self._state[slot]
         outcome = result.outcome
-        new, ok, fail = step(
-            _STATES[old], self._ok[slot], self._fail[slot], outcome, agg.hthr, agg.uthr
+        new, ok, fail, clean = step(
+            _STATES[old],
+            self._ok[slot],
+            self._fail[slot],
+            outcome,
+            agg.hthr,
+            agg.uthr,
+            self._clean[slot],
         )
         self._ok[slot] = ok
         self._fail[slot] = fail
+        self._clean[slot] = clean
         self._last_outcome[slot] = outcome
         self._last_status[slot] = result.status
         self._last_latency[slot] = result.latency
@@ -166,12 +189,11 @@ class EndpointTable:
             return []
         self._state[slot] = new
         self._since[slot] = now
-        agg.healthy += (new == HEALTHY) - (old == HEALTHY)
-        agg.unknown += (new == UNKNOWN) - (old == UNKNOWN)
+        agg.count(old, new)
         self._endpoints_changed(agg)
         key = self._key[slot]
         assert key is not None
-        if new == HEALTHY:
+        if new in (HEALTHY, DEGRADED):
             reason = _reason_for_endpoint(new, ok, agg.hthr, result.describe())
         else:
             reason = _reason_for_endpoint(new, fail, agg.uthr, result.describe())
@@ -185,7 +207,9 @@ class EndpointTable:
         the same as :meth:`on_result` for each in turn. The steady state - a
         success for an endpoint already HEALTHY - is taken here without the
         threshold machine's call: what :func:`step` does then is grow the
-        success run (capped), zero the failure run and keep the state."""
+        success run (capped), zero the failure run and keep the state. (Its
+        clean run is not counted here: it is read only after a degraded
+        success or a failure, and both start it again from 0.)"""
         other = self.on_result
         records: list[Record] = []
         states, ok_runs, fail_runs = self._state, self._ok, self._fail
@@ -252,6 +276,8 @@ class EndpointTable:
         state comes with its flips, :meth:`set_state`)."""
         ok, fail, outcome, status, latency, when, detail = seen
         self._ok[slot], self._fail[slot] = ok, fail
+        # (the clean run is not sent: a worker's flips carry the state it decided)
+        self._clean[slot] = 0 if outcome == Outcome.DEGRADED else ok
         self._last_outcome[slot], self._last_status[slot] = outcome, status
         self._last_latency[slot], self._last_time[slot] = latency, when
         if detail:
@@ -288,7 +314,7 @@ class EndpointTable:
         if (
             (was != (until is not None) or counted != count_as_unhealthy)
             and (count_as_unhealthy or counted)
-            and self._state[agg.slots[key]] == HEALTHY
+            and self._state[agg.slots[key]] in (HEALTHY, DEGRADED)
             and self.on_counts is not None
         ):
             self.on_counts(now, backend_service, records)
@@ -464,8 +490,8 @@ class EndpointTable:
         self._since[slot] = now
         self._ok[slot] = 0
         self._fail[slot] = 0
-        agg.healthy += (new == HEALTHY) - (old == HEALTHY)
-        agg.unknown += (new == UNKNOWN) - (old == UNKNOWN)
+        self._clean[slot] = 0
+        agg.count(old, new)
         self._endpoints_changed(agg)
         return _STATES[old]
 
@@ -484,7 +510,7 @@ class EndpointTable:
         if self._free:
             slot = self._free.pop()
             self._state[slot] = state
-            self._ok[slot] = self._fail[slot] = 0
+            self._ok[slot] = self._fail[slot] = self._clean[slot] = 0
             self._agg[slot] = agg_id
             self._last_outcome[slot] = 0
             self._last_status[slot] = 0
@@ -497,6 +523,7 @@ class EndpointTable:
         self._state.append(state)
         self._ok.append(0)
         self._fail.append(0)
+        self._clean.append(0)
         self._agg.append(agg_id)
         self._last_outcome.append(0)
         self._last_status.append(0)
@@ -510,8 +537,7 @@ class EndpointTable:
         self._endpoints_changed(agg, membership=True)
         state = self._state[slot]
         agg.total -= 1
-        agg.healthy -= state == HEALTHY
-        agg.unknown -= state == UNKNOWN
+        agg.count(state, -1)
         self._key[slot] = None
         self._last_detail.pop(slot, None)
         self._free.append(slot)
@@ -597,7 +623,7 @@ class EndpointTable:
                 reason = "not checked (health check disabled)"
             elif state is UNKNOWN:
                 reason = f"{self._ok[slot]} of {agg.hthr} successes, {self._fail[slot]} of {agg.uthr} failures so far"
-            elif state is HEALTHY:
+            elif state is HEALTHY or state is DEGRADED:
                 reason = _reason_for_endpoint(
                     state, self._ok[slot], agg.hthr, last.describe() if last else "-"
                 )
@@ -632,7 +658,9 @@ class EndpointTable:
     def healthy_endpoints(self, backend_service: ResourcePath) -> tuple[EndpointKey, ...]:
         """The HEALTHY endpoints of a backend service that are not ejected
         from real traffic (all the HEALTHY ones when every one is), cached
-        until one flips: the data plane reads this per connection."""
+        until one flips: the data plane reads this per connection. With no
+        HEALTHY endpoint left, the DEGRADED ones (SPEC §9: a producer uses
+        degraded endpoints only then)."""
         agg_id = self._agg_ids.get(backend_service)
         agg = self._aggs[agg_id] if agg_id is not None else None
         if agg is None:
@@ -641,6 +669,8 @@ class EndpointTable:
         if cached is None:
             state = self._state
             cached = tuple(k for k, slot in agg.slots.items() if state[slot] == HEALTHY)
+            if not cached and agg.degraded:
+                cached = tuple(k for k, slot in agg.slots.items() if state[slot] == DEGRADED)
             ejected = agg.ejected
             if ejected:
                 serving = tuple(k for k in cached if k not in ejected)
@@ -660,18 +690,20 @@ class EndpointTable:
             cached = agg.all_cache = tuple(agg.slots)
         return cached
 
-    def counts(self, backend_service: ResourcePath) -> tuple[int, int, int] | None:
-        """(total, healthy, unknown) of one backend service (an ejected
-        endpoint is not healthy here when its ejections count as UNHEALTHY)."""
+    def counts(self, backend_service: ResourcePath) -> Counts | None:
+        """(total, healthy, unknown, degraded) of one backend service (an
+        ejected endpoint is neither healthy nor degraded here when its
+        ejections count as UNHEALTHY)."""
         agg_id = self._agg_ids.get(backend_service)
         agg = self._aggs[agg_id] if agg_id is not None else None
         if agg is None:
             return None
-        healthy = agg.healthy
+        healthy, degraded = agg.healthy, agg.degraded
         if agg.count_ejected and agg.ejected:
             state, slots = self._state, agg.slots
             healthy -= sum(1 for k in agg.ejected if state[slots[k]] == HEALTHY)
-        return (agg.total, healthy, agg.unknown)
+            degraded -= sum(1 for k in agg.ejected if state[slots[k]] == DEGRADED)
+        return Counts(agg.total, healthy, agg.unknown, degraded)
 
     def backend_services(self) -> list[ResourcePath]:
         return list(self._agg_ids)

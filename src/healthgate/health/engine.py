@@ -42,6 +42,7 @@ from healthgate.health.states import (
 from healthgate.health.storms import StormGuard, StormSettings
 from healthgate.health.types import (
     ApplyResult,
+    Counts,
     EndpointKey,
     EndpointStatus,
     NodeStatus,
@@ -299,7 +300,7 @@ class HealthEngine:
     def all_endpoints(self, backend_service: ResourcePath) -> tuple[EndpointKey, ...]:
         return self.table.all_endpoints(backend_service)
 
-    def counts(self, backend_service: ResourcePath) -> tuple[int, int, int] | None:
+    def counts(self, backend_service: ResourcePath) -> Counts | None:
         return self.table.counts(backend_service)
 
     def backend_services(self) -> list[ResourcePath]:

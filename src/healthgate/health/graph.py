@@ -46,7 +46,7 @@ from healthgate.health.states import (
     Transition,
 )
 from healthgate.health.traffic import FIRST_REASON as TRAFFIC_FIRST
-from healthgate.health.types import NodeStatus, Route, RouteTable
+from healthgate.health.types import Counts, NodeStatus, Route, RouteTable
 from healthgate.model.names import ResourcePath
 from healthgate.model.resources import (
     BackendService,
@@ -68,7 +68,7 @@ UNHEALTHY = HealthState.UNHEALTHY
 
 NEG_HISTORY = 3600.0  # s of NEG changes kept, for a storm hold to roll back over
 
-Counts = Callable[[ResourcePath], "tuple[int, int, int] | None"]  # (total, healthy, unknown)
+CountsOf = Callable[[ResourcePath], "Counts | None"]  # a backend service's (the endpoint table)
 Index = dict[Any, list["_Node"]]  # a reverse index: a path (or its text) -> the nodes that use it
 
 
@@ -104,7 +104,7 @@ class _Node:
 
 
 class HealthGraph:
-    def __init__(self, counts: Counts) -> None:
+    def __init__(self, counts: CountsOf) -> None:
         self._counts = counts  # a backend service's endpoint counts (the endpoint table)
         self._resources: Mapping[ResourcePath, Resource] = {}
         self._policies: dict[str, PolicyParams] = {}
@@ -250,8 +250,9 @@ class HealthGraph:
                 records,
             )
         state, reason = evaluate(policy, *counts)
-        total, healthy, _ = counts
-        moved = self._fraction(node, healthy / total if total else None)
+        total, healthy, _, degraded = counts
+        # (a degraded endpoint serves: it counts in the healthy fraction too)
+        moved = self._fraction(node, (healthy + degraded) / total if total else None)
         return self._set(now, node, RecordKind.HEALTH_SOURCE, state, reason, records) or moved
 
     def set_traffic(

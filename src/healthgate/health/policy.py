@@ -5,7 +5,10 @@ when ``h >= minHealthyThreshold`` and ``100·h/N >= healthyPercentThreshold``
 (with N = 0 the percentage holds only for a threshold of 0). Then:
 
 * holds for H            -> HEALTHY
-* fails even for H + U   -> UNHEALTHY
+* holds for H + D        -> DEGRADED (D: DEGRADED endpoints, SPEC §9 - they
+                            count as healthy, and the policy holds only
+                            thanks to them)
+* fails even for H + D + U -> UNHEALTHY
 * otherwise              -> UNKNOWN: the answer waits on unknown endpoints.
 
 Only integers are compared (``100·h >= pct·N``), so there is no rounding at
@@ -42,16 +45,26 @@ def _pct(h: int, n: int) -> str:
 
 
 def evaluate(
-    policy: PolicyParams, total: int, healthy: int, unknown: int
+    policy: PolicyParams, total: int, healthy: int, unknown: int, degraded: int = 0
 ) -> tuple[HealthState, str]:
-    """The three-valued answer and a reason a person can read."""
+    """The answer and a reason a person can read. DEGRADED endpoints (SPEC
+    §9) count as healthy for the policy; when it holds only thanks to them
+    the answer is DEGRADED."""
     counts = f"{healthy} of {total} endpoints healthy ({_pct(healthy, total)})"
     if policy.holds(healthy, total):
         return HealthState.HEALTHY, (
             f"{counts} >= healthyPercentThreshold {policy.healthy_percent}% "
             f"and >= minHealthyThreshold {policy.min_healthy}"
         )
-    best = healthy + unknown
+    if degraded and policy.holds(healthy + degraded, total):
+        up = healthy + degraded
+        return HealthState.DEGRADED, (
+            f"{counts}, {degraded} degraded: {up} of {total} ({_pct(up, total)}) hold "
+            f"the policy ({policy.describe()}) only with the degraded ones"
+        )
+    if degraded:
+        counts += f", {degraded} degraded"
+    best = healthy + degraded + unknown
     if not policy.holds(best, total):
         why = []
         if best < policy.min_healthy:

@@ -13,6 +13,12 @@ with one), then by locality (R's own region first), then by name. Then:
 * every NEG UNHEALTHY: FAIL_OPEN keeps using the first NEG in order,
   FAIL_CLOSED refuses new connections.
 
+A DEGRADED NEG (SPEC §9) is eligible, but the order puts it after every
+NEG that is not (keeping the order among the degraded ones): traffic on a
+DEGRADED NEG moves to a HEALTHY one wherever failback is on or not, and
+stays on it when none is HEALTHY; an UNKNOWN NEG ahead of it does not take
+the traffic (UNKNOWN never moves traffic).
+
 A NEG shifted away (health/shifts.py) takes no traffic, as if UNHEALTHY,
 and its reason says who shifted it, until when and why - but a shift never
 sends traffic to an UNHEALTHY NEG: when every other NEG is UNHEALTHY, the
@@ -87,9 +93,10 @@ class Candidate:
     def why_out(self) -> str:
         return self.shifted or "UNHEALTHY"
 
-    def sort_key(self, local_region: str | None) -> tuple[int, int, str, str]:
+    def sort_key(self, local_region: str | None) -> tuple[bool, int, int, str, str]:
         prio = NO_PRIORITY if self.priority is None else self.priority
-        return (prio, 0 if self.region == local_region else 1, self.name, self.path)
+        degraded = self.state is HealthState.DEGRADED  # (SPEC §9: after every other)
+        return (degraded, prio, 0 if self.region == local_region else 1, self.name, self.path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,16 +126,19 @@ def choose(
     cur = by_path.get(current) if current else None
 
     if cur is not None and cur.eligible:
-        if failback:
+        degraded = cur.state is HealthState.DEGRADED
+        if failback or degraded:  # (traffic leaves a DEGRADED NEG for a HEALTHY one)
             for c in ordered:
                 if c.path == cur.path:
                     break
                 if c.state is HealthState.HEALTHY and not c.shifted:
-                    return RouteChoice(
-                        c.path,
-                        RouteMode.NORMAL,
-                        f"{c.name} ({c.region}) is HEALTHY again: failing back",
+                    why = (
+                        f"{cur.name} ({cur.region}) is DEGRADED: moving to {c.name} "
+                        f"({c.region}), HEALTHY"
+                        if degraded
+                        else f"{c.name} ({c.region}) is HEALTHY again: failing back"
                     )
+                    return RouteChoice(c.path, RouteMode.NORMAL, why)
         why = f"{cur.name} ({cur.region}) is {cur.state.name}"
         before = [c for c in ordered[: ordered.index(cur)] if c.shifted]
         if before:  # (why not the first: a person moved the traffic, and until when)

@@ -13,6 +13,9 @@ class HealthState(IntEnum):
     UNKNOWN = 0
     HEALTHY = 1
     UNHEALTHY = 2
+    # SPEC §9: working but impaired - successes, some answered with one of
+    # the check's degradedStatusCodes. Eligible, but after every HEALTHY one.
+    DEGRADED = 3
 
     def __str__(self) -> str:
         return self.name
@@ -64,6 +67,7 @@ class Outcome(IntEnum):
     NOT_CHECKED = 9  # health check disabled
     CONTENT = 10  # the body lacked responseContains
     INVERTED = 11  # an inverted check's probe succeeded: a failure
+    DEGRADED = 12  # a success answered with one of degradedStatusCodes (SPEC §9)
 
 
 class ProbeResult(NamedTuple):
@@ -83,6 +87,8 @@ class ProbeResult(NamedTuple):
                 if self.detail:  # (an inverted check's failed probe)
                     return f"{self.detail}, in {ms}"
                 return f"HTTP {self.status} in {ms}" if self.status else f"success in {ms}"
+            case Outcome.DEGRADED:
+                return f"HTTP {self.status} (in degradedStatusCodes) in {ms}"
             case Outcome.CONTENT:
                 return f"HTTP {self.status}, {self.detail}"
             case Outcome.INVERTED:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from healthgate.health.routing import Share
 from healthgate.health.states import HealthState, ProbeResult, Record, RouteMode
@@ -16,6 +17,19 @@ from healthgate.model.names import ResourcePath
 from healthgate.model.resources import HealthCheck
 
 EndpointKey = tuple[str, int | None]  # (ip, serving port)
+
+
+class Counts(NamedTuple):
+    """A backend service's endpoints by state; the rest are UNHEALTHY."""
+
+    total: int
+    healthy: int
+    unknown: int
+    degraded: int = 0  # SPEC §9, counted apart from healthy
+
+    @property
+    def unhealthy(self) -> int:
+        return self.total - self.healthy - self.unknown - self.degraded
 
 
 @dataclass(frozen=True, slots=True)

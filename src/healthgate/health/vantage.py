@@ -12,7 +12,8 @@ into the endpoint's state, a pure function with no clock and no I/O:
   the *live* vantages says UNHEALTHY;
 * otherwise it is **HEALTHY** as soon as one live vantage says HEALTHY (a
   lone dissenter, a vantage with a broken path to the endpoint, does not
-  take it out);
+  take it out), or DEGRADED (SPEC §9) when the live vantages that see it
+  up all see it DEGRADED;
 * with no opinion at all (every vantage dead or still unknown) the state
   stays what it was - fail static - and is UNKNOWN only if it never had one.
 
@@ -31,6 +32,7 @@ from healthgate.health.states import HealthState
 HEALTHY = HealthState.HEALTHY
 UNHEALTHY = HealthState.UNHEALTHY
 UNKNOWN = HealthState.UNKNOWN
+DEGRADED = HealthState.DEGRADED
 
 
 def vantages_of(own_region: str, listed: Sequence[str]) -> tuple[str, ...]:
@@ -51,10 +53,12 @@ def verdict(
     voters = [r for r in vantages if r in live]
     said = {r: opinions.get(r, UNKNOWN) for r in voters}
     down = sorted(r for r, s in said.items() if s is UNHEALTHY)
-    up = sorted(r for r, s in said.items() if s is HEALTHY)
+    up = sorted(r for r, s in said.items() if s is HEALTHY or s is DEGRADED)
+    # up: HEALTHY when one of them says HEALTHY, else DEGRADED (SPEC §9)
+    best = HEALTHY if any(said[r] is HEALTHY for r in up) else DEGRADED
     if len(vantages) == 1:  # the common case: one region decides alone
         if up or down:
-            state = HEALTHY if up else UNHEALTHY
+            state = best if up else UNHEALTHY
             return state, f"{state.name} as seen from {(up or down)[0]}"
         return previous, _held(vantages, voters, previous)
     quorum = len(voters) // 2 + 1
@@ -64,10 +68,10 @@ def verdict(
             + (f"; {', '.join(up)} saw it HEALTHY" if up else "")
         )
     if up:
-        why = f"HEALTHY from {', '.join(up)}"
+        why = f"{best.name} from {', '.join(r for r in up if said[r] is best)}"
         if down:
             why += f"; {', '.join(down)} saw it UNHEALTHY, short of a quorum of {quorum}"
-        return HEALTHY, why
+        return best, why
     if down:  # the rest of the live vantages have no opinion yet
         return previous, (
             f"{', '.join(down)} saw it UNHEALTHY, short of a quorum of {quorum} "

@@ -3,10 +3,11 @@
 HAProxy connects to the agent, sends the server line's ``agent-send``
 string - here the PSC NEG that server stands for, as
 ``PROJECT/REGION/NAME`` - and reads one line back: ``up``, ``down`` or
-``maint`` (integrations/verdicts.py says which). ``up`` is sent as
-``up ready``: ``ready`` takes a server out of a maintenance state the agent
-put it in earlier (a NEG that was not accepted, or not there yet), which
-``up`` alone would not.
+``maint``, ``drain`` (integrations/verdicts.py says which). ``up`` is sent
+as ``up ready`` (``up 70%`` as ``up ready 70%``): ``ready`` takes a server
+out of a maintenance or drain state the agent put it in earlier (a NEG that
+was not accepted, or not there yet, or DEGRADED), which ``up`` alone would
+not.
 
 Bounded: a request is one line of at most 512 bytes (the name is answered
 at the first newline, or when nothing more came for 100 ms - HAProxy's
@@ -41,7 +42,9 @@ def neg_path(reference: str) -> str | None:
 def reply(answer: Answer, request: bytes) -> bytes:
     path = neg_path(request.decode("ascii", "replace"))
     word = answer(path) if path is not None else "maint"
-    return b"up ready\n" if word == "up" else word.encode() + b"\n"
+    if word == "up" or word.startswith("up "):  # ("up 70%": a share's weight)
+        return b"up ready" + word[2:].encode() + b"\n"
+    return word.encode() + b"\n"
 
 
 class _AgentConnection(asyncio.Protocol):

@@ -22,8 +22,10 @@ tokens every zone must name its project (SPEC §7).
   a message that does not parse: FORMERR when its header can be read, else
   no answer.
 
-A rule whose route refuses traffic (FAIL_CLOSED, every region down) has no
-address: NODATA. The wire format is dnspython's; UDP answers are truncated
+A split route's answers leave out its DEGRADED regions while another is
+left (SPEC §9: answers are cached, so a degraded region is named only when
+nothing HEALTHY is left). A rule whose route refuses traffic (FAIL_CLOSED,
+every region down) has no address: NODATA. The wire format is dnspython's; UDP answers are truncated
 (TC) past 512 bytes or the client's EDNS size, TCP messages are
 length-prefixed and at most 65,535 bytes. A TCP connection lives at most
 ``tcp_lifetime`` seconds, each of its reads and writes ``tcp_timeout``; at
@@ -51,6 +53,8 @@ import dns.rdatatype
 import dns.rrset
 
 from healthgate.health.engine import HealthEngine
+from healthgate.health.routing import Share
+from healthgate.health.states import HealthState
 from healthgate.model.lookups import published_address
 from healthgate.model.names import ResourcePath
 from healthgate.model.resources import ForwardingRule, Resource
@@ -151,10 +155,26 @@ class DnsDirectory:
         if route is None or route.target is None or route.attachment is None:
             return None
         if route.split:  # (SPEC §6: each answer drawn by share, as weighted records)
-            attachments = [a for a, _ in route.split]
-            drawn = random.choices(attachments, [p for _, p in route.split])[0]
+            split = self._healthy_first(route.split, route.shares)
+            attachments = [a for a, _ in split]
+            drawn = random.choices(attachments, [p for _, p in split])[0]
             return self._addresses.get(drawn) or self._addresses.get(route.attachment)
         return self._addresses.get(route.attachment)
+
+    def _healthy_first(
+        self, split: tuple[tuple[str, float], ...], shares: tuple[Share, ...]
+    ) -> tuple[tuple[str, float], ...]:
+        """A split without its DEGRADED regions while another is left (SPEC
+        §9: a resolver caches what it gets, so DNS answers with a DEGRADED
+        region only when nothing HEALTHY is left)."""
+        degraded = HealthState.DEGRADED
+        kept = tuple(
+            pair
+            for pair, share in zip(split, shares, strict=False)
+            if (status := self.engine.node_status(share.neg)) is None
+            or status.state is not degraded
+        )
+        return kept or split
 
     def exists(self, name: dns.name.Name, zone: dns.name.Name) -> bool:
         return name == zone or name in self._present

@@ -1,9 +1,10 @@
 """The answers other data planes get, derived from the engine (pure).
 
 * **A forwarding rule's health** (``.../forwardingRules/{name}/healthz``):
-  200 when the composite delivered to the rule is HEALTHY, 503 otherwise
-  (UNHEALTHY, UNKNOWN - not yet known, or in DRY_RUN - or no composite at
-  all), with the state and the reason. A load balancer that health-checks
+  200 when the composite delivered to the rule is HEALTHY or DEGRADED (SPEC
+  §9: working, impaired - the body says ``"state": "DEGRADED"``), 503
+  otherwise (UNHEALTHY, UNKNOWN - not yet known, or in DRY_RUN - or no
+  composite at all), with the state and the reason. A load balancer that health-checks
   this URL takes a region out exactly when healthgate would.
 * **A PSC NEG's agent answer** (HAProxy's agent-check):
 
@@ -12,6 +13,10 @@
   ============================================  =======
   HEALTHY, or UNKNOWN (UNKNOWN never fails      ``up``
   over, SPEC §2.3)
+  DEGRADED (SPEC §9) while no route sends it    ``drain``
+  traffic (another region is HEALTHY)
+  DEGRADED, and a route sends it traffic        ``up``
+  (nothing HEALTHY is left)
   UNHEALTHY                                     ``down``
   UNHEALTHY, but the route of a front end that  ``up``
   uses it keeps it under FAIL_OPEN (every
@@ -52,7 +57,7 @@ def forwarding_rule_health(engine: HealthEngine, rule: str) -> RuleHealth:
         return RuleHealth(
             503, "UNKNOWN", "no composite health check has this rule as destination", None
         )
-    code = 200 if dest.state is HealthState.HEALTHY else 503
+    code = 200 if dest.state in (HealthState.HEALTHY, HealthState.DEGRADED) else 503
     return RuleHealth(code, dest.state.name, dest.reason, dest.since)
 
 
@@ -61,12 +66,25 @@ def agent_answer(engine: HealthEngine, neg: str) -> str:
     if not accepted:
         return "maint"
     status = engine.node_status(neg)
+    # HAProxy's drain takes no new traffic: only while healthgate's own routes
+    # send a DEGRADED NEG none (one with nothing HEALTHY left keeps its
+    # traffic, and a drained one in HAProxy would not)
+    if status is not None and status.state is HealthState.DEGRADED and not _routed(engine, neg):
+        return "drain"
     if status is None or status.state is not HealthState.UNHEALTHY:
         return "up" + _weight(engine, neg)
     for route in engine.route_table().routes.values():
         if route.target == neg and route.mode is RouteMode.FAIL_OPEN:
             return "up"
     return "down"
+
+
+def _routed(engine: HealthEngine, neg: str) -> bool:
+    """Does a front end's route send this NEG new traffic (its target, or a share)?"""
+    return any(
+        route.target == neg or any(s.neg == neg for s in route.shares)
+        for route in engine.route_table().routes.values()
+    )
 
 
 def _weight(engine: HealthEngine, neg: str) -> str:

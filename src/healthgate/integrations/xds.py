@@ -10,7 +10,9 @@ forwarding rule that region's PSC NEG reaches - with
   locality to the rule's ``dataPlaneRegion``, name; 0 first);
 * ``health_status`` from the NEG, as HAProxy's agent answers it
   (integrations/verdicts.py): HEALTHY (or UNKNOWN: it never fails over),
-  UNHEALTHY, or DRAINING when no traffic may flow (not accepted).
+  DEGRADED (SPEC §9: Envoy sends it traffic only when too few hosts are
+  HEALTHY; it also comes after every other region in the order), UNHEALTHY,
+  or DRAINING when no traffic may flow (not accepted).
 
 What Envoy needs to fail over at once rather than gradually:
 
@@ -93,6 +95,7 @@ _HEALTH = {
     "up": health_check_pb2.HEALTHY,
     "down": health_check_pb2.UNHEALTHY,
     "maint": health_check_pb2.DRAINING,
+    "drain": health_check_pb2.DEGRADED,  # (SPEC §9: a DEGRADED NEG, nothing routed to it)
 }
 
 
@@ -268,6 +271,9 @@ def _assignment(
         health = _HEALTH[answer]
         if answer == "up" and candidate.state is HealthState.UNKNOWN:
             health = health_check_pb2.UNKNOWN  # (Envoy routes to UNKNOWN as to HEALTHY)
+        elif answer == "up" and candidate.state is HealthState.DEGRADED:
+            # (Envoy uses DEGRADED hosts only when too few are HEALTHY: SPEC §9)
+            health = health_check_pb2.DEGRADED
         ip, port = address
         endpoint = endpoint_components_pb2.LbEndpoint(health_status=health)
         endpoint.endpoint.address.socket_address.CopyFrom(

@@ -59,6 +59,9 @@ class HealthCheck(Resource):
     healthy_threshold: int = Field(3, ge=2, le=10)
     unhealthy_threshold: int = Field(3, ge=2, le=10)
     expected_status_codes: list[str] = Field(default_factory=lambda: ["200"], min_length=1)
+    # SPEC §9: an answer with one of these is a *degraded* success (a 429 of
+    # a backend shedding load); none listed: nothing is ever DEGRADED
+    degraded_status_codes: list[str] = Field(default_factory=list, max_length=20)
     grpc_service_name: str | None = Field(None, max_length=1024)
     enabled: bool = True
     # cluster mode (SPEC §4): probers of these regions check the endpoints
@@ -99,14 +102,14 @@ class HealthCheck(Resource):
             raise ValueError(f"expected a host name or IP address, got {brief(value)}")
         return value
 
-    @field_validator("expected_status_codes", mode="before")
+    @field_validator("expected_status_codes", "degraded_status_codes", mode="before")
     @classmethod
     def _status_codes_as_text(cls, value: Any) -> Any:
         if isinstance(value, list):
             return [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
         return value
 
-    @field_validator("expected_status_codes")
+    @field_validator("expected_status_codes", "degraded_status_codes")
     @classmethod
     def _check_status_codes(cls, value: list[str]) -> list[str]:
         for item in value:
@@ -127,6 +130,14 @@ class HealthCheck(Resource):
             raise ValueError(
                 f"expectedStatusCodes: only HTTP and HTTPS checks have them, not {self.type}"
             )
+        if self.degraded_status_codes and not http:
+            raise ValueError(
+                f"degradedStatusCodes: only HTTP and HTTPS checks have them, not {self.type}"
+            )
+        if self.degraded_status_codes and self.invert:
+            raise ValueError(
+                "degradedStatusCodes: an inverted check has no degraded successes (invert is true)"
+            )
         if self.grpc_service_name is not None and self.type != "GRPC":
             raise ValueError(f"grpcServiceName: only GRPC checks have one, not {self.type}")
         if self.response_contains is not None and not http:
@@ -138,11 +149,18 @@ class HealthCheck(Resource):
         return self
 
     def status_ranges(self) -> tuple[tuple[int, int], ...]:
-        out = []
-        for item in self.expected_status_codes:
-            lo, _, hi = item.partition("-")
-            out.append((int(lo), int(hi or lo)))
-        return tuple(out)
+        return _ranges(self.expected_status_codes)
+
+    def degraded_ranges(self) -> tuple[tuple[int, int], ...]:
+        return _ranges(self.degraded_status_codes)
+
+
+def _ranges(codes: list[str]) -> tuple[tuple[int, int], ...]:
+    out = []
+    for item in codes:
+        lo, _, hi = item.partition("-")
+        out.append((int(lo), int(hi or lo)))
+    return tuple(out)
 
 
 # --------------------------------------------------------------------- groups

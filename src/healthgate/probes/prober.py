@@ -70,6 +70,9 @@ def verdict(spec: ProbeSpec, head: HttpHead, latency: float) -> ProbeResult:
     """The result of an HTTP(S) probe from what was read of the response."""
     error = head.error
     if not error:  # (the usual case first: this runs per probe)
+        if spec.degraded_ranges and spec.degraded(head.status):
+            # (a degraded answer - a 429 page - is not searched for responseContains)
+            return ProbeResult(Outcome.DEGRADED, latency, head.status)
         if spec.expects(head.status):
             if spec.contains and not head.found:
                 return ProbeResult(Outcome.CONTENT, latency, head.status, _missing(spec.contains))

@@ -20,6 +20,8 @@ class ProbeSpec:
     grpc_service: str = ""
     contains: bytes = b""  # HTTP(S): must be in the first 5,120 bytes of the body
     invert: bool = False  # success and failure swap
+    # SPEC §9: statuses that are a degraded success (checked before the others)
+    degraded_ranges: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def from_check(cls, check: HealthCheck, ip: str, serving_port: int | None) -> ProbeSpec:
@@ -38,6 +40,7 @@ class ProbeSpec:
             grpc_service=check.grpc_service_name or "",
             contains=(check.response_contains or "").encode(),
             invert=check.invert,
+            degraded_ranges=check.degraded_ranges(),
         )
 
     def expects(self, status: int) -> bool:
@@ -45,6 +48,9 @@ class ProbeSpec:
         if len(ranges) == 1:  # the usual case, and this runs for every probe
             return ranges[0][0] <= status <= ranges[0][1]
         return any(lo <= status <= hi for lo, hi in ranges)
+
+    def degraded(self, status: int) -> bool:
+        return any(lo <= status <= hi for lo, hi in self.degraded_ranges)
 
     @property
     def address(self) -> str:

@@ -90,6 +90,8 @@ def _outcome(target: ProbeTarget, event: ScenarioEvent | None, response: float) 
     elif event.status is not None:
         if not http:
             latency = response  # a TCP or gRPC check never sees an HTTP status
+        elif any(lo <= event.status <= hi for lo, hi in check.degraded_ranges()):
+            return ProbeResult(Outcome.DEGRADED, response, event.status)  # (SPEC §9)
         elif any(lo <= event.status <= hi for lo, hi in check.status_ranges()):
             return ProbeResult(Outcome.OK, response, event.status)
         else:

@@ -11,7 +11,8 @@ A scenario is a YAML mapping::
         fault: hang        # hang | refuse | reset | heal
       - at: 40
         select: {endpoint: 127.0.2.1}
-        status: 503        # answer HTTP 503 (TCP checks still pass)
+        status: 503        # answer HTTP 503 (TCP checks still pass; a status in
+                           # the check's degradedStatusCodes is a degraded success)
       - at: 50
         select: {backendService: web, region: europe-west1, count: 1}
         latency: 2.5       # answer after 2.5 s (a timeout if >= timeoutSec)
