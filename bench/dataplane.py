@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +198,33 @@ def start_nginx(work: Path, name: str, body: str, cpu: int) -> Proc:
     )
 
 
+def missing(*tools: str) -> bool:
+    """Say which of ``tools`` is not installed (and how to install it)."""
+    for tool in tools:
+        if not shutil.which(tool):
+            print(f"{tool} is not installed: apt-get install -y {' '.join(tools)}", file=sys.stderr)
+            return True
+    return False
+
+
+def region_backends(work: Path, regions: Sequence[str]) -> tuple[dict[str, int], Proc]:
+    """One nginx on core 0 answering ``region=R`` on a free port per region,
+    once every port listens: the ports, and the process to stop."""
+    be = {r: free_port() for r in regions}
+    servers = "".join(
+        f'\n  server {{ listen 127.0.0.1:{be[r]}; location / {{ return 200 "region={r}\\n"; }} }}'
+        for r in regions
+    )
+    proc = start_nginx(work, "backends", servers, 0)
+    try:
+        for port in be.values():
+            wait_port(port)
+    except BaseException:
+        proc.stop()
+        raise
+    return be, proc
+
+
 def wait_healthy(api: int, backend_service: str, timeout: float = 30) -> None:
     """Until the backend service's endpoint is HEALTHY (its first health
     checks), so that the proxies balance over healthy endpoints, as in use."""
@@ -272,10 +300,8 @@ def main() -> int:
     )
     ap.add_argument("--json")
     args = ap.parse_args()
-    for tool in ("haproxy", "nginx", "wrk"):
-        if not shutil.which(tool):
-            print(f"{tool} is not installed: apt-get install -y haproxy nginx wrk", file=sys.stderr)
-            return 2
+    if missing("haproxy", "nginx", "wrk"):
+        return 2
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

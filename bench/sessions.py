@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import shutil
 import statistics
 import sys
 import tempfile
@@ -45,7 +44,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Proc, cpu_seconds, free_port, pinned, wait_port, wait_until
-from dataplane import published_region, start_nginx, wrk
+from dataplane import missing, published_region, region_backends, wrk
 
 REGIONS = ("us-east1", "europe-west1", "asia-east1")
 CHECK = {"type": "TCP", "checkIntervalSec": 1, "timeoutSec": 1, "healthyThreshold": 2,
@@ -150,23 +149,15 @@ def main() -> int:
     ap.add_argument("--conns", type=int, default=50)
     ap.add_argument("--json")
     args = ap.parse_args()
-    for tool in ("nginx", "wrk"):
-        if not shutil.which(tool):
-            print(f"{tool} is not installed: apt-get install -y nginx wrk", file=sys.stderr)
-            return 2
+    if missing("nginx", "wrk"):
+        return 2
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        be = {r: free_port() for r in REGIONS}
+        be, backends = region_backends(work, REGIONS)
         closed = free_port()  # (nobody listens there: a broken region)
-        servers = "".join(
-            f'\n  server {{ listen 127.0.0.1:{be[r]}; location / {{ return 200 "region={r}\\n"; }} }}'
-            for r in REGIONS
-        )
-        procs = [start_nginx(work, "backends", servers, 0)]
+        procs = [backends]
         try:
-            for port in be.values():
-                wait_port(port)
             prod = {r: free_port(f"127.0.9.{100 + i}") for i, r in enumerate(REGIONS)}
             l7, api = free_port(), free_port()
             manifest = work / "world.yaml"

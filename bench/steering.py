@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import shutil
 import socket
 import statistics
 import sys
@@ -48,7 +47,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Proc, cpu_seconds, free_port, pinned, wait_port, wait_until
-from dataplane import published_region, start_nginx, wrk
+from dataplane import missing, published_region, region_backends, wrk
 
 REGIONS = ("us-east1", "europe-west1")
 CHECK = {"type": "TCP", "checkIntervalSec": 1, "timeoutSec": 1}
@@ -202,22 +201,14 @@ def main() -> int:
     )  # fmt: skip
     ap.add_argument("--json")
     args = ap.parse_args()
-    for tool in ("nginx", "wrk"):
-        if not shutil.which(tool):
-            print(f"{tool} is not installed: apt-get install -y nginx wrk", file=sys.stderr)
-            return 2
+    if missing("nginx", "wrk"):
+        return 2
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        be = {r: free_port() for r in REGIONS}
-        servers = "".join(
-            f'\n  server {{ listen 127.0.0.1:{be[r]}; location / {{ return 200 "region={r}\\n"; }} }}'
-            for r in REGIONS
-        )
-        procs = [start_nginx(work, "backends", servers, 0)]
+        be, backends = region_backends(work, REGIONS)
+        procs = [backends]
         try:
-            for port in be.values():
-                wait_port(port)
             prod = {r: free_port(f"127.0.9.{100 + i}") for i, r in enumerate(REGIONS)}
             l7, l4, api = free_port(), free_port(), free_port()
             manifest = work / "world.yaml"
