@@ -49,12 +49,14 @@ def assert_clean(out: Outcome) -> None:
     assert sum(out.flaps.values()) == 0, out.flaps
 
 
-@pytest.mark.parametrize("run", range(5))
+@pytest.mark.parametrize("run", range(3))
 def test_a_region_cut_off_fails_over_and_heals_without_a_flap(
     ground: Ground, run: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # the first run with etcd's raft leader inside the cut region; five runs
-    # in a row, since a flap at the heal used to show in half of them
+    # the first run with etcd's raft leader inside the cut region; three runs
+    # in a row, since a flap at the heal used to show in half of them (five
+    # runs until the suite had to fit in 20 minutes: three catch such a flap
+    # seven times in eight)
     inside = run == 0
     out = scenarios.region_cut_off(ground, "us", etcd_leader_inside=inside)
     report(capsys, out)
