@@ -15,7 +15,7 @@ with one), then by locality (R's own region first), then by name. Then:
 
 A DEGRADED NEG (SPEC §9) is eligible, but the order puts it after every
 NEG that is not (keeping the order among the degraded ones): traffic on a
-DEGRADED NEG moves to a HEALTHY one wherever failback is on or not, and
+DEGRADED NEG moves to a HEALTHY one whether failback is on or not, and
 stays on it when none is HEALTHY; an UNKNOWN NEG ahead of it does not take
 the traffic (UNKNOWN never moves traffic).
 
