@@ -20,6 +20,7 @@ from healthgate.integrations.xds import bootstrap, envoy_hash_policy
 from healthgate.model.resources import BackendService
 from healthgate.model.validation import parse_resource
 from tests.e2e.harness import break_and_time, region_at
+from tests.e2e.test_degraded import degraded_world
 from tests.e2e.test_failover import Stack
 from tests.integration.serve_proc import wait_for
 from tests.integration.servers import free_port
@@ -257,11 +258,7 @@ def test_envoy_sees_a_degraded_region_and_uses_it_only_when_nothing_is_healthy(
     Envoy sends its traffic to the HEALTHY region, and back to the degraded
     one when the HEALTHY one fails."""
     st, envoy = stack
-    world = st.world()
-    for d in world:
-        if d["kind"] == "HealthCheck":
-            d["degradedStatusCodes"] = ["429"]
-    st.apply(world)
+    st.apply(degraded_world(st))
     st.backends.set_mode("us-east1", "429")
     wait_for(lambda: envoy.endpoints().get("shop-us") == "DEGRADED", 20, what="DEGRADED in EDS")
     wait_for(lambda: envoy.region_served() == "europe-west1", 10, what="Envoy leaves it")
