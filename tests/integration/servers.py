@@ -190,3 +190,117 @@ class FullBacklog:
         for s in self.fillers:
             s.close()
         self.listener.close()
+
+
+# ------------------------------------------------------------------ SPEC §10: what probes send
+
+PROXY_V2_SIGNATURE = b"\r\n\r\n\x00\r\nQUIT\n"
+
+
+async def read_proxy_header(reader: asyncio.StreamReader) -> bytes | None:
+    """A PROXY protocol preamble, v1 or v2, as a real listener reads it
+    first on a connection (None: not one - the listener closes)."""
+    first = await reader.readexactly(6)
+    if first == b"PROXY ":
+        line = await reader.readuntil(b"\r\n")
+        if len(line) > 101:  # (v1's line is at most 107 bytes)
+            return None
+        return first + line
+    rest = await reader.readexactly(10)
+    head = first + rest
+    if head[:12] != PROXY_V2_SIGNATURE or head[12] >> 4 != 2:
+        return None
+    length = struct.unpack("!H", head[14:16])[0]
+    return head + await reader.readexactly(length)
+
+
+def demanding(
+    method: str = "GET",
+    headers: dict[str, str] | None = None,
+    body: bytes = b"",
+    proxy: bool = False,
+    seen: list[bytes] | None = None,
+) -> Handler:
+    """An HTTP endpoint that answers 200 only to the right request (method,
+    headers, body), else 403; with ``proxy``, a PROXY-protocol listener
+    (the preamble first on each connection, or it closes). Keeps
+    connections alive; ``seen`` gets every preamble and request head."""
+    wanted = {k.lower(): v for k, v in (headers or {}).items()}
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            if proxy:
+                preamble = await read_proxy_header(reader)
+                if preamble is None:
+                    return
+                if seen is not None:
+                    seen.append(preamble)
+            while True:
+                head = await read_head(reader)
+                if seen is not None:
+                    seen.append(head)
+                lines = head.decode("latin-1").split("\r\n")
+                got_method = lines[0].split(" ")[0]
+                got = {}
+                for line in lines[1:]:
+                    name, _, value = line.partition(":")
+                    if name:
+                        got[name.strip().lower()] = value.strip()
+                length = int(got.get("content-length", "0"))
+                got_body = await reader.readexactly(length) if length else b""
+                ok = (
+                    got_method == method
+                    and all(got.get(k) == v for k, v in wanted.items())
+                    and got_body == body
+                )
+                status, answer = (200, b"ok") if ok else (403, b"no")
+                content = b"" if got_method == "HEAD" else answer
+                writer.write(
+                    b"HTTP/1.1 %d X\r\nContent-Length: %d\r\n\r\n%s"
+                    % (status, len(answer), content)
+                )
+                await writer.drain()
+                if got.get("connection") == "close":
+                    break
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    return handler
+
+
+def redis_like(proxy: bool = False) -> Handler:
+    """``PING`` -> ``+PONG``, anything else ``-ERR`` (a Redis port, say)."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            if proxy and await read_proxy_header(reader) is None:
+                return
+            line = await reader.readuntil(b"\r\n")
+            writer.write(b"+PONG\r\n" if line == b"PING\r\n" else b"-ERR unknown command\r\n")
+            await writer.drain()
+            await reader.read(1)  # until the prober goes
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    return handler
+
+
+def banner(text: bytes, then_close: bool = False) -> Handler:
+    """Speaks first, as SMTP does (``220 ...``), then waits (or closes)."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            writer.write(text)
+            await writer.drain()
+            if not then_close:
+                await reader.read(1)
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    return handler

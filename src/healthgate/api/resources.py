@@ -43,12 +43,14 @@ class RegionalCollection(StrEnum):
     compositeHealthChecks = "compositeHealthChecks"
     forwardingRules = "forwardingRules"
     serviceAttachments = "serviceAttachments"
+    secrets = "secrets"
 
 
 class GlobalCollection(StrEnum):
     backendServices = "backendServices"
     forwardingRules = "forwardingRules"
     webhooks = "webhooks"
+    secrets = "secrets"
 
 
 @dataclass(frozen=True, slots=True)

@@ -135,7 +135,7 @@ class ProbeSource(Protocol):
 
 
 def spec_of(target: ProbeTarget) -> ProbeSpec:
-    return ProbeSpec.from_check(target.check, target.ip, target.port)
+    return ProbeSpec.from_check(target.check, target.ip, target.port, target.secrets)
 
 
 class LocalProber:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from types import MappingProxyType
 
 from healthgate.health.states import (
     HealthState,
@@ -37,6 +38,7 @@ from healthgate.health.types import (
     EndpointStatus,
     ProbeTarget,
 )
+from healthgate.model.checks import Secret
 from healthgate.model.names import (
     ResourcePath,
     endpoint_name,
@@ -57,6 +59,7 @@ HEALTHY = HealthState.HEALTHY
 UNHEALTHY = HealthState.UNHEALTHY
 DEGRADED = HealthState.DEGRADED
 _STATES = (UNKNOWN, HEALTHY, UNHEALTHY, DEGRADED)
+_NO_SECRETS: Mapping[ResourcePath, str] = MappingProxyType({})
 _OK = Outcome.OK  # per-probe outcomes as globals (see the note on Outcome)
 
 
@@ -71,6 +74,7 @@ class _Aggregate:
         "healthy_cache",
         "hthr",
         "path",
+        "secrets",
         "slots",
         "total",
         "unknown",
@@ -93,6 +97,9 @@ class _Aggregate:
         # whether an ejection counts as UNHEALTHY for the aggregation policy
         self.ejected: dict[EndpointKey, float] = {}
         self.count_ejected = False
+        # the values of the secrets its check reads (SPEC §10): a new value
+        # is a changed check to the probes
+        self.secrets: Mapping[ResourcePath, str] = _NO_SECRETS
 
     def count(self, old: int, new: int) -> None:
         """An endpoint of it went from state ``old`` to ``new`` (-1: none)."""
@@ -373,8 +380,16 @@ class EndpointTable:
             if isinstance(res, BackendService) and not res.is_global:
                 check = resources.get(res.refs("health_checks")[0])
                 assert isinstance(check, HealthCheck), "validated: the health check exists"
-                self._use(path, (*res.refs("health_checks"), *res.refs("backends")))
-                self._rebuild_aggregate(now, res, check, self._endpoints_of(res, resources), result)
+                secrets = check.refs("secret_refs")
+                self._use(path, (*res.refs("health_checks"), *res.refs("backends"), *secrets))
+                values = (
+                    {p: s.value for p in secrets if isinstance(s := resources.get(p), Secret)}
+                    if secrets
+                    else _NO_SECRETS
+                )
+                self._rebuild_aggregate(
+                    now, res, check, values, self._endpoints_of(res, resources), result
+                )
                 rebuilt.append(path)
             elif path in self._agg_ids:  # gone (or no longer a regional one)
                 self._use(path, ())
@@ -415,6 +430,7 @@ class EndpointTable:
         now: float,
         bs: BackendService,
         check: HealthCheck,
+        secrets: Mapping[ResourcePath, str],
         desired: dict[EndpointKey, None],
         result: ApplyResult,
     ) -> None:
@@ -423,17 +439,20 @@ class EndpointTable:
         if agg_id is None:
             agg_id = self._free_aggs.pop() if self._free_aggs else len(self._aggs)
             agg = _Aggregate(path, check)
+            agg.secrets = secrets
             if agg_id == len(self._aggs):
                 self._aggs.append(agg)
             else:
                 self._aggs[agg_id] = agg
             self._agg_ids[path] = agg_id
             old_check: HealthCheck | None = None
+            old_secrets = secrets
         else:
             agg_or_none = self._aggs[agg_id]
             assert agg_or_none is not None
             agg = agg_or_none
-            old_check = agg.check
+            old_check, old_secrets = agg.check, agg.secrets
+            agg.secrets = secrets
             agg.check, agg.hthr, agg.uthr = (
                 check,
                 check.healthy_threshold,
@@ -462,12 +481,12 @@ class EndpointTable:
                 if before is not target:
                     result.records.append(self._transition(now, agg, key, before, target, reason))
                 if enabled:
-                    result.added.append(ProbeTarget(slot, path, key[0], key[1], check))
+                    result.added.append(ProbeTarget(slot, path, key[0], key[1], check, secrets))
                 else:
                     result.removed.append(slot)
-        elif old_check is not None and old_check != check and enabled:
+        elif old_check is not None and (old_check != check or old_secrets != secrets) and enabled:
             for key, slot in agg.slots.items():
-                result.changed.append(ProbeTarget(slot, path, key[0], key[1], check))
+                result.changed.append(ProbeTarget(slot, path, key[0], key[1], check, secrets))
         for key in desired:
             if key in agg.slots:
                 continue
@@ -477,7 +496,7 @@ class EndpointTable:
             agg.total += 1
             if enabled:
                 agg.unknown += 1
-                result.added.append(ProbeTarget(slot, path, key[0], key[1], check))
+                result.added.append(ProbeTarget(slot, path, key[0], key[1], check, secrets))
             else:
                 agg.healthy += 1
 
@@ -565,7 +584,7 @@ class EndpointTable:
             if agg is None or not agg.check.enabled:
                 continue
             for key, slot in agg.slots.items():
-                yield ProbeTarget(slot, agg.path, key[0], key[1], agg.check)
+                yield ProbeTarget(slot, agg.path, key[0], key[1], agg.check, agg.secrets)
 
     def endpoint_count(self) -> int:
         return len(self._key) - len(self._free)

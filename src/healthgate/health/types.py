@@ -41,6 +41,8 @@ class ProbeTarget:
     ip: str
     port: int | None  # serving port (None for GCE_VM_IP and port-less groups)
     check: HealthCheck
+    # the values of the secrets the check reads (SPEC §10), by path; never shown
+    secrets: Mapping[ResourcePath, str] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,7 @@ KIND_TO_COLLECTION: Final[dict[str, str]] = {
     "ServiceAttachment": "serviceAttachments",
     "Shift": "shifts",  # (written through /v1/projects/P/shifts only: SPEC §6)
     "Webhook": "webhooks",
+    "Secret": "secrets",
 }
 COLLECTION_TO_KIND: Final[dict[str, str]] = {c: k for k, c in KIND_TO_COLLECTION.items()}
 

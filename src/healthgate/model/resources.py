@@ -20,6 +20,16 @@ from typing import Any, Literal, Self
 
 from pydantic import Field, field_validator, model_validator
 
+from healthgate.model.checks import (
+    MAX_BODY,
+    MAX_HEADERS,
+    Method,
+    Payload,
+    ProxyHeader,
+    RequestHeader,
+    Secret,
+    SecretRef,
+)
 from healthgate.model.names import (
     NAME_RULE,
     ReferenceError_,
@@ -74,6 +84,22 @@ class HealthCheck(Resource):
     # every probe's success and failure swap ("healthy while the maintenance
     # page is NOT up"); a probe that could not be made stays no result
     invert: bool = False
+    # SPEC §10, what a probe sends (model/checks.py): HTTP(S) method, headers, body
+    method: Method = "GET"
+    request_headers: list[RequestHeader] = Field(default_factory=list, max_length=MAX_HEADERS)
+    request_body: str | None = Field(None, min_length=1, max_length=MAX_BODY)
+    # TCP: bytes written once connected, and the first bytes the answer must be
+    send: Payload | None = None
+    expect: Payload | None = None
+    # the PROXY protocol preamble first on every connection (GCP's proxyHeader)
+    proxy_header: ProxyHeader = "NONE"
+    # HTTPS: a certificate and its key (PEM) to present; verify the server's
+    # certificate (against caCertificate, else the prober's CA file or the system store)
+    client_certificate: SecretRef | None = None
+    verify: bool = False
+    ca_certificate: SecretRef | None = None
+
+    REFS = (("secret_refs", "secrets", "secrets"),)
 
     @field_validator("vantage_regions")
     @classmethod
@@ -146,7 +172,61 @@ class HealthCheck(Resource):
             )
         if self.response_contains is not None and len(self.response_contains.encode()) > 1024:
             raise ValueError("responseContains: at most 1,024 bytes of UTF-8")
+        self._check_requests(http)
         return self
+
+    def _check_requests(self, http: bool) -> None:
+        """SPEC §10's fields, each on the check types that have it."""
+        kind = self.type
+        if not http:
+            for name, given in (
+                ("method", self.method != "GET"),
+                ("requestHeaders", bool(self.request_headers)),
+                ("requestBody", self.request_body is not None),
+            ):
+                if given:
+                    raise ValueError(f"{name}: only HTTP and HTTPS checks have one, not {kind}")
+        if self.request_body is not None:
+            if self.method in ("GET", "HEAD"):
+                raise ValueError(
+                    f"requestBody: a {self.method} request carries no body (method POST, PUT "
+                    "or OPTIONS)"
+                )
+            if len(self.request_body.encode()) > MAX_BODY:
+                raise ValueError(f"requestBody: at most {MAX_BODY} bytes of UTF-8")
+        if self.method == "HEAD" and self.response_contains is not None:
+            raise ValueError("responseContains: the answer to a HEAD request has no body")
+        for name, payload in (("send", self.send), ("expect", self.expect)):
+            if payload is not None and kind != "TCP":
+                raise ValueError(f"{name}: only TCP checks have one, not {kind}")
+        if self.proxy_header != "NONE" and kind == "GRPC":
+            raise ValueError(
+                "proxyHeader: not for GRPC checks yet (gRPC's client opens its own "
+                "connections; the preamble cannot go first on them)"
+            )
+        for name, given in (
+            ("clientCertificate", self.client_certificate is not None),
+            ("verify", self.verify),
+            ("caCertificate", self.ca_certificate is not None),
+        ):
+            if given and kind != "HTTPS":
+                raise ValueError(f"{name}: only HTTPS checks have one, not {kind}")
+        if self.ca_certificate is not None and not self.verify:
+            raise ValueError("caCertificate: certificates are verified only with verify: true")
+
+    @property
+    def secret_refs(self) -> list[tuple[str, str]]:
+        """The secrets this check reads, as (wire field, reference) pairs."""
+        out = [
+            (f"requestHeaders[{i}].valueFrom.secret", h.value_from.secret)
+            for i, h in enumerate(self.request_headers)
+            if h.value_from is not None
+        ]
+        if self.client_certificate is not None:
+            out.append(("clientCertificate.secret", self.client_certificate.secret))
+        if self.ca_certificate is not None:
+            out.append(("caCertificate.secret", self.ca_certificate.secret))
+        return out
 
     def status_ranges(self) -> tuple[tuple[int, int], ...]:
         return _ranges(self.expected_status_codes)
@@ -712,6 +792,7 @@ AnyResource = (
     | ServiceAttachment
     | Shift
     | Webhook
+    | Secret
 )
 
 KIND_CLASSES: dict[str, type[Resource]] = {
@@ -728,5 +809,6 @@ KIND_CLASSES: dict[str, type[Resource]] = {
         ServiceAttachment,
         Shift,
         Webhook,
+        Secret,
     )
 }

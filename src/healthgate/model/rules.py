@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from healthgate.gcpause import gc_paused
+from healthgate.model.checks import Secret, header_value_problem
 from healthgate.model.names import ResourcePath
 from healthgate.model.resources import (
     BackendService,
@@ -64,6 +65,14 @@ def references(doc: Document, world: World) -> list[Issue]:
                     "a composite health state is never a health source: "
                     "a health source points at a backend service"
                 )
+            issues.append(doc.issue(ref.field, message))
+        elif ref.target.collection == "secrets" and ref.target.project != res.project:
+            # (said before the target is looked up: whether another
+            # project's secret exists is not for this writer to learn)
+            message = (
+                f"{ref.target} is in project {ref.target.project!r}: a check reads the "
+                f"secrets of its own project ({res.project!r}) only"
+            )
             issues.append(doc.issue(ref.field, message))
         elif ref.target not in world.by_path:
             if world.offline and ref.target.project != res.project:
@@ -164,6 +173,35 @@ def same_scope(doc: Document, world: World) -> list[Issue]:
                     f"and region {res.region!r}",
                 )
             )
+    return issues
+
+
+def check_secrets(doc: Document, world: World) -> list[Issue]:
+    """A check reads its own project's secrets only, and each holds what
+    its use needs: a header value one line, a client certificate a PEM
+    certificate and its key, a CA a PEM certificate (SPEC §10). Checked
+    again whenever either is written: a rotated secret must fit too. The
+    messages never quote a secret's value."""
+    issues: list[Issue] = []
+    res = doc.resource
+    for ref in res.references():
+        t = ref.target
+        if t is None or t.collection != "secrets":
+            continue
+        secret = world.get(t) if t.project == res.project else None  # (references says)
+        if not isinstance(secret, Secret):
+            continue  # (missing: the references rule says so)
+        value = secret.value
+        problem: str | None = None
+        if ref.field.startswith("requestHeaders"):
+            problem = header_value_problem(value)
+        elif ref.field.startswith("clientCertificate"):
+            if "-----BEGIN CERTIFICATE-----" not in value or "PRIVATE KEY-----" not in value:
+                problem = "expected PEM: a certificate (BEGIN CERTIFICATE) and its private key"
+        elif "-----BEGIN CERTIFICATE-----" not in value:
+            problem = "expected PEM: one or more CA certificates (BEGIN CERTIFICATE)"
+        if problem is not None:
+            issues.append(doc.issue(ref.field, f"secret {t} does not fit: {problem}"))
     return issues
 
 
@@ -411,6 +449,7 @@ RULES: dict[type[Resource], tuple[Rule, ...]] = {
     HealthSource: (same_scope, internal_source),
     CompositeHealthCheck: (same_scope, distinct_sources),
     BackendService: (backend_groups,),
+    HealthCheck: (check_secrets,),
     NetworkEndpointGroup: (psc_target_in_region,),
     ForwardingRule: (forwarding_rule,),
     ServiceAttachment: (attachment_target,),

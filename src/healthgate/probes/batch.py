@@ -85,7 +85,7 @@ from healthgate.probes.http import (
     parse_head,
     scan_body,
 )
-from healthgate.probes.prober import ProbeSettings, verdict
+from healthgate.probes.prober import ProbeSettings, expect_verdict, verdict
 from healthgate.probes.spec import ProbeSpec
 from healthgate.probes.syn import SynPacket, SynSocket
 
@@ -259,20 +259,33 @@ class BatchProber:
                     self._expire_at(kept)
                     return None
                 self._drop_idle(kept)
-        if spec.type == "TCP" and self.settings.tcp_half_open and ":" not in spec.ip:
-            syn = self._syn if self._syn_tried else self._open_syn()
-            if syn is not None:
-                return self._send_syn(syn, key, spec, now)
-        if spec.type == "TCP":
+        tcp = spec.type == "TCP"
+        if tcp and spec.plain_tcp:
+            if self.settings.tcp_half_open and ":" not in spec.ip:
+                syn = self._syn if self._syn_tried else self._open_syn()
+                if syn is not None:
+                    return self._send_syn(syn, key, spec, now)
             return self._start_tcp(key, spec, now)
         p = _Probe(key, spec, now)
-        cached = self._requests.get(key)
-        if cached is not None and cached[0] is spec:
-            p.request = cached[1]
-        else:  # a new key, or its spec changed
-            p.request = build_request(spec.path, spec.host or spec.ip, self.settings.keepalive)
-            self._requests[key] = (spec, p.request)
-        p.pending = p.request
+        if tcp:  # SPEC §10: the PROXY preamble and send, and perhaps an expected answer
+            p.request = spec.preamble + spec.send
+            p.pending = p.request
+        else:
+            cached = self._requests.get(key)
+            if cached is not None and cached[0] is spec:
+                p.request = cached[1]
+            else:  # a new key, or its spec changed
+                p.request = build_request(
+                    spec.path,
+                    spec.host or spec.ip,
+                    self.settings.keepalive,
+                    spec.method,
+                    spec.headers,
+                    spec.body,
+                )
+                self._requests[key] = (spec, p.request)
+            # (the PROXY preamble opens a connection: a kept one's next requests go alone)
+            p.pending = spec.preamble + p.request if spec.preamble else p.request
         result = self._connect(p, now)
         if result is None:
             self._expire_at(p)
@@ -443,16 +456,22 @@ class BatchProber:
         sock = dialed[0]
         fd = sock.fileno()
         p.sock, p.fd, p.reused, p.buf = sock, fd, False, b""
-        try:
-            sent = sock.send(p.pending)
-        except OSError as exc:
-            if exc.errno not in _NOT_YET:
-                self._release(sock)
-                return errno_result(exc.errno or 0, now - p.start)
+        if not p.pending:  # a TCP check that reads a banner: wait for it
+            p.state = _SENT
         else:
-            p.pending = p.pending[sent:]
-            if not p.pending:
-                p.state = _SENT
+            try:
+                sent = sock.send(p.pending)
+            except OSError as exc:
+                if exc.errno not in _NOT_YET:
+                    self._release(sock)
+                    return errno_result(exc.errno or 0, now - p.start)
+            else:
+                p.pending = p.pending[sent:]
+                if not p.pending:
+                    if p.spec.type == "TCP" and not p.spec.expect:  # sent: that was all
+                        self._release(sock)
+                        return ProbeResult(_OK, now - p.start)
+                    p.state = _SENT
         self._fds[fd] = p
         self._running[p.key] = p
         return None
@@ -533,7 +552,8 @@ class BatchProber:
             if err:
                 return errno_result(err, now - p.start)
             return ProbeResult(Outcome.RESET, now - p.start, 0, "connection closed")
-        if p.spec.type == "TCP":
+        tcp = p.spec.type == "TCP"
+        if tcp and not p.pending:
             self._finish(p, False)
             return ProbeResult(_OK, now - p.start)
         try:
@@ -545,13 +565,39 @@ class BatchProber:
             return errno_result(exc.errno or 0, now - p.start)
         p.pending = p.pending[sent:]
         if not p.pending:
+            if tcp and not p.spec.expect:  # sent: that was all
+                self._finish(p, False)
+                return ProbeResult(_OK, now - p.start)
             p.state = _SENT
         return None
+
+    def _read_expected(self, p: _Probe, now: float) -> ProbeResult | None:
+        """A TCP check's answer: its first ``expect`` bytes (SPEC §10)."""
+        sock = p.sock
+        assert sock is not None
+        want = len(p.spec.expect)
+        while True:
+            try:
+                data = sock.recv(65536)
+            except BlockingIOError:
+                return None
+            except OSError as exc:
+                self._finish(p, False)
+                return errno_result(exc.errno or 0, now - p.start)
+            if data:
+                p.buf += data
+                if len(p.buf) < want:
+                    continue
+            self._finish(p, False)
+            return expect_verdict(p.spec, p.buf[:want] if p.buf else None, now - p.start)
 
     def _read(self, p: _Probe, ev: int, now: float) -> ProbeResult | None:
         """The answer, as it arrives: the head (and, for responseContains, the body)."""
         sock = p.sock
         assert sock is not None
+        spec = p.spec
+        if spec.type == "TCP":
+            return self._read_expected(p, now)
         max_head = self.settings.max_head_bytes
         while True:  # edge-triggered: read until the head is complete or nothing is left
             try:
@@ -575,7 +621,7 @@ class BatchProber:
                 error = "connection closed mid-response" if p.buf else "closed"
                 return verdict(p.spec, HttpHead(error=error), now - p.start)
             buf = p.buf = p.buf + data
-            if whole_response is not None and not p.spec.contains:
+            if whole_response is not None and not spec.contains and spec.method != "HEAD":
                 # the usual answer, one whole reusable response, read in C
                 # (http_scan.py): what parse_head would say of it, at
                 # a twentieth of its cost (its body, within len(buf), fits)
@@ -591,7 +637,7 @@ class BatchProber:
                         continue  # (more of the body to read)
                     head = body_head
                     break
-                head = parse_head(buf, end, self.settings.max_body_bytes)
+                head = parse_head(buf, end, self.settings.max_body_bytes, spec.method == "HEAD")
                 break
             if len(buf) > max_head:
                 head = HttpHead(error=f"response head larger than {max_head} bytes")
@@ -625,7 +671,7 @@ class BatchProber:
         self._finish(p, False)
         p.active = True
         p.state = _CONNECTING
-        p.pending = p.request
+        p.pending = p.spec.preamble + p.request
         result = self._connect(p, now)
         if result is not None:  # (refused at once, say): ended here, not at its deadline
             p.active = False

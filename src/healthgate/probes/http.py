@@ -26,19 +26,29 @@ from healthgate import __version__
 USER_AGENT: Final = f"healthgate/{__version__}".encode()
 
 
-def build_request(path: str, host: str, keepalive: bool) -> bytes:
-    conn = b"" if keepalive else b"Connection: close\r\n"
-    return (
-        b"GET "
-        + path.encode("ascii")
-        + b" HTTP/1.1\r\nHost: "
-        + host.encode("idna")
-        + b"\r\nUser-Agent: "
-        + USER_AGENT
-        + b"\r\nAccept: */*\r\n"
-        + conn
-        + b"\r\n"
-    )
+def build_request(
+    path: str,
+    host: str,
+    keepalive: bool,
+    method: str = "GET",
+    headers: tuple[tuple[str, str], ...] = (),
+    body: bytes = b"",
+) -> bytes:
+    """One request, written once per key and kept (SPEC §10: the check's
+    method, its headers - which replace our User-Agent and Accept when they
+    name them - and its body, with its length)."""
+    named = {name.lower() for name, _ in headers}
+    lines = [f"{method} {path} HTTP/1.1".encode("ascii"), b"Host: " + host.encode("idna")]
+    if "user-agent" not in named:
+        lines.append(b"User-Agent: " + USER_AGENT)
+    if "accept" not in named:
+        lines.append(b"Accept: */*")
+    lines += [name.encode("ascii") + b": " + value.encode() for name, value in headers]
+    if body or method in ("POST", "PUT"):
+        lines.append(b"Content-Length: %d" % len(body))
+    if not keepalive:
+        lines.append(b"Connection: close")
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
 class HttpHead:
@@ -55,6 +65,7 @@ class HttpHead:
 
 _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) (\d{3})")
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*(\d+)[ \t]*\r\n", re.IGNORECASE)
+_CLOSE = re.compile(rb"\r\nconnection:[ \t]*close", re.IGNORECASE)
 _NOT_REUSABLE = re.compile(rb"\r\n(?:connection:[ \t]*close|transfer-encoding:)", re.IGNORECASE)
 
 
@@ -109,7 +120,7 @@ def scan_body(
     return None
 
 
-def parse_head(buf: bytes | bytearray, end: int, max_body: int) -> HttpHead:
+def parse_head(buf: bytes | bytearray, end: int, max_body: int, bodiless: bool = False) -> HttpHead:
     """The verdict on a response whose head ends at ``end`` (the blank line).
 
     Reusable (for a kept-alive connection) only when HTTP/1.1 without
@@ -122,7 +133,10 @@ def parse_head(buf: bytes | bytearray, end: int, max_body: int) -> HttpHead:
         return HttpHead(error=f"bad status line {bytes(buf[: min(line_end, 40)])!r}")
     status = int(m.group(2))
     reusable = False
-    if m.group(1) == b"1" and _NOT_REUSABLE.search(buf, 0, end + 2) is None:
+    if bodiless:  # the answer to a HEAD: never a body, whatever its length says
+        if m.group(1) == b"1" and _CLOSE.search(buf, 0, end + 2) is None:
+            reusable = len(buf) == end + 4
+    elif m.group(1) == b"1" and _NOT_REUSABLE.search(buf, 0, end + 2) is None:
         length = _CONTENT_LENGTH.search(buf, 0, end + 2)
         if length is not None:
             n = int(length.group(1))
@@ -132,6 +146,7 @@ def parse_head(buf: bytes | bytearray, end: int, max_body: int) -> HttpHead:
 
 class HttpProbeProtocol(asyncio.Protocol):
     __slots__ = (
+        "bodiless",
         "buf",
         "closed",
         "contains",
@@ -153,6 +168,7 @@ class HttpProbeProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.got_bytes = False
+        self.bodiless = False  # the answer to a HEAD request
 
     # -- reuse on a kept-alive connection
     def restart(self, fut: asyncio.Future[HttpHead], request: bytes) -> None:
@@ -184,7 +200,7 @@ class HttpProbeProtocol(asyncio.Protocol):
         if self.contains:
             self._decide_body(end, eof=False)
             return
-        fut.set_result(parse_head(buf, end, self.max_body))
+        fut.set_result(parse_head(buf, end, self.max_body, self.bodiless))
 
     def _decide_body(self, end: int, eof: bool) -> None:
         head = parse_head(self.buf, end, self.max_body)
@@ -222,7 +238,7 @@ class TlsHttpProbeProtocol(HttpProbeProtocol):
     of the full kind) - the event loop's own TLS transport has no way to pass
     a session. A TLS failure fails the probe's future with the ``SSLError``."""
 
-    __slots__ = ("_in", "_out", "ready", "request", "tls")
+    __slots__ = ("_in", "_out", "preamble", "ready", "request", "tls")
 
     def __init__(
         self,
@@ -234,8 +250,10 @@ class TlsHttpProbeProtocol(HttpProbeProtocol):
         session: ssl.SSLSession | None,
         request: bytes,
         contains: bytes = b"",
+        preamble: bytes = b"",
     ) -> None:
         super().__init__(fut, max_head, max_body, contains)
+        self.preamble = preamble  # the PROXY protocol's, before the handshake
         self._in = ssl.MemoryBIO()
         self._out = ssl.MemoryBIO()
         self.tls = context.wrap_bio(
@@ -252,6 +270,8 @@ class TlsHttpProbeProtocol(HttpProbeProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        if self.preamble:
+            self.transport.write(self.preamble)  # type: ignore[union-attr]
         self._handshake()
 
     def _flush(self) -> None:

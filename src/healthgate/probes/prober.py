@@ -30,6 +30,7 @@ deadline, so a server's idle timeout is never mistaken for a failure.
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
 from dataclasses import dataclass
 from typing import Any, Final
@@ -91,6 +92,74 @@ def _missing(needle: bytes) -> str:
     return f"{shown} not in the first 5,120 bytes of the body (responseContains)"
 
 
+def tls_context(
+    verify: bool, check_hostname: bool, ca: str | None, ca_file: str | None, client_cert: str
+) -> ssl.SSLContext:
+    """A client context: verifying (against ``ca``, PEM text, else
+    ``ca_file``, else the system store) or not, with a client certificate
+    and its key (PEM text: loaded from a memory file, never written to disk).
+    A certificate that does not load raises ``ssl.SSLError``: the probe's
+    result then says why (TLS)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if verify:
+        ctx.check_hostname = check_hostname
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        if ca:
+            ctx.load_verify_locations(cadata=ca)
+        elif ca_file:
+            ctx.load_verify_locations(ca_file)
+        else:
+            ctx.load_default_certs()
+    else:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    if client_cert:
+        fd = os.memfd_create("healthgate-client-cert", os.MFD_CLOEXEC)
+        try:
+            os.write(fd, client_cert.encode())
+            ctx.load_cert_chain(f"/proc/self/fd/{fd}")
+        finally:
+            os.close(fd)
+    return ctx
+
+
+class _ExpectProtocol(asyncio.Protocol):
+    """A TCP check's answer: its first ``want`` bytes (None: closed first)."""
+
+    def __init__(self, fut: asyncio.Future[bytes | None], want: int) -> None:
+        self.fut = fut
+        self.want = want
+        self.buf = b""
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if len(self.buf) >= self.want and not self.fut.done():
+            self.fut.set_result(self.buf[: self.want])
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.fut.done():
+            if isinstance(exc, ConnectionResetError):
+                self.fut.set_exception(exc)
+            else:
+                self.fut.set_result(self.buf or None)
+
+
+def expect_verdict(spec: ProbeSpec, got: bytes | None, latency: float) -> ProbeResult:
+    """A TCP check's result from the first bytes of its answer (``got``:
+    what came before the connection closed, or None for nothing)."""
+    if got is None:
+        return ProbeResult(Outcome.RESET, latency, 0, "closed without an answer")
+    if got[: len(spec.expect)] == spec.expect:
+        return ProbeResult(_OK, latency)
+    return ProbeResult(
+        Outcome.CONTENT, latency, 0, f"expected {_shown(spec.expect)}, got {_shown(got)}"
+    )
+
+
+def _shown(data: bytes) -> str:
+    return repr(data[:40]) + ("..." if len(data) > 40 else "")
+
+
 class _TcpConnectProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport.close()
@@ -120,24 +189,17 @@ class Prober:
         self._tls_verify_host = self._tls_context(verify=True, check_hostname=True)
         self._tls_verify = self._tls_context(verify=True, check_hostname=False)
         self._grpc: Any = None  # created on first gRPC probe (grpcio is heavy to import)
-        self._requests: dict[tuple[str, str, bool], bytes] = {}  # one per endpoint and path
+        # one per endpoint and request (path, host, keep-alive, method, headers, body)
+        self._requests: dict[tuple[str, str, bool, str, tuple[tuple[str, str], ...], bytes], bytes]
+        self._requests = {}
+        # per-check TLS contexts (verify, a CA, a client certificate): by what they hold
+        self._tls_custom: dict[tuple[bool, bool, str, str], ssl.SSLContext] = {}
         self._sessions: dict[Any, ssl.SSLSession] = {}  # HTTPS: each key's last TLS session
         self.tls_handshakes = 0
         self.tls_resumed = 0  # of which abbreviated (a session resumed)
 
     def _tls_context(self, verify: bool, check_hostname: bool) -> ssl.SSLContext:
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        if verify:
-            ctx.check_hostname = check_hostname
-            ctx.verify_mode = ssl.CERT_REQUIRED
-            if self.settings.ca_file:
-                ctx.load_verify_locations(self.settings.ca_file)
-            else:
-                ctx.load_default_certs()
-        else:
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        return ctx
+        return tls_context(verify, check_hostname, None, self.settings.ca_file, "")
 
     async def probe(self, spec: ProbeSpec, key: Any = None) -> ProbeResult:
         loop = asyncio.get_running_loop()
@@ -173,6 +235,8 @@ class Prober:
     ) -> ProbeResult:
         try:
             if spec.type == "TCP":
+                if not spec.plain_tcp:
+                    return await self._tcp_exchange(loop, spec, start)
                 transport, _ = await loop.create_connection(
                     _tcp_factory, spec.ip, spec.port, local_addr=self._local(spec.ip)
                 )
@@ -197,12 +261,35 @@ class Prober:
                 Outcome.ERROR, latency, 0, exc.strerror or str(exc)
             )
 
+    async def _tcp_exchange(
+        self, loop: asyncio.AbstractEventLoop, spec: ProbeSpec, start: float
+    ) -> ProbeResult:
+        """A TCP check that writes (the PROXY preamble, ``send``) and, with
+        ``expect``, reads the answer's first bytes."""
+        fut: asyncio.Future[bytes | None] = loop.create_future()
+        transport, _ = await loop.create_connection(
+            lambda: _ExpectProtocol(fut, len(spec.expect)),
+            spec.ip,
+            spec.port,
+            local_addr=self._local(spec.ip),
+        )
+        try:
+            transport.write(spec.preamble + spec.send)
+            if not spec.expect:
+                return ProbeResult(Outcome.OK, loop.time() - start)
+            got = await fut
+        finally:
+            transport.close()
+        return expect_verdict(spec, got, loop.time() - start)
+
     async def _http(
         self, loop: asyncio.AbstractEventLoop, spec: ProbeSpec, key: Any, start: float
     ) -> ProbeResult:
         settings = self.settings
         keepalive = settings.keepalive and key is not None
-        request_key = (spec.path, spec.host or spec.ip, keepalive)
+        request_key = (
+            spec.path, spec.host or spec.ip, keepalive, spec.method, spec.headers, spec.body
+        )  # fmt: skip
         request = self._requests.get(request_key)
         if request is None:
             if len(self._requests) > 200_000:
@@ -214,6 +301,7 @@ class Prober:
             if not proto.closed and not transport.is_closing():
                 fut: asyncio.Future[HttpHead] = loop.create_future()
                 proto.contains = spec.contains
+                proto.bodiless = spec.method == "HEAD"
                 proto.restart(fut, request)
                 try:
                     head = await fut
@@ -228,15 +316,20 @@ class Prober:
         fut = loop.create_future()
         max_head, max_body = settings.max_head_bytes, settings.max_body_bytes
         if spec.type == "HTTPS":
-            if not settings.verify_tls:
-                tls = self._tls_plain
-            else:
-                tls = self._tls_verify_host if spec.host else self._tls_verify
+            tls = self._tls_for(spec)
             session = self._sessions.get(key) if key is not None else None
             hostname = spec.host
             transport, proto = await loop.create_connection(
                 lambda: TlsHttpProbeProtocol(
-                    fut, max_head, max_body, tls, hostname, session, request, spec.contains
+                    fut,
+                    max_head,
+                    max_body,
+                    tls,
+                    hostname,
+                    session,
+                    request,
+                    spec.contains,
+                    spec.preamble,
                 ),
                 spec.ip,
                 spec.port,
@@ -249,8 +342,9 @@ class Prober:
                 spec.port,
                 local_addr=self._local(spec.ip),
             )
-            transport.write(request)
+            transport.write(spec.preamble + request if spec.preamble else request)
         try:
+            proto.bodiless = spec.method == "HEAD"
             proto.transport = transport
             head = await fut
         except BaseException:
@@ -262,6 +356,25 @@ class Prober:
         return self._finish(
             spec, key if keepalive else None, head, transport, proto, loop.time() - start
         )
+
+    def _tls_for(self, spec: ProbeSpec) -> ssl.SSLContext:
+        """The TLS context of an HTTPS probe: the prober's own three, or one
+        made for a check's verify, CA and client certificate (SPEC §10),
+        kept while a check holds the same."""
+        verify = spec.verify or self.settings.verify_tls
+        if not spec.ca and not spec.client_cert:
+            if not verify:
+                return self._tls_plain
+            return self._tls_verify_host if spec.host else self._tls_verify
+        key = (verify, bool(spec.host), spec.ca, spec.client_cert)
+        ctx = self._tls_custom.get(key)
+        if ctx is None:
+            if len(self._tls_custom) > 1000:
+                self._tls_custom.clear()
+            ctx = self._tls_custom[key] = tls_context(
+                verify, bool(spec.host), spec.ca or None, self.settings.ca_file, spec.client_cert
+            )
+        return ctx
 
     def _tls_done(self, key: Any, proto: TlsHttpProbeProtocol) -> None:
         """Count the handshake, and keep the endpoint's session for the next

@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final
 
+from healthgate.model.names import ResourcePath
 from healthgate.model.resources import HealthCheck
+
+# The PROXY protocol preamble of a health check (haproxy.org's proxy-protocol.txt):
+# v1's UNKNOWN and v2's LOCAL command are the forms the protocol names for
+# connections the proxy makes on its own, "such as health checks": the
+# receiver accepts them and keeps the connection's real addresses.
+PROXY_PREAMBLES: Final = {
+    "NONE": b"",
+    "PROXY_V1": b"PROXY UNKNOWN\r\n",
+    # signature, version 2 + LOCAL, family UNSPEC, no address block
+    "PROXY_V2": b"\r\n\r\n\x00\r\nQUIT\n\x20\x00\x00\x00",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,12 +36,44 @@ class ProbeSpec:
     invert: bool = False  # success and failure swap
     # SPEC §9: statuses that are a degraded success (checked before the others)
     degraded_ranges: tuple[tuple[int, int], ...] = ()
+    # SPEC §10: what the probe sends (values from secrets included: never shown)
+    method: str = "GET"
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    body: bytes = field(default=b"", repr=False)
+    send: bytes = field(default=b"", repr=False)  # TCP: written once connected
+    expect: bytes = b""  # TCP: the answer's first bytes
+    preamble: bytes = b""  # the PROXY protocol's, first on every connection
+    verify: bool = False  # HTTPS: verify the server's certificate (else the prober's setting)
+    ca: str = field(default="", repr=False)  # ... against this CA (PEM; "": the prober's)
+    client_cert: str = field(default="", repr=False)  # PEM: a certificate and its key
 
     @classmethod
-    def from_check(cls, check: HealthCheck, ip: str, serving_port: int | None) -> ProbeSpec:
+    def from_check(
+        cls,
+        check: HealthCheck,
+        ip: str,
+        serving_port: int | None,
+        secrets: Mapping[ResourcePath, str] | None = None,
+    ) -> ProbeSpec:
         port = check.port or serving_port
         if port is None:
             raise ValueError(f"no port to probe {ip} with {check.path}")
+        by_field = {r.field: r.target for r in check.references() if r.attr == "secret_refs"}
+
+        def secret(wire_field: str) -> str:
+            target = by_field.get(wire_field)
+            value = (secrets or {}).get(target) if target is not None else None
+            if value is None:  # (a validated world has it: deleting one in use is refused)
+                raise ValueError(f"{check.path}: {wire_field} names a secret that is not there")
+            return value
+
+        headers = tuple(
+            (
+                h.name,
+                h.value if h.value is not None else secret(f"requestHeaders[{i}].valueFrom.secret"),
+            )
+            for i, h in enumerate(check.request_headers)
+        )
         return cls(
             type=check.type,
             ip=ip,
@@ -41,6 +87,17 @@ class ProbeSpec:
             contains=(check.response_contains or "").encode(),
             invert=check.invert,
             degraded_ranges=check.degraded_ranges(),
+            method=check.method,
+            headers=headers,
+            body=(check.request_body or "").encode(),
+            send=check.send.data() if check.send is not None else b"",
+            expect=check.expect.data() if check.expect is not None else b"",
+            preamble=PROXY_PREAMBLES[check.proxy_header],
+            verify=check.verify,
+            ca=secret("caCertificate.secret") if check.ca_certificate is not None else "",
+            client_cert=(
+                secret("clientCertificate.secret") if check.client_certificate is not None else ""
+            ),
         )
 
     def expects(self, status: int) -> bool:
@@ -51,6 +108,11 @@ class ProbeSpec:
 
     def degraded(self, status: int) -> bool:
         return any(lo <= status <= hi for lo, hi in self.degraded_ranges)
+
+    @property
+    def plain_tcp(self) -> bool:
+        """A TCP check that only connects (the fast path)."""
+        return not (self.send or self.expect or self.preamble)
 
     @property
     def address(self) -> str:
