@@ -495,3 +495,44 @@ def test_a_ramp_is_the_same_on_every_node_and_outlives_its_writer(fresh: Cluster
         assert ramps[1]["time"] == pytest.approx(ramps[0]["time"] + seconds)
     finally:
         fresh.apply(fresh.world)
+
+
+def test_a_rotated_secret_reaches_every_nodes_probes(fresh: ClusterStack) -> None:
+    """SPEC §10 in cluster mode: a health check's header from a Secret; the
+    secret rotated through one node reaches the probes of every node that
+    probes us-east1 (a and b share it), without a restart, and back."""
+    a, b, c = fresh.nodes["a"], fresh.nodes["b"], fresh.nodes["c"]
+    secret = {"kind": "Secret", "name": "token", "project": "shop", "region": US}
+    check = next(d for d in fresh.world if d["kind"] == "HealthCheck" and d["region"] == US)
+    with_token = {
+        **check,
+        "requestPath": "/healthz",  # (the clients' requests go to /)
+        "requestHeaders": [{"name": "Authorization", "valueFrom": {"secret": "token"}}],
+    }
+    url = f"/v1/projects/shop/regions/{US}/secrets/token"
+
+    def rotate(node: Node, value: str) -> None:
+        resp = httpx.put(node.url + url, json={**secret, "value": value}, timeout=10)
+        assert resp.is_success, resp.text
+
+    fresh.backends.backends.required[US] = (b"GET /healthz ", b"\r\nAuthorization: right\r\n")
+    try:
+        fresh.apply([{**secret, "value": "right"}, with_token], node=a)
+        wait_for(lambda: all(fresh.all_endpoints_healthy(US, n) for n in fresh.live()), 15,
+                 what="us-east1 HEALTHY with the token")  # fmt: skip
+        assert "value" not in b.get(url) and b.get(url)["valueSet"] is True
+        rotate(b, "wrong")
+        wait_for(lambda: all(fresh.neg_state(US, n) == "UNHEALTHY" for n in fresh.live()), 15,
+                 what="us-east1 UNHEALTHY everywhere")  # fmt: skip
+        assert all(fresh.route_target(n) == EU for n in fresh.live())
+        rotate(c, "right")
+        wait_for(lambda: all(fresh.neg_state(US, n) == "HEALTHY" for n in fresh.live()), 15,
+                 what="us-east1 HEALTHY again everywhere")  # fmt: skip
+    finally:
+        fresh.backends.backends.required.pop(US, None)
+        fresh.apply([check], node=a)
+        httpx.post(
+            a.url + "/v1/delete",
+            json={"manifest": yaml.safe_dump({**secret, "value": "right"})},
+            timeout=10,
+        ).raise_for_status()

@@ -289,3 +289,51 @@ def test_the_spec_takes_every_field_from_the_check_and_its_secrets() -> None:
     assert "3q2" not in repr(s) and "CERT AND KEY" not in repr(s)  # never shown
     with pytest.raises(ValueError, match="not there"):
         ProbeSpec.from_check(check, "10.0.0.1", 443, {})  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ gRPC over TLS
+
+
+def grpc_tls_probe(issuer: trustme.CA, require_client: bool, **kw: Any) -> list[ProbeResult]:
+    import grpc
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    cert = issuer.issue_cert("grpc.internal")
+
+    async def go() -> list[ProbeResult]:
+        server = grpc.aio.server()
+        servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
+        health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+        credentials = grpc.ssl_server_credentials(
+            [(cert.private_key_pem.bytes(), cert.cert_chain_pems[0].bytes())],
+            root_certificates=issuer.cert_pem.bytes() if require_client else None,
+            require_client_auth=require_client,
+        )
+        port = server.add_secure_port("127.0.0.1:0", credentials)
+        await servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        await server.start()
+        prober = PROBERS["coroutine"](ProbeSettings())
+        try:
+            check = spec("GRPC", port, timeout=2.0, host="grpc.internal", **kw)
+            return [await prober.probe(check, "g") for _ in range(2)]
+        finally:
+            await prober.close()
+            await server.stop(None)
+
+    out: list[ProbeResult] = run_async(go())
+    return out
+
+
+def test_grpc_over_tls_verified_with_a_client_certificate(ca: trustme.CA) -> None:
+    pem = ca.cert_pem.bytes().decode()
+    ok = grpc_tls_probe(ca, True, verify=True, ca=pem, client_cert=client_pem(ca))
+    assert [r.outcome for r in ok] == [Outcome.OK] * 2, ok
+    server_only = grpc_tls_probe(ca, False, verify=True, ca=pem)
+    assert [r.outcome for r in server_only] == [Outcome.OK] * 2, server_only
+    no_cert = grpc_tls_probe(ca, True, verify=True, ca=pem)
+    assert all(r.outcome is not Outcome.OK for r in no_cert), no_cert
+    other = trustme.CA().cert_pem.bytes().decode()
+    wrong_ca = grpc_tls_probe(ca, False, verify=True, ca=other)
+    assert all(r.outcome is not Outcome.OK for r in wrong_ca), wrong_ca
+    plain = grpc_tls_probe(ca, False)  # (no verify: plaintext, which a TLS server refuses)
+    assert all(r.outcome is not Outcome.OK for r in plain), plain

@@ -209,10 +209,15 @@ class HealthCheck(Resource):
             ("verify", self.verify),
             ("caCertificate", self.ca_certificate is not None),
         ):
-            if given and kind != "HTTPS":
-                raise ValueError(f"{name}: only HTTPS checks have one, not {kind}")
+            if given and kind not in ("HTTPS", "GRPC"):
+                raise ValueError(f"{name}: only HTTPS and GRPC checks have one, not {kind}")
         if self.ca_certificate is not None and not self.verify:
             raise ValueError("caCertificate: certificates are verified only with verify: true")
+        if self.client_certificate is not None and kind == "GRPC" and not self.verify:
+            raise ValueError(
+                "clientCertificate: a GRPC check speaks TLS with verify: true (gRPC's TLS "
+                "always verifies the server)"
+            )
 
     @property
     def secret_refs(self) -> list[tuple[str, str]]:

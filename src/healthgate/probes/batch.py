@@ -421,9 +421,11 @@ class BatchProber:
                 Outcome.ERROR, now - started, 0, exc.strerror or str(exc)
             )
         try:
-            if _QUICKACK and (spec.type == "HTTP" or self.settings.tcp_half_open):
-                # held back: HTTP's ACK travels with the request, and a
-                # half-open TCP check resets before it. A full TCP check
+            if _QUICKACK and (
+                spec.type == "HTTP" or self.settings.tcp_half_open or spec.send or spec.preamble
+            ):
+                # held back: HTTP's ACK travels with the request (as a TCP
+                # check's with what it sends), and a half-open TCP check resets before it. A full TCP check
                 # wants the kernel's default (the ACK sent at once), which
                 # a new socket has and the disconnect restores (Linux's
                 # tcp_disconnect clears the delayed-ACK state,

@@ -414,7 +414,7 @@ class Prober:
         if self._grpc is None:
             from healthgate.probes.grpc import GrpcHealthProber
 
-            self._grpc = GrpcHealthProber()
+            self._grpc = GrpcHealthProber(self.settings.ca_file)
         result: ProbeResult = await self._grpc.probe(spec, key, start)
         return result
 
