@@ -60,6 +60,14 @@ def test_a_token_from_a_secret_rotated_without_a_restart(tmp_path: Path, workers
         assert [s.get("value") for s in listed] == [None]
         header = st.api.get(CHECK).json()["requestHeaders"][0]
         assert header == {"name": "Authorization", "valueFrom": {"secret": "api-token"}}
+        # a value that would smuggle a header: 400 naming the field, nothing changed
+        doc = st.api.get(CHECK).json()
+        bad = {k: v for k, v in doc.items() if k not in ("selfLink", "fingerprint", "status")}
+        bad = {k: v for k, v in bad.items() if not k.endswith("Timestamp")}
+        bad["requestHeaders"] = [{"name": "X-A", "value": "1\r\nX-Evil: 1"}]
+        answer = st.api.put(CHECK, json=bad)
+        assert answer.status_code == 400 and "requestHeaders[0].value" in answer.text, answer.text
+        assert st.api.get(CHECK).json()["fingerprint"] == doc["fingerprint"]
         # in use: not deleted
         refused = st.api.delete(SECRET)
         assert refused.status_code == 409 and "healthChecks/http-8080" in refused.text, refused.text
