@@ -314,6 +314,27 @@ class Client:
         result: dict[str, Any] = self.request("GET", path)
         return result
 
+    def report(
+        self,
+        project: str,
+        region: str,
+        backend_service: str,
+        endpoint: str,
+        state: str,
+        note: str = "",
+    ) -> dict[str, Any]:
+        """Report an endpoint's state for a backend service whose check is
+        ``type: PUSH`` (SPEC §10): HEALTHY, UNHEALTHY or DEGRADED, until the
+        check's ttlSec runs out. The answer: the endpoint's state now and
+        when the report expires."""
+        path = (
+            f"/v1/projects/{project}/regions/{region}/backendServices/{backend_service}"
+            "/endpoints:report"
+        )
+        body = {"endpoint": endpoint, "state": state, "note": note}
+        result: dict[str, Any] = self.request("POST", path, json=body)
+        return result
+
     # ------------------------------------------------------------------ the log
 
     def events(

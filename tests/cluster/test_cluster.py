@@ -536,3 +536,39 @@ def test_a_rotated_secret_reaches_every_nodes_probes(fresh: ClusterStack) -> Non
             json={"manifest": yaml.safe_dump({**secret, "value": "right"})},
             timeout=10,
         ).raise_for_status()
+
+
+def test_a_report_to_any_node_counts_on_every_node(fresh: ClusterStack) -> None:
+    """SPEC §10's pushed health in cluster mode: us-east1's check made
+    PUSH; a report sent to one node is every node's state (it is stored),
+    and an UNHEALTHY one fails the region over on every node."""
+    a, b, c = fresh.nodes["a"], fresh.nodes["b"], fresh.nodes["c"]
+    check = next(d for d in fresh.world if d["kind"] == "HealthCheck" and d["region"] == US)
+    push = {k: v for k, v in check.items() if k in ("kind", "name", "project", "region")}
+    push.update(type="PUSH", ttlSec=600)
+    health = f"/v1/projects/shop/regions/{US}/backendServices/web/health"
+    report = f"/v1/projects/shop/regions/{US}/backendServices/web/endpoints:report"
+    eps = [f"{e['ipAddress']}:{e['port']}" for e in a.get(health)["healthStatus"]]
+
+    def states(node: Node) -> set[str]:
+        return {e["healthState"] for e in node.get(health)["healthStatus"]}
+
+    def send(node: Node, state: str) -> None:
+        for ep in eps:
+            body = {"endpoint": ep, "state": state, "note": f"from {node.name}"}
+            httpx.post(node.url + report, json=body, timeout=10).raise_for_status()
+
+    try:
+        fresh.apply([push], node=a)
+        send(b, "HEALTHY")
+        wait_for(lambda: all(states(n) == {"HEALTHY"} for n in fresh.live()), 10,
+                 what="every node HEALTHY from b's reports")  # fmt: skip
+        assert "from b" in c.get(health)["healthStatus"][0]["reason"]
+        send(c, "UNHEALTHY")
+        wait_for(lambda: all(fresh.route_target(n) == EU for n in fresh.live()), 10,
+                 what="every node fails us-east1 over")  # fmt: skip
+        send(a, "HEALTHY")
+        wait_for(lambda: all(fresh.route_target(n) == US for n in fresh.live()), 10,
+                 what="back on every node")  # fmt: skip
+    finally:
+        fresh.apply([check], node=a)

@@ -38,6 +38,19 @@ def header(**h: Any) -> dict[str, Any]:
 
 FROM_SECRET = {"valueFrom": {"secret": "token"}}
 
+
+def push(**fields: Any) -> Mutation:
+    """The check made a PUSH one (with ``fields``)."""
+
+    def mutate(d: list[dict[str, Any]]) -> None:
+        h = hc(d)
+        for k in [k for k in h if k not in ("kind", "name", "project", "region")]:
+            del h[k]
+        h.update(type="PUSH", **fields)
+
+    return mutate
+
+
 # (case, mutation, field, words)
 REFUSED: list[tuple[str, Mutation, str, str]] = [
     ("method unknown", check(method="DELETE"), "method", "GET"),
@@ -98,6 +111,15 @@ REFUSED: list[tuple[str, Mutation, str, str]] = [
     ("a secret from another kind's collection",
      check(**header(valueFrom={"secret": "healthChecks/http-8080"})),
      "requestHeaders[0].valueFrom.secret", "expected secrets"),
+    ("PUSH without ttlSec", push(), "ttlSec", "needs one"),
+    ("ttlSec too short", push(ttlSec=4), "ttlSec", "greater than or equal to 5"),
+    ("ttlSec too long", push(ttlSec=86401), "ttlSec", "less than or equal to 86400"),
+    ("ttlSec on HTTP", check(ttlSec=30), "ttlSec", "only PUSH"),
+    ("PUSH with a port", push(ttlSec=30, port=80), "port", "probes nothing"),
+    ("PUSH with vantages", push(ttlSec=30, vantageRegions=["europe-west1"]), "vantageRegions",
+     "probes nothing"),
+    ("PUSH inverted", push(ttlSec=30, invert=True), "invert", "probes nothing"),
+    ("PUSH with a body", push(ttlSec=30, method="POST"), "method", "only HTTP"),
     ("a secret with a control character", lambda d: d.append(secret("a\x07b")), "value",
      "control characters"),
     ("an empty secret", lambda d: d.append(secret("")), "value", "at least 1"),
@@ -143,6 +165,7 @@ ACCEPTED: list[tuple[str, Mutation]] = [
                               expect={"hex": "2b504f4e47"})),
     ("a banner", check(type="TCP", requestPath="/", expect={"text": "220 "})),
     ("PROXY v2 on HTTP", check(proxyHeader="PROXY_V2")),
+    ("PUSH", push(ttlSec=60)),
     ("PROXY v1 on TCP", check(type="TCP", requestPath="/", proxyHeader="PROXY_V1")),
     ("mTLS with a CA", mtls_with_ca),
 ]  # fmt: skip

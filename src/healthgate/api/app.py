@@ -33,6 +33,7 @@ from healthgate.api.holds import holds_router
 from healthgate.api.integrations import integrations_router
 from healthgate.api.manifests import MANIFEST_PATHS, manifest_router
 from healthgate.api.operations import operations_router
+from healthgate.api.reports import reports_router
 from healthgate.api.resources import resource_router
 from healthgate.api.schema import install as install_schema
 from healthgate.api.shifts import shifts_router
@@ -92,6 +93,7 @@ def create_app(state: ApiState) -> FastAPI:
     app.include_router(manifest_router(state))
     app.include_router(shifts_router(state))
     app.include_router(holds_router(state))
+    app.include_router(reports_router(state))
     app.include_router(operations_router(state, app))
 
     s = state.settings

@@ -28,6 +28,7 @@ from healthgate.controlplane.resources import (
 from healthgate.controlplane.webhooks import WebhookDispatcher, present_status
 from healthgate.health.routing import ramp_progress
 from healthgate.model.addresses import AddressPolicy
+from healthgate.model.checks import EndpointReport
 from healthgate.model.names import GLOBAL, NAME_RULE, ResourcePath, endpoint_path, is_valid_name
 from healthgate.model.plan import Plan
 from healthgate.model.resources import (
@@ -205,6 +206,13 @@ class ApiState:
         """May ``who`` write this document: its kind and project (403), and,
         unless an admin, its addresses (SPEC §7's address policy: 400 naming
         each field and the rule; model/addresses.py)."""
+        if isinstance(doc.resource, EndpointReport):  # (SPEC §10: a client's verdict, timed)
+            raise ControlError(
+                Refusal.INVALID,
+                f"document {doc.index}: an EndpointReport is made through POST "
+                ".../backendServices/B/endpoints:report (healthgate report), not a manifest",
+                [doc.issue("kind", "EndpointReport: use endpoints:report")],
+            )
         if isinstance(doc.resource, Shift):  # (they always expire: made through their own API)
             raise ControlError(
                 Refusal.INVALID,

@@ -440,6 +440,20 @@ def cmd_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """``healthgate report BACKEND_SERVICE ENDPOINT STATE [--note TEXT]``:
+    pushed health for a PUSH check (SPEC §10)."""
+    region = region_of(args)
+    if region is None or region == "global":
+        raise CliError("a report is for a regional backend service: give --region", EXIT_USAGE)
+    out = Api(args).report(
+        project_of(args), region, args.backend_service, args.endpoint, args.state, args.note
+    )
+    print(f"{out['endpoint']}: {out['healthState']} (reported {out['reported']}, "
+          f"until {out['expireTime']})")  # fmt: skip
+    return EXIT_OK
+
+
 def cmd_shift(args: argparse.Namespace) -> int:
     """``healthgate shift away|list|extend|end``: manual moves that expire (SPEC §6)."""
     api = Api(args)

@@ -239,6 +239,18 @@ def add_shift_command(sub: Any) -> None:
     from healthgate.cli import client
 
     p = sub.add_parser(
+        "report",
+        help="pushed health: report an endpoint of a PUSH check's backend service "
+        "HEALTHY, UNHEALTHY or DEGRADED (until its ttlSec runs out)",
+    )
+    p.add_argument("backend_service", metavar="BACKEND_SERVICE")
+    p.add_argument("endpoint", metavar="ENDPOINT", help="ip:port, [v6]:port or ip")
+    p.add_argument("state", choices=["HEALTHY", "UNHEALTHY", "DEGRADED"])
+    p.add_argument("--note", default="", help="why (one line, at most 500 characters)")
+    client.add_client_options(p)
+    p.set_defaults(func=lambda a: client.run_client(client.cmd_report, a))
+
+    p = sub.add_parser(
         "shift",
         help="move traffic away by hand, for a while: away REGION|PATH --for 2h --comment TEXT; "
         "list; extend NAME --for 1h; end NAME",

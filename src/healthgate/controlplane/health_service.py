@@ -105,14 +105,19 @@ class HealthService:
 
     def schedule_timers(self) -> None:
         """A timer for the next shift to run out (SPEC §6: shifts end by
-        themselves) or the next step of a ramped failback."""
+        themselves), the next step of a ramped failback, or the next pushed
+        endpoint's TTL (SPEC §10)."""
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
         now = self.clock()
         times = [
             t
-            for t in (self.engine.next_shift_expiry(now), self.engine.next_ramp_step(now))
+            for t in (
+                self.engine.next_shift_expiry(now),
+                self.engine.next_ramp_step(now),
+                self.engine.next_report_expiry(),
+            )
             if t is not None
         ]
         if not times:
@@ -131,6 +136,7 @@ class HealthService:
         now = self.clock()
         self.emit(self.engine.expire_shifts(now))
         self.emit(self.engine.step_ramps(now))
+        self.emit(self.engine.expire_reports(now))
         if self.engine.generation != generation:
             for listener in self._route_listeners:
                 listener()

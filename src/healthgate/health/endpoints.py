@@ -22,6 +22,7 @@ from array import array
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from types import MappingProxyType
 
+from healthgate.health.pushed import Pushed
 from healthgate.health.states import (
     HealthState,
     Outcome,
@@ -160,6 +161,8 @@ class EndpointTable:
         self._inputs: dict[ResourcePath, tuple[ResourcePath, ...]] = {}
         self._users: dict[ResourcePath, set[ResourcePath]] = {}
         self._ports: dict[int, int] = {}  # interned port numbers
+        # PUSH checks (SPEC §10, health/pushed.py): the last report of each endpoint
+        self.pushed = Pushed(self)
         # moves on whenever a backend service's HEALTHY (or whole) endpoint set changes
         self.generation = 0
         self.membership = 0  # ... whenever its whole endpoint set changes
@@ -257,6 +260,39 @@ class EndpointTable:
         if self.on_flip is not None:
             self.on_flip(now, agg.path, records)
         return records
+
+    def push_slots(
+        self, backend_service: ResourcePath
+    ) -> tuple[HealthCheck, Mapping[EndpointKey, int]] | None:
+        """A backend service whose check is an enabled PUSH one: its check
+        and endpoints (health/pushed.py); else None."""
+        agg_id = self._agg_ids.get(backend_service)
+        agg = self._aggs[agg_id] if agg_id is not None else None
+        if agg is None or agg.check.type != "PUSH" or not agg.check.enabled:
+            return None
+        return agg.check, agg.slots
+
+    def push_state(
+        self,
+        now: float,
+        slot: int,
+        state: HealthState,
+        reason: str,
+        records: list[Record],
+        flip: bool,
+    ) -> None:
+        """A pushed endpoint's state (a report, or its TTL run out): within a
+        sync its backend service is re-evaluated with the rest (``flip``
+        False); from the expiry timer, handed to the graph as a flip."""
+        if flip:
+            records += self.set_state(now, slot, state, reason)
+            return
+        agg = self._aggs[self._agg[slot]]
+        key = self._key[slot]
+        assert agg is not None and key is not None
+        old = self._force_state(now, agg, slot, state)
+        if old is not state:
+            records.append(self._transition(now, agg, key, old, state, reason))
 
     def state(self, slot: int) -> HealthState:
         return _STATES[self._state[slot]]
@@ -395,7 +431,8 @@ class EndpointTable:
                 self._use(path, ())
                 self._drop_aggregate(path, result)
                 rebuilt.append(path)
-        return rebuilt
+        reported = self.pushed.sync(now, resources, changed, rebuilt, result.records)
+        return rebuilt + [p for p in reported if p not in touched]
 
     def _use(self, bs: ResourcePath, inputs: tuple[ResourcePath, ...]) -> None:
         """``bs``'s endpoints are made of ``inputs`` from now on (reverse index)."""
@@ -466,6 +503,7 @@ class EndpointTable:
             result.removed.append(slot)
             result.removed_paths.append(endpoint_path(path, *key))
         enabled = check.enabled
+        probed = enabled and check.type != "PUSH"  # (a PUSH check's reports decide)
         toggled = old_check is not None and old_check.enabled != enabled
         if toggled:
             # every kept endpoint changes meaning: disabled = HEALTHY "not checked",
@@ -480,13 +518,12 @@ class EndpointTable:
                 before = self._force_state(now, agg, slot, target)
                 if before is not target:
                     result.records.append(self._transition(now, agg, key, before, target, reason))
-                if enabled:
+                if probed:
                     result.added.append(ProbeTarget(slot, path, key[0], key[1], check, secrets))
                 else:
                     result.removed.append(slot)
-        elif old_check is not None and (old_check != check or old_secrets != secrets) and enabled:
-            for key, slot in agg.slots.items():
-                result.changed.append(ProbeTarget(slot, path, key[0], key[1], check, secrets))
+        elif old_check is not None:
+            self._reprobe(agg, old_check, old_secrets, probed, result)
         for key in desired:
             if key in agg.slots:
                 continue
@@ -496,9 +533,33 @@ class EndpointTable:
             agg.total += 1
             if enabled:
                 agg.unknown += 1
-                result.added.append(ProbeTarget(slot, path, key[0], key[1], check, secrets))
+                if probed:
+                    result.added.append(ProbeTarget(slot, path, key[0], key[1], check, secrets))
             else:
                 agg.healthy += 1
+
+    def _reprobe(
+        self,
+        agg: _Aggregate,
+        old_check: HealthCheck,
+        old_secrets: Mapping[ResourcePath, str],
+        probed: bool,
+        result: ApplyResult,
+    ) -> None:
+        """What the probes do about the kept endpoints of an aggregate whose
+        check changed: probe them (it was PUSH), stop (it is PUSH now), or
+        probe them anew (how they are probed changed, a secret with it)."""
+        check, secrets, path = agg.check, agg.secrets, agg.path
+        if check.type == "PUSH" and old_check.type != "PUSH":
+            result.removed.extend(agg.slots.values())
+            return
+        if not probed or (
+            old_check.type != "PUSH" and old_check == check and old_secrets == secrets
+        ):
+            return
+        out = result.added if old_check.type == "PUSH" else result.changed
+        for key, slot in agg.slots.items():
+            out.append(ProbeTarget(slot, path, key[0], key[1], check, secrets))
 
     def _force_state(self, now: float, agg: _Aggregate, slot: int, new: HealthState) -> HealthState:
         """Set an endpoint's state outside the threshold machine; returns the old one."""
@@ -559,6 +620,7 @@ class EndpointTable:
         agg.count(state, -1)
         self._key[slot] = None
         self._last_detail.pop(slot, None)
+        self.pushed.forget(slot)
         self._free.append(slot)
 
     # ------------------------------------------------------------------ restarts
@@ -572,7 +634,7 @@ class EndpointTable:
                 continue
             agg = self._aggs[self._agg[slot]]
             assert agg is not None
-            if agg.check.enabled:
+            if agg.check.enabled and agg.check.type != "PUSH":  # (reports decide those)
                 self._force_state(since, agg, slot, state)
                 self._since[slot] = since
 
@@ -581,7 +643,7 @@ class EndpointTable:
     def targets(self) -> Iterator[ProbeTarget]:
         """Every endpoint that needs probing (disabled checks are not probed)."""
         for agg in self._aggs:
-            if agg is None or not agg.check.enabled:
+            if agg is None or not agg.check.enabled or agg.check.type == "PUSH":
                 continue
             for key, slot in agg.slots.items():
                 yield ProbeTarget(slot, agg.path, key[0], key[1], agg.check, agg.secrets)
@@ -640,6 +702,8 @@ class EndpointTable:
                 )
             if not agg.check.enabled:
                 reason = "not checked (health check disabled)"
+            elif agg.check.type == "PUSH":
+                reason = self.pushed.reason(slot)
             elif state is UNKNOWN:
                 reason = f"{self._ok[slot]} of {agg.hthr} successes, {self._fail[slot]} of {agg.uthr} failures so far"
             elif state is HEALTHY or state is DEGRADED:

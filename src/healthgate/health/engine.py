@@ -212,6 +212,15 @@ class HealthEngine:
         """When the next active shift runs out (None: none is active)."""
         return self.graph.next_shift_expiry(now)
 
+    def next_report_expiry(self) -> float | None:
+        """When the next pushed endpoint's TTL runs out (health/pushed.py)."""
+        return self.table.pushed.next_expiry()
+
+    def expire_reports(self, now: float) -> list[Record]:
+        """Pushed endpoints whose TTL ran out by ``now``: UNHEALTHY, each at
+        the time it ran out, and what that changes above them."""
+        return self.table.pushed.expire(now)
+
     def next_ramp_step(self, now: float) -> float | None:
         """When a ramped failback in progress next moves its shares (None: none)."""
         return self.graph.next_ramp_step(now)

@@ -23,6 +23,7 @@ rule), and writing a new value takes effect on the next probe.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import ClassVar, Literal, Self
 
@@ -161,4 +162,40 @@ class Secret(Resource):
         # line breaks and tabs (PEM has them); no other control characters
         if any((ord(c) < 32 and c not in "\t\r\n") or ord(c) == 127 for c in value):
             raise ValueError("no control characters other than tabs and line breaks")
+        return value
+
+
+# ------------------------------------------------------------------ pushed health
+
+TTL_MIN, TTL_MAX = 5, 86_400
+MAX_NOTE = 500
+
+
+def report_name(backend_service: str, endpoint: str) -> str:
+    """The one EndpointReport name of an endpoint of a backend service (a
+    report replaces the last one: the store holds one per endpoint)."""
+    digest = hashlib.sha256(f"{backend_service}\n{endpoint}".encode()).hexdigest()[:24]
+    return f"r-{digest}"
+
+
+class EndpointReport(Resource):
+    """The last state a client reported for an endpoint of a backend service
+    whose check is ``type: PUSH`` (SPEC §10, Consul's TTL checks). Written
+    only by ``POST .../backendServices/{b}/endpoints:report`` (which sets
+    the name, the time and the actor), never by a manifest; the store keeps
+    one per endpoint, so a restart (or another cluster node) finds it."""
+
+    kind: Literal["EndpointReport"]
+    backend_service: str = Field(min_length=1, max_length=63)  # in the report's region
+    endpoint: str = Field(min_length=1, max_length=64)  # "ip:port", "[v6]:port" or "ip"
+    state: Literal["HEALTHY", "UNHEALTHY", "DEGRADED"]
+    note: str = Field("", max_length=MAX_NOTE)
+    time: float  # when it was received (epoch seconds)
+    actor: str = Field(min_length=1, max_length=63)
+
+    @field_validator("note")
+    @classmethod
+    def _check_note(cls, value: str) -> str:
+        if any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise ValueError("one line: no line breaks or other control characters")
         return value

@@ -43,6 +43,8 @@ KIND_TO_COLLECTION: Final[dict[str, str]] = {
     "Shift": "shifts",  # (written through /v1/projects/P/shifts only: SPEC §6)
     "Webhook": "webhooks",
     "Secret": "secrets",
+    # (written through POST .../backendServices/B/endpoints:report only: SPEC §10)
+    "EndpointReport": "endpointReports",
 }
 COLLECTION_TO_KIND: Final[dict[str, str]] = {c: k for k, c in KIND_TO_COLLECTION.items()}
 

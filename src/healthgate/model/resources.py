@@ -23,6 +23,9 @@ from pydantic import Field, field_validator, model_validator
 from healthgate.model.checks import (
     MAX_BODY,
     MAX_HEADERS,
+    TTL_MAX,
+    TTL_MIN,
+    EndpointReport,
     Method,
     Payload,
     ProxyHeader,
@@ -60,7 +63,7 @@ __all__ = ["Model", "Reference", "Resource"]
 
 class HealthCheck(Resource):
     kind: Literal["HealthCheck"]
-    type: Literal["TCP", "HTTP", "HTTPS", "GRPC"]
+    type: Literal["TCP", "HTTP", "HTTPS", "GRPC", "PUSH"]
     port: Port | None = None
     host: str | None = None
     request_path: str = "/"
@@ -98,6 +101,8 @@ class HealthCheck(Resource):
     client_certificate: SecretRef | None = None
     verify: bool = False
     ca_certificate: SecretRef | None = None
+    # PUSH (SPEC §10): nothing is probed; an endpoint with no report for this long is UNHEALTHY
+    ttl_sec: int | None = Field(None, ge=TTL_MIN, le=TTL_MAX)
 
     REFS = (("secret_refs", "secrets", "secrets"),)
 
@@ -173,6 +178,19 @@ class HealthCheck(Resource):
         if self.response_contains is not None and len(self.response_contains.encode()) > 1024:
             raise ValueError("responseContains: at most 1,024 bytes of UTF-8")
         self._check_requests(http)
+        if (self.ttl_sec is None) == (self.type == "PUSH"):
+            raise ValueError(
+                "ttlSec: a PUSH check needs one (5-86400)"
+                if self.type == "PUSH"
+                else f"ttlSec: only PUSH checks have one, not {self.type}"
+            )
+        if self.type == "PUSH" and (self.proxy_header != "NONE" or self.invert):
+            field = "proxyHeader" if self.proxy_header != "NONE" else "invert"
+            raise ValueError(f"{field}: a PUSH check probes nothing (its reports are verdicts)")
+        if self.type == "PUSH" and self.port is not None:
+            raise ValueError("port: a PUSH check probes nothing")
+        if self.type == "PUSH" and self.vantage_regions:
+            raise ValueError("vantageRegions: a PUSH check probes nothing (its reports decide)")
         return self
 
     def _check_requests(self, http: bool) -> None:
@@ -798,6 +816,7 @@ AnyResource = (
     | Shift
     | Webhook
     | Secret
+    | EndpointReport
 )
 
 KIND_CLASSES: dict[str, type[Resource]] = {
@@ -815,5 +834,6 @@ KIND_CLASSES: dict[str, type[Resource]] = {
         Shift,
         Webhook,
         Secret,
+        EndpointReport,
     )
 }
