@@ -51,6 +51,19 @@ def push(**fields: Any) -> Mutation:
     return mutate
 
 
+METRIC = {"prometheusUrl": "http://10.1.2.3:9090", "query": "error_ratio", "unhealthyAbove": 0.05}
+
+
+def source(**fields: Any) -> Mutation:
+    def mutate(d: list[dict[str, Any]]) -> None:
+        src = find(d, "HealthSource", "web-source", "us-east1")
+        src.update(fields)
+        for k in [k for k, v in fields.items() if v is None]:
+            del src[k]
+
+    return mutate
+
+
 # (case, mutation, field, words)
 REFUSED: list[tuple[str, Mutation, str, str]] = [
     ("method unknown", check(method="DELETE"), "method", "GET"),
@@ -120,6 +133,14 @@ REFUSED: list[tuple[str, Mutation, str, str]] = [
      "probes nothing"),
     ("PUSH inverted", push(ttlSec=30, invert=True), "invert", "probes nothing"),
     ("PUSH with a body", push(ttlSec=30, method="POST"), "method", "only HTTP"),
+    ("METRIC without metric", source(sourceType="METRIC", healthAggregationPolicy=None),
+     "metric", "required"),
+    ("metric on a BACKEND_SERVICE source", source(metric=METRIC), "metric", "only for"),
+    ("METRIC with a policy", source(sourceType="METRIC", metric=METRIC),
+     "healthAggregationPolicy", "judged by its query"),
+    ("a METRIC threshold both ways",
+     source(sourceType="METRIC", healthAggregationPolicy=None, metric={**METRIC, "unhealthyBelow": 1}),
+     "metric", "exactly one"),
     ("a secret with a control character", lambda d: d.append(secret("a\x07b")), "value",
      "control characters"),
     ("an empty secret", lambda d: d.append(secret("")), "value", "at least 1"),
@@ -166,6 +187,7 @@ ACCEPTED: list[tuple[str, Mutation]] = [
     ("a banner", check(type="TCP", requestPath="/", expect={"text": "220 "})),
     ("PROXY v2 on HTTP", check(proxyHeader="PROXY_V2")),
     ("PUSH", push(ttlSec=60)),
+    ("METRIC", source(sourceType="METRIC", healthAggregationPolicy=None, metric=METRIC)),
     ("PROXY v1 on TCP", check(type="TCP", requestPath="/", proxyHeader="PROXY_V1")),
     ("mTLS with a CA", mtls_with_ca),
 ]  # fmt: skip

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
 import math
@@ -442,29 +443,38 @@ class WebhookDispatcher:
         return response.status_code
 
     async def _target(self, hook: Webhook) -> tuple[str, str | None, str | None]:
-        """(the URL to connect to, a Host header, a TLS server name): a DNS
-        name is resolved here and each address checked against the policy."""
-        if hook.address is not None:
-            return hook.url, None, None
-        parts = split_url(hook.url)
-        assert parts is not None
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        try:
-            infos = await asyncio.get_running_loop().getaddrinfo(parts.hostname, port)
-        except OSError as exc:
-            raise DeliveryFailed(f"{parts.hostname}: cannot resolve ({exc})") from None
-        addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
-        for ip in addresses:
-            why = self.policy.refusal(ip)
-            if why is not None:
-                raise DeliveryFailed(f"url: {parts.hostname} resolves to {why}")
-        if not addresses:
-            raise DeliveryFailed(f"{parts.hostname}: no address")
-        ip = addresses[0]
-        netloc = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
-        url = parts._replace(netloc=netloc).geturl()
-        host = parts.netloc.rpartition("@")[2]
-        return url, host, parts.hostname if parts.scheme == "https" else None
+        return await checked_target(hook.url, self.policy)
+
+
+async def checked_target(url: str, policy: AddressPolicy) -> tuple[str, str | None, str | None]:
+    """(the URL to connect to, a Host header, a TLS server name) for an
+    outgoing request (a webhook's, a METRIC source's query): a DNS name is
+    resolved here and each address checked against the policy; an address
+    in the URL was checked when it was written. DeliveryFailed says why not."""
+    parts = split_url(url)
+    assert parts is not None  # (validated)
+    try:
+        ipaddress.ip_address(parts.hostname or "")
+        return url, None, None
+    except ValueError:
+        pass
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(parts.hostname, port)
+    except OSError as exc:
+        raise DeliveryFailed(f"{parts.hostname}: cannot resolve ({exc})") from None
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+    for ip in addresses:
+        why = policy.refusal(ip)
+        if why is not None:
+            raise DeliveryFailed(f"url: {parts.hostname} resolves to {why}")
+    if not addresses:
+        raise DeliveryFailed(f"{parts.hostname}: no address")
+    ip = addresses[0]
+    netloc = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+    target = parts._replace(netloc=netloc).geturl()
+    host = parts.netloc.rpartition("@")[2]
+    return target, host, parts.hostname if parts.scheme == "https" else None
 
 
 def present_status(hook: Resource, dispatcher: WebhookDispatcher | None) -> dict[str, Any] | None:

@@ -71,6 +71,9 @@ NEG_HISTORY = 3600.0  # s of NEG changes kept, for a storm hold to roll back ove
 CountsOf = Callable[[ResourcePath], "Counts | None"]  # a backend service's (the endpoint table)
 Index = dict[Any, list["_Node"]]  # a reverse index: a path (or its text) -> the nodes that use it
 
+# a METRIC source before its query first answers (controlplane/metric_sources.py)
+METRIC_FIRST = (HealthState.UNKNOWN, "waiting for the metric's first evaluation")
+
 
 class _Node:
     """A source, composite, attachment, PSC NEG or route: small, few."""
@@ -231,12 +234,13 @@ class HealthGraph:
         res = node.resource
         assert isinstance(res, HealthSource)
         bs = res.ref("sources")
-        if res.source_type == "TRAFFIC":
+        if res.source_type != "BACKEND_SERVICE":  # judged outside: real traffic, a metric
             if bs is None or self._counts(bs) is None:
                 return self._set(
                     now, node, RecordKind.HEALTH_SOURCE, UNKNOWN, "backend service missing", records
                 )
-            state, reason = self._traffic.get(node.path, (HEALTHY, TRAFFIC_FIRST))
+            first = (HEALTHY, TRAFFIC_FIRST) if res.source_type == "TRAFFIC" else METRIC_FIRST
+            state, reason = self._traffic.get(node.path, first)
             return self._set(now, node, RecordKind.HEALTH_SOURCE, state, reason, records)
         counts = self._counts(bs) if bs else None
         policy = self._policies.get(str(res.ref("health_aggregation_policy")))
@@ -258,7 +262,9 @@ class HealthGraph:
     def set_traffic(
         self, now: float, source: str, state: HealthState, reason: str, records: list[Record]
     ) -> None:
-        """A TRAFFIC source's judged state (health/traffic.py): propagated."""
+        """A state judged outside the graph - a TRAFFIC source's
+        (health/traffic.py), a METRIC source's (controlplane/metric_sources.py):
+        propagated."""
         self._traffic[source] = (state, reason)
         node = self._sources.get(source)
         if node is not None:
@@ -922,7 +928,7 @@ class HealthGraph:
         list kept in path order), remembering where (:meth:`_unindex`)."""
         r = node.resource
         where: list[tuple[Index, Any]] = []
-        if isinstance(r, HealthSource) and r.source_type == "TRAFFIC":
+        if isinstance(r, HealthSource) and r.source_type != "BACKEND_SERVICE":
             pass  # (its state is judged outside: set_traffic)
         elif isinstance(r, HealthSource):
             bs = r.ref("sources")
@@ -985,7 +991,7 @@ class HealthGraph:
                 if path in nodes:
                     node.state, node.reason, node.since = nodes[path]
                     r = node.resource
-                    if isinstance(r, HealthSource) and r.source_type == "TRAFFIC":
+                    if isinstance(r, HealthSource) and r.source_type != "BACKEND_SERVICE":
                         self._traffic[path] = (node.state, node.reason)
                     if table is self._composites:
                         mode = getattr(node.resource, "mode", "ENFORCE")

@@ -42,9 +42,11 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from healthgate.model.resources import (
     ForwardingRule,
+    HealthSource,
     InstanceGroup,
     NetworkEndpointGroup,
     Resource,
@@ -216,6 +218,10 @@ class AddressPolicy:
             yield "IPAddress", res.ip_address
         elif isinstance(res, Webhook) and res.address is not None:
             yield "url", res.address  # (a DNS name is checked when it is resolved)
+        elif isinstance(res, HealthSource) and res.metric is not None:
+            address = _address(urlsplit(res.metric.prometheus_url).hostname or "")
+            if address is not None:  # (a DNS name is checked each time it is resolved)
+                yield "metric.prometheusUrl", address
 
     def violations(self, res: Resource) -> list[tuple[str, str]]:
         """(field, why) for every address of ``res`` the policy refuses."""
@@ -225,3 +231,11 @@ class AddressPolicy:
             if why is not None:
                 out.append((field, why + " (serve --allow-addresses admits a range)"))
         return out
+
+
+def _address(host: str) -> str | None:
+    """``host`` as an address, or None for a DNS name."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return None

@@ -54,7 +54,7 @@ from healthgate.model.resource import (
     normalise_ip,
     wire_dataclass,
 )
-from healthgate.model.webhooks import Webhook
+from healthgate.model.webhooks import MAX_URL, Webhook, split_url
 
 __all__ = ["Model", "Reference", "Resource"]
 
@@ -559,12 +559,56 @@ class TrafficPolicy(Model):
     hold_sec: int = Field(60, ge=10, le=3600)
 
 
+class MetricPolicy(Model):
+    """SPEC §10, metrics as health (Route 53's alarm-based checks): a PromQL
+    instant query whose one number decides the source
+    (controlplane/metric_sources.py)."""
+
+    prometheus_url: str = Field(min_length=1, max_length=MAX_URL)
+    query: str = Field(min_length=1, max_length=4096)
+    unhealthy_above: float | None = None
+    unhealthy_below: float | None = None
+    interval_sec: int = Field(30, ge=1, le=3600)
+    insufficient_data: Literal["HEALTHY", "UNHEALTHY", "LAST_KNOWN"] = "LAST_KNOWN"
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        if split_url(value) is None:
+            raise ValueError(
+                "expected http:// or https:// with a host (an address or a DNS name), an "
+                f"optional port and path, no user name, password or fragment; got {brief(value)}"
+            )
+        return value
+
+    @field_validator("query")
+    @classmethod
+    def _check_query(cls, value: str) -> str:
+        if any((ord(c) < 32 and c not in "\t\n") or ord(c) == 127 for c in value):
+            raise ValueError("no control characters other than tabs and line breaks")
+        return value
+
+    @field_validator("unhealthy_above", "unhealthy_below")
+    @classmethod
+    def _finite(cls, value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
+            raise ValueError("expected a finite number")
+        return value
+
+    @model_validator(mode="after")
+    def _one_threshold(self) -> Self:
+        if (self.unhealthy_above is None) == (self.unhealthy_below is None):
+            raise ValueError("give unhealthyAbove or unhealthyBelow, exactly one")
+        return self
+
+
 class HealthSource(Resource):
     kind: Literal["HealthSource"]
-    source_type: Literal["BACKEND_SERVICE", "TRAFFIC"] = "BACKEND_SERVICE"
+    source_type: Literal["BACKEND_SERVICE", "TRAFFIC", "METRIC"] = "BACKEND_SERVICE"
     sources: list[str]
     health_aggregation_policy: str | None = None
     traffic_policy: TrafficPolicy | None = None
+    metric: MetricPolicy | None = None
 
     REFS = (
         ("sources", "sources", "backendServices"),
@@ -582,7 +626,17 @@ class HealthSource(Resource):
 
     @model_validator(mode="after")
     def _type_fields(self) -> Self:
-        if self.source_type == "TRAFFIC":
+        if self.metric is not None and self.source_type != "METRIC":
+            raise ValueError("metric: only for sourceType METRIC")
+        if self.source_type == "METRIC":
+            if self.metric is None:
+                raise ValueError("metric: required for sourceType METRIC")
+            if self.health_aggregation_policy is not None or self.traffic_policy is not None:
+                field = (
+                    "healthAggregationPolicy" if self.traffic_policy is None else "trafficPolicy"
+                )
+                raise ValueError(f"{field}: a METRIC source is judged by its query (metric)")
+        elif self.source_type == "TRAFFIC":
             if self.health_aggregation_policy is not None:
                 raise ValueError(
                     "healthAggregationPolicy: a TRAFFIC source judges its backend service's "

@@ -45,6 +45,7 @@ from healthgate.cluster.probing import ClusterProbing, ClusterSettings
 from healthgate.controlplane.errors import ControlError, Refusal
 from healthgate.controlplane.evidence import EvidenceSampler
 from healthgate.controlplane.health_service import HealthService, SourceFactory
+from healthgate.controlplane.metric_sources import MetricSources
 from healthgate.controlplane.probe_workers import WorkerProbing, default_workers
 from healthgate.controlplane.probing import Feed, InProcessProbing, ProbeSource
 from healthgate.controlplane.recorder import TransitionRecorder
@@ -155,6 +156,7 @@ class Server:
         self.control: ControlPlane | None = None
         self.recorder: TransitionRecorder | None = None
         self.webhooks: WebhookDispatcher | None = None
+        self.metric_sources: MetricSources | None = None
         self.api_state: ApiState | None = None
         self.dataplane: DataPlaneService | None = None
         self.evidence: EvidenceSampler | None = None
@@ -198,6 +200,7 @@ class Server:
         await self._load(endpoints)
         await self._join_cluster()
         self._start_webhooks()
+        self._start_metric_sources()
         await self._start_integrations()
         await self._start_dataplane()
         assert self.control is not None and self.health is not None
@@ -322,6 +325,17 @@ class Server:
         first = WorldChange(control.revision, 0.0, control.resources, {}, whole=True)
         self._tasks.append(asyncio.create_task(watch(first), name="webhooks (first look)"))
         self._tasks.append(asyncio.create_task(dispatcher.run(), name="webhook deliveries"))
+
+    def _start_metric_sources(self) -> None:
+        """METRIC health sources' queries (SPEC §10), on every node."""
+        assert self.control is not None and self.health is not None
+        control, health = self.control, self.health
+        self.metric_sources = metrics = MetricSources(
+            health.engine.set_traffic, health.emit, self.settings.api.address_policy
+        )
+        control.on_change.append(metrics.changed)
+        first = WorldChange(control.revision, 0.0, control.resources, {}, whole=True)
+        self._tasks.append(asyncio.create_task(metrics.changed(first), name="metric sources"))
 
     def _check_binds(self) -> None:
         """The agent, DNS and xDS servers answer whoever reaches them: beyond
@@ -558,6 +572,8 @@ class Server:
             await self.control.close()
 
     async def _close_health(self) -> None:
+        if self.metric_sources is not None:
+            await self.metric_sources.close()
         if self.health is not None:
             await self.health.close()
 
