@@ -337,3 +337,19 @@ def test_grpc_over_tls_verified_with_a_client_certificate(ca: trustme.CA) -> Non
     assert all(r.outcome is not Outcome.OK for r in wrong_ca), wrong_ca
     plain = grpc_tls_probe(ca, False)  # (no verify: plaintext, which a TLS server refuses)
     assert all(r.outcome is not Outcome.OK for r in plain), plain
+
+
+def test_an_encrypted_client_key_fails_as_tls_and_never_prompts(ca: trustme.CA) -> None:
+    """(OpenSSL would ask the terminal for the passphrase: serve must not wait on it.)"""
+    from cryptography.hazmat.primitives import serialization
+
+    cert = ca.issue_cert("prober.internal")
+    key = serialization.load_pem_private_key(cert.private_key_pem.bytes(), password=None)
+    encrypted = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(b"passphrase"),
+    ).decode()
+    pem = encrypted + cert.cert_chain_pems[0].bytes().decode()
+    results = https_twice(mtls_server(ca), False, client_cert=pem)
+    assert [r.outcome for r in results] == [Outcome.TLS] * 2, results

@@ -28,6 +28,7 @@ from healthgate.model.names import endpoint_name, parse_endpoint_name
 from healthgate.model.resource import normalise_ip
 from healthgate.model.resources import BackendService, HealthCheck
 from healthgate.model.validation import Document, Issue
+from healthgate.model.webhooks import one_line
 
 
 class ReportRequest(BaseModel):
@@ -39,9 +40,7 @@ class ReportRequest(BaseModel):
     @field_validator("note")
     @classmethod
     def _one_line(cls, value: str) -> str:
-        if any(ord(c) < 32 or ord(c) == 127 for c in value):
-            raise ValueError("one line: no line breaks or other control characters")
-        return value
+        return one_line(value)
 
 
 def _invalid(field: str, message: str) -> ControlError:

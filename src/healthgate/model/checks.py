@@ -31,6 +31,7 @@ from pydantic import Field, field_validator, model_validator
 
 from healthgate.model.names import brief
 from healthgate.model.resource import Model, Resource
+from healthgate.model.webhooks import one_line
 
 MAX_SECRET = 32 * 1024  # characters of a secret's value (a certificate chain and its key fit)
 MAX_HEADERS = 16
@@ -196,6 +197,4 @@ class EndpointReport(Resource):
     @field_validator("note")
     @classmethod
     def _check_note(cls, value: str) -> str:
-        if any(ord(c) < 32 or ord(c) == 127 for c in value):
-            raise ValueError("one line: no line breaks or other control characters")
-        return value
+        return one_line(value)

@@ -54,7 +54,7 @@ from healthgate.model.resource import (
     normalise_ip,
     wire_dataclass,
 )
-from healthgate.model.webhooks import MAX_URL, Webhook, split_url
+from healthgate.model.webhooks import MAX_URL, Webhook, checked_url
 
 __all__ = ["Model", "Reference", "Resource"]
 
@@ -574,12 +574,7 @@ class MetricPolicy(Model):
     @field_validator("prometheus_url")
     @classmethod
     def _check_url(cls, value: str) -> str:
-        if split_url(value) is None:
-            raise ValueError(
-                "expected http:// or https:// with a host (an address or a DNS name), an "
-                f"optional port and path, no user name, password or fragment; got {brief(value)}"
-            )
-        return value
+        return checked_url(value)
 
     @field_validator("query")
     @classmethod

@@ -82,21 +82,12 @@ class Webhook(Resource):
     @field_validator("url")
     @classmethod
     def _check_url(cls, value: str) -> str:
-        parts = split_url(value)
-        if parts is None:
-            raise ValueError(
-                "expected http:// or https:// with a host (an address or a DNS name), an "
-                "optional port and path, no user name, password or fragment; got "
-                f"{brief(value)}"
-            )
-        return value
+        return checked_url(value)
 
     @field_validator("secret")
     @classmethod
     def _check_secret(cls, value: str) -> str:
-        if any(ord(c) < 32 or ord(c) == 127 for c in value):
-            raise ValueError("no control characters")
-        return value
+        return one_line(value, "no control characters")
 
     def wants(self, record: dict[str, Any]) -> bool:
         return not self.events or any(f.matches(record) for f in self.events)
@@ -114,6 +105,26 @@ class Webhook(Resource):
             return str(ipaddress.ip_address(self.host))
         except ValueError:
             return None
+
+
+def checked_url(value: str) -> str:
+    """``value`` if it is a URL healthgate sends to (a webhook's, a METRIC
+    source's Prometheus), else ValueError saying what is expected."""
+    if split_url(value) is None:
+        raise ValueError(
+            "expected http:// or https:// with a host (an address or a DNS name), an "
+            f"optional port and path, no user name, password or fragment; got {brief(value)}"
+        )
+    return value
+
+
+def one_line(
+    value: str, message: str = "one line: no line breaks or other control characters"
+) -> str:
+    """``value`` if it has no control characters, else ValueError(``message``)."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ValueError(message)
+    return value
 
 
 def split_url(value: str) -> SplitResult | None:

@@ -425,12 +425,12 @@ class BatchProber:
                 spec.type == "HTTP" or self.settings.tcp_half_open or spec.send or spec.preamble
             ):
                 # held back: HTTP's ACK travels with the request (as a TCP
-                # check's with what it sends), and a half-open TCP check resets before it. A full TCP check
-                # wants the kernel's default (the ACK sent at once), which
-                # a new socket has and the disconnect restores (Linux's
-                # tcp_disconnect clears the delayed-ACK state,
-                # inet_csk_delack_init): one system call less per check
-                # (1.3 % of a full check's CPU under perf)
+                # check's with what it sends), and a half-open TCP check
+                # resets before it. A full TCP check wants the kernel's
+                # default (the ACK sent at once), which a new socket has and
+                # the disconnect restores (Linux's tcp_disconnect clears the
+                # delayed-ACK state, inet_csk_delack_init): one system call
+                # less per check (1.3 % of a full check's CPU under perf)
                 sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 0)
             address = None
             if _connect_fd is not None:

@@ -117,7 +117,9 @@ def tls_context(
         fd = os.memfd_create("healthgate-client-cert", os.MFD_CLOEXEC)
         try:
             os.write(fd, client_cert.encode())
-            ctx.load_cert_chain(f"/proc/self/fd/{fd}")
+            # (never OpenSSL's own prompt for an encrypted key: a serve with
+            # a terminal would wait on it; an empty password fails it as TLS)
+            ctx.load_cert_chain(f"/proc/self/fd/{fd}", password=lambda: b"")
         finally:
             os.close(fd)
     return ctx
@@ -132,8 +134,10 @@ class _ExpectProtocol(asyncio.Protocol):
         self.buf = b""
 
     def data_received(self, data: bytes) -> None:
+        if self.fut.done():
+            return  # (decided: the rest is not read)
         self.buf += data
-        if len(self.buf) >= self.want and not self.fut.done():
+        if len(self.buf) >= self.want:
             self.fut.set_result(self.buf[: self.want])
 
     def connection_lost(self, exc: Exception | None) -> None:
