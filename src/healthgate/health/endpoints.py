@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
-from types import MappingProxyType
 
 from healthgate.health.pushed import Pushed
 from healthgate.health.states import (
@@ -33,6 +32,7 @@ from healthgate.health.states import (
 )
 from healthgate.health.threshold import RUN_CAP, step
 from healthgate.health.types import (
+    NO_SECRETS,
     ApplyResult,
     Counts,
     EndpointKey,
@@ -60,7 +60,6 @@ HEALTHY = HealthState.HEALTHY
 UNHEALTHY = HealthState.UNHEALTHY
 DEGRADED = HealthState.DEGRADED
 _STATES = (UNKNOWN, HEALTHY, UNHEALTHY, DEGRADED)
-_NO_SECRETS: Mapping[ResourcePath, str] = MappingProxyType({})
 _OK = Outcome.OK  # per-probe outcomes as globals (see the note on Outcome)
 
 
@@ -100,7 +99,7 @@ class _Aggregate:
         self.count_ejected = False
         # the values of the secrets its check reads (SPEC §10): a new value
         # is a changed check to the probes
-        self.secrets: Mapping[ResourcePath, str] = _NO_SECRETS
+        self.secrets: Mapping[ResourcePath, str] = NO_SECRETS
 
     def count(self, old: int, new: int) -> None:
         """An endpoint of it went from state ``old`` to ``new`` (-1: none)."""
@@ -421,7 +420,7 @@ class EndpointTable:
                 values = (
                     {p: s.value for p in secrets if isinstance(s := resources.get(p), Secret)}
                     if secrets
-                    else _NO_SECRETS
+                    else NO_SECRETS
                 )
                 self._rebuild_aggregate(
                     now, res, check, values, self._endpoints_of(res, resources), result

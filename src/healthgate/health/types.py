@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import NamedTuple
 
 from healthgate.health.routing import Share
@@ -17,6 +18,7 @@ from healthgate.model.names import ResourcePath
 from healthgate.model.resources import HealthCheck
 
 EndpointKey = tuple[str, int | None]  # (ip, serving port)
+NO_SECRETS: Mapping[ResourcePath, str] = MappingProxyType({})  # (shared: read-only)
 
 
 class Counts(NamedTuple):
@@ -42,7 +44,7 @@ class ProbeTarget:
     port: int | None  # serving port (None for GCE_VM_IP and port-less groups)
     check: HealthCheck
     # the values of the secrets the check reads (SPEC §10), by path; never shown
-    secrets: Mapping[ResourcePath, str] = field(default_factory=dict, repr=False)
+    secrets: Mapping[ResourcePath, str] = field(default_factory=lambda: NO_SECRETS, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
