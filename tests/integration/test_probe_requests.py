@@ -27,7 +27,7 @@ from healthgate.probes.prober import ProbeSettings
 from healthgate.probes.spec import PROXY_PREAMBLES, ProbeSpec
 from tests.helpers import run_async
 from tests.integration import servers
-from tests.integration.servers import Server
+from tests.integration.servers import Server, read_proxy_header
 from tests.integration.test_probes import PROBERS, spec
 
 V1, V2 = PROXY_PREAMBLES["PROXY_V1"], PROXY_PREAMBLES["PROXY_V2"]
@@ -353,3 +353,79 @@ def test_an_encrypted_client_key_fails_as_tls_and_never_prompts(ca: trustme.CA) 
     pem = encrypted + cert.cert_chain_pems[0].bytes().decode()
     results = https_twice(mtls_server(ca), False, client_cert=pem)
     assert [r.outcome for r in results] == [Outcome.TLS] * 2, results
+
+
+# ------------------------------------------------------------------ gRPC behind PROXY
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except ConnectionError:
+        pass
+    finally:
+        writer.close()
+
+
+def grpc_behind_proxy(
+    preamble: bytes, key: str | None, seen: list[bytes], probes: int = 2
+) -> list[ProbeResult]:
+    """A gRPC health server behind a PROXY-protocol listener (the preamble
+    first on each connection, or it closes), probed ``probes`` times."""
+    import grpc
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    async def go() -> list[ProbeResult]:
+        server = grpc.aio.server()
+        servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
+        health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+        grpc_port = server.add_insecure_port("127.0.0.1:0")
+        await servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        await server.start()
+
+        async def front(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                got = await read_proxy_header(reader)
+            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+                got = None
+            if got is None:
+                writer.close()
+                return
+            seen.append(got)
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", grpc_port)
+            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+
+        listener = await asyncio.start_server(front, "127.0.0.1", 0)
+        port = listener.sockets[0].getsockname()[1]
+        prober = PROBERS["coroutine"](ProbeSettings())
+        try:
+            check = spec("GRPC", port, timeout=2.0, preamble=preamble)
+            return [await prober.probe(check, key) for _ in range(probes)]
+        finally:
+            await prober.close()
+            listener.close()
+            await server.stop(None)
+
+    out: list[ProbeResult] = run_async(go())
+    return out
+
+
+@pytest.mark.parametrize("key", ["g", None], ids=["kept channel", "a channel per probe"])
+@pytest.mark.parametrize("version", ["PROXY_V1", "PROXY_V2"])
+def test_grpc_behind_a_proxy_protocol_listener(version: str, key: str | None) -> None:
+    """gRPC's client opens its own connections: the preamble goes first on
+    each through a relay (probes/grpc.py). A kept channel is one connection
+    (one preamble for both probes); a channel per probe, one each."""
+    seen: list[bytes] = []
+    preamble = PROXY_PREAMBLES[version]
+    results = grpc_behind_proxy(preamble, key, seen)
+    assert [r.outcome for r in results] == [Outcome.OK] * 2, results
+    assert seen == [preamble] * (1 if key else 2)
+
+
+def test_grpc_without_the_preamble_a_proxy_listener_refuses() -> None:
+    seen: list[bytes] = []
+    results = grpc_behind_proxy(b"", "g", seen, probes=1)
+    assert results[0].outcome is not Outcome.OK and seen == [], results

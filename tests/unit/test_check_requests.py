@@ -99,8 +99,6 @@ REFUSED: list[tuple[str, Mutation, str, str]] = [
     ("send odd hex", check(type="TCP", send={"hex": "616"}), "send.hex", "pairs of hex"),
     ("expect too long", check(type="TCP", expect={"text": "a" * 1025}), "expect", "1024 bytes"),
     ("proxyHeader unknown", check(proxyHeader="PROXY_V3"), "proxyHeader", "PROXY_V2"),
-    ("proxyHeader on gRPC", check(type="GRPC", requestPath="/", proxyHeader="PROXY_V1"),
-     "proxyHeader", "not for GRPC"),
     ("client certificate on HTTP", check(clientCertificate={"secret": "token"}),
      "clientCertificate", "only HTTPS"),
     ("gRPC client certificate without verify",

@@ -217,11 +217,6 @@ class HealthCheck(Resource):
         for name, payload in (("send", self.send), ("expect", self.expect)):
             if payload is not None and kind != "TCP":
                 raise ValueError(f"{name}: only TCP checks have one, not {kind}")
-        if self.proxy_header != "NONE" and kind == "GRPC":
-            raise ValueError(
-                "proxyHeader: not for GRPC checks yet (gRPC's client opens its own "
-                "connections; the preamble cannot go first on them)"
-            )
         for name, given in (
             ("clientCertificate", self.client_certificate is not None),
             ("verify", self.verify),
