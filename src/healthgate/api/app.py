@@ -33,6 +33,7 @@ from healthgate.api.holds import holds_router
 from healthgate.api.integrations import integrations_router
 from healthgate.api.manifests import MANIFEST_PATHS, manifest_router
 from healthgate.api.operations import operations_router
+from healthgate.api.practice import practice_router
 from healthgate.api.reports import reports_router
 from healthgate.api.resources import resource_router
 from healthgate.api.schema import install as install_schema
@@ -88,6 +89,7 @@ def create_app(state: ApiState) -> FastAPI:
     app.include_router(health_router(state))
     app.include_router(integrations_router(state))
     app.include_router(topology_router(state))
+    app.include_router(practice_router(state))
     app.include_router(resource_router(state))
     app.include_router(events_router(state))
     app.include_router(manifest_router(state))

@@ -42,6 +42,8 @@ CONSUMER_EVENT_KINDS: tuple[str, ...] = (
     RecordKind.CHANGE,
     RecordKind.RAMP,
     RecordKind.HOLD,
+    RecordKind.PRACTICE,
+    RecordKind.CONVERGENCE,
 )
 
 
@@ -86,7 +88,8 @@ class Principal:
         if not self.can_read(project) or self.role == "viewer":
             return False
         if self.role == "consumer":
-            return (is_global and kind in ("BackendService", "ForwardingRule", "Webhook")) or psc
+            consumer_kinds = ("BackendService", "ForwardingRule", "Webhook", "PracticeRun")
+            return (is_global and kind in consumer_kinds) or psc
         return True
 
     @property

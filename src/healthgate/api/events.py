@@ -20,7 +20,7 @@ from healthgate.store.base import LogQuery, record_matches
 # an unknown kind or state is a 400 naming the field, not an empty list
 EventKind = Literal[
     "Endpoint", "HealthSource", "CompositeHealthCheck", "NetworkEndpointGroup", "Route", "Change",
-    "Ramp", "Ejection", "Hold",
+    "Ramp", "Ejection", "Hold", "PracticeRun", "Convergence",
 ]  # fmt: skip
 KindQ = Annotated[EventKind | None, Query(description="only records of this kind")]
 StateQ = Annotated[
@@ -32,6 +32,8 @@ StateQ = Annotated[
         "STARTED", "ENDED", "ABANDONED",
         # an Ejection record's phase, a Hold record's
         "EJECTED", "RETURNED", "DETECTED", "HELD", "LIFTED", "RELEASED",
+        # a PracticeRun record's phase (and STARTED), a Convergence record's
+        "COMPLETED", "CANCELLED", "SKIPPED", "LAGGING", "CAUGHT_UP",
     ]
     | None,
     Query(alias="state", description="only transitions to this state (or Changes of this action)"),

@@ -51,6 +51,7 @@ class GlobalCollection(StrEnum):
     forwardingRules = "forwardingRules"
     webhooks = "webhooks"
     secrets = "secrets"
+    practiceRuns = "practiceRuns"
 
 
 @dataclass(frozen=True, slots=True)

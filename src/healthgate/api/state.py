@@ -18,6 +18,7 @@ from healthgate.api.auth import Access, AccessError, Principal
 from healthgate.controlplane.changes import of_plan
 from healthgate.controlplane.errors import ControlError, Refusal
 from healthgate.controlplane.health_service import HealthService
+from healthgate.controlplane.practice import PracticeRunner, practice_status
 from healthgate.controlplane.recorder import TransitionRecorder, iso
 from healthgate.controlplane.resources import (
     ControlPlane,
@@ -31,6 +32,7 @@ from healthgate.model.addresses import AddressPolicy
 from healthgate.model.checks import EndpointReport
 from healthgate.model.names import GLOBAL, NAME_RULE, ResourcePath, endpoint_path, is_valid_name
 from healthgate.model.plan import Plan
+from healthgate.model.practice import PracticeRun
 from healthgate.model.resources import (
     BackendService,
     ForwardingRule,
@@ -94,6 +96,7 @@ class ApiState:
     collectors: list[Collector] = field(default_factory=list)  # more /metrics families
     dataplane_status: Callable[[], dict[str, dict[str, object]]] | None = None
     webhooks: WebhookDispatcher | None = None  # (deliveries: a webhook's status)
+    practice: PracticeRunner | None = None  # practice runs (SPEC §11): their status, :start
     public_healthz: bool = False  # forwarding rules' healthz without a token
     agent_address: tuple[str, int] | None = None  # where HAProxy's agent-check is answered
     cluster_status: Callable[[], dict[str, Any]] | None = None  # cluster mode: this node's view
@@ -186,6 +189,11 @@ class ApiState:
         token of a project that also publishes may not redirect the
         producer's webhook)."""
         self.check_write(who, res)
+        moves_attachment = isinstance(res, PracticeRun) and "/serviceAttachments/" in res.away_from
+        if moves_attachment and who.role == "consumer":
+            raise AccessError(
+                403, "a consumer's practice run moves its own PSC NEGs, not an attachment"
+            )
         kinds = who.event_kinds()
         if not isinstance(res, Webhook) or kinds is None:
             return
@@ -301,6 +309,8 @@ class ApiState:
             return None
         if isinstance(res, Webhook):
             return present_status(res, self.webhooks)
+        if isinstance(res, PracticeRun):
+            return practice_status(self.practice, res)
         if isinstance(res, ForwardingRule):
             listener = self.dataplane_status().get(str(path)) if self.dataplane_status else None
             status = self._fr_status(res)

@@ -10,6 +10,7 @@ from healthgate.cli.render import table
 from healthgate.health.states import (
     Ejection,
     Hold,
+    PracticeRecord,
     RampChange,
     Record,
     RouteChange,
@@ -118,6 +119,8 @@ def _row(rec: Record) -> list[str]:
         return [t, "Ejection", _short(rec.path).replace("/endpoints/", " "), rec.phase, rec.reason]
     if isinstance(rec, Hold):
         return [t, "Hold", rec.hold_id, rec.phase.value, rec.reason]
+    if isinstance(rec, PracticeRecord):
+        return [t, "PracticeRun", rec.name, rec.phase.value, rec.reason]
     return [
         t,
         "Route",

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from healthgate.controlplane.health_service import HealthService
 from healthgate.controlplane.ramp_gate import RampGate
 from healthgate.dataplane.manager import DataPlaneService
-from healthgate.health.evidence import merge
+from healthgate.health.evidence import Address, Hops, merge
 from healthgate.health.traffic import Verdict
 
 log = logging.getLogger("healthgate.health")
@@ -40,6 +40,8 @@ class EvidenceSampler:
         self.dataplane = dataplane
         self.gate = RampGate(health)
         self.on_verdicts: VerdictListener | None = None
+        # told each second's hops per listener too (practice runs' FRONTEND_ERRORS checks)
+        self.listeners: list[Callable[[float, Mapping[str, Mapping[Address, Hops]]], None]] = []
         self.seconds = 0
         self._soon: asyncio.Handle | None = None
         # a run of errors that reached an outlier threshold: the evidence now
@@ -82,6 +84,8 @@ class EvidenceSampler:
         now = self.health.clock()
         per_listener = self.dataplane.take_hops()
         self.gate.observe(now, per_listener)
+        for listener in self.listeners:
+            listener(now, per_listener)
         engine = self.health.engine
         result = engine.observe_traffic(now, merge(per_listener.values()))
         if result.ejected:

@@ -21,7 +21,7 @@ Records are returned to the caller, which logs, stores and streams them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
 
@@ -30,6 +30,7 @@ from healthgate.health.endpoints import EndpointTable
 from healthgate.health.evidence import Address, Hops
 from healthgate.health.graph import HealthGraph
 from healthgate.health.passive import PassiveHealth, PassiveResult
+from healthgate.health.routing import Candidate
 from healthgate.health.states import (
     HealthState,
     Hold,
@@ -51,7 +52,7 @@ from healthgate.health.types import (
     RouteTable,
 )
 from healthgate.model.names import ResourcePath, endpoint_name, parse_endpoint_name
-from healthgate.model.resources import Resource
+from healthgate.model.resources import Resource, Shift
 
 __all__ = [
     "ApplyResult",
@@ -241,6 +242,15 @@ class HealthEngine:
         records: list[Record] = []
         self.graph.abandon_ramp(now, frontend, neg, total, failed, records)
         return records
+
+    def failover_order(self, frontend: str) -> list[tuple[Candidate, str]]:
+        """A consumer front end's PSC NEGs in failover order, each with its
+        service attachment's path (health/graph.py)."""
+        return self.graph.failover_order(frontend)
+
+    def shifts(self) -> Sequence[Shift]:
+        """Every Shift resource, active or run out (in path order)."""
+        return self.graph.shifts()
 
     def attachment_of(self, neg: str) -> str | None:
         """The service attachment a PSC NEG reaches (None: no such NEG)."""

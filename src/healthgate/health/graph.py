@@ -435,6 +435,10 @@ class HealthGraph:
         node = self._negs.get(neg)
         return None if node is None else node.extra is not False
 
+    def shifts(self) -> list[Shift]:
+        """Every Shift resource, active or run out, in path order."""
+        return self._shifts
+
     def failover_order(self, frontend: str) -> list[tuple[Candidate, str]]:
         """A consumer front end's PSC NEGs in failover order (priority, then
         locality, then name), each with its service attachment's path: what

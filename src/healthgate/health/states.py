@@ -33,6 +33,8 @@ class RecordKind(StrEnum):
     RAMP = "Ramp"  # a ramped failback started, ended or was abandoned (SPEC §6)
     EJECTION = "Ejection"  # an endpoint ejected from real traffic, or back (SPEC §8)
     HOLD = "Hold"  # route changes held in a failover storm, or released (SPEC §8)
+    PRACTICE = "PracticeRun"  # a practice run started, completed, was cancelled or skipped (§11)
+    CONVERGENCE = "Convergence"  # a data plane has not applied a route decision in time (§11)
 
 
 class RouteMode(StrEnum):
@@ -404,4 +406,81 @@ class Hold:
         return out
 
 
-Record = Transition | RouteChange | ShiftEnded | RampChange | Ejection | Hold
+class PracticePhase(StrEnum):
+    STARTED = "STARTED"
+    COMPLETED = "COMPLETED"
+    CANCELLED = "CANCELLED"  # an outcome check breached, or its shift was ended by hand
+    SKIPPED = "SKIPPED"  # due (or asked for) and not started: an incident, a blocked window
+
+
+@dataclass(frozen=True, slots=True)
+class PracticeRecord:
+    """A practice run (SPEC §11, health/practice.py) started, completed,
+    was cancelled or skipped - written by the elected writer alone."""
+
+    time: float
+    project: str
+    name: str  # the run's
+    path: str  # the run's
+    phase: PracticePhase
+    reason: str
+    away_from: str = ""
+    shift: str = ""  # the run's shift (its path), when there was one
+    until: float | None = None  # when the shift was to end
+    window: float | None = None  # the scheduled window it was started (or skipped) in
+    check: str = ""  # CANCELLED by this outcome check
+
+    kind = RecordKind.PRACTICE
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "time": self.time,
+            "timestamp": timestamp(self.time),
+            "project": self.project,
+            "region": "global",
+            "kind": RecordKind.PRACTICE.value,
+            "name": self.name,
+            "path": self.path,
+            "from": None,
+            "to": self.phase.value,
+            "reason": self.reason,
+            "awayFrom": self.away_from,
+        }
+        if self.shift:
+            out["shift"] = self.shift
+        if self.until is not None:
+            out["until"] = timestamp(self.until)
+        if self.window is not None:
+            out["window"] = timestamp(self.window)
+        if self.check:
+            out["check"] = self.check
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PracticeRecord | None:
+        """A record read back from the log (None: not one of these)."""
+        try:
+            return cls(
+                time=float(d["time"]),
+                project=str(d["project"]),
+                name=str(d["name"]),
+                path=str(d["path"]),
+                phase=PracticePhase(d["to"]),
+                reason=str(d.get("reason", "")),
+                away_from=str(d.get("awayFrom", "")),
+                shift=str(d.get("shift", "")),
+                until=_epoch(d.get("until")),
+                window=_epoch(d.get("window")),
+                check=str(d.get("check", "")),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+def _epoch(text: object) -> float | None:
+    if not isinstance(text, str):
+        return None
+    return datetime.fromisoformat(text).timestamp()
+
+
+Record = Transition | RouteChange | ShiftEnded | RampChange | Ejection | Hold | PracticeRecord

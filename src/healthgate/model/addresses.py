@@ -44,6 +44,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from healthgate.model.practice import PracticeRun
 from healthgate.model.resources import (
     ForwardingRule,
     HealthSource,
@@ -222,6 +223,11 @@ class AddressPolicy:
             address = _address(urlsplit(res.metric.prometheus_url).hostname or "")
             if address is not None:  # (a DNS name is checked each time it is resolved)
                 yield "metric.prometheusUrl", address
+        elif isinstance(res, PracticeRun):
+            for i, check in enumerate(res.outcome_checks):
+                address = _address(urlsplit(check.url or "").hostname or "")
+                if address is not None:  # (as above)
+                    yield f"outcomeChecks[{i}].url", address
 
     def violations(self, res: Resource) -> list[tuple[str, str]]:
         """(field, why) for every address of ``res`` the policy refuses."""

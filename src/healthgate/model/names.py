@@ -45,6 +45,7 @@ KIND_TO_COLLECTION: Final[dict[str, str]] = {
     "Secret": "secrets",
     # (written through POST .../backendServices/B/endpoints:report only: SPEC §10)
     "EndpointReport": "endpointReports",
+    "PracticeRun": "practiceRuns",  # SPEC §11
 }
 COLLECTION_TO_KIND: Final[dict[str, str]] = {c: k for k, c in KIND_TO_COLLECTION.items()}
 

@@ -196,7 +196,7 @@ class Resource(Model):
                 items = [(wire, value)]
             elif attr == "backends":
                 items = [(f"backends[{i}].group", b.group) for i, b in enumerate(value)]
-            elif attr == "secret_refs":  # nested references: (field, reference) pairs
+            elif attr.endswith("_refs"):  # nested references: (field, reference) pairs
                 items = value
             else:
                 items = [(f"{wire}[{i}]", v) for i, v in enumerate(value)]

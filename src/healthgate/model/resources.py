@@ -36,11 +36,11 @@ from healthgate.model.checks import (
 from healthgate.model.names import (
     NAME_RULE,
     ReferenceError_,
-    ResourcePath,
     brief,
     is_valid_name,
     resolve_reference,
 )
+from healthgate.model.practice import PracticeRun, checked_away_from
 from healthgate.model.resource import (
     DNS_LABEL_RE,
     HOST_RE,
@@ -802,7 +802,8 @@ class Shift(Resource):
     away_from: str = Field(min_length=1, max_length=300)
     expire_time: float  # epoch seconds
     created: float
-    actor: str = Field(min_length=1, max_length=63)
+    # a token's name, or practice-run/NAME (a practice run's: SPEC §11)
+    actor: str = Field(min_length=1, max_length=80)
     comment: str = Field(min_length=1, max_length=500)
     force: bool = False  # the safety rule was overridden (by an admin)
     # what a region shift covers: the project's own PSC NEGs there and the
@@ -816,18 +817,7 @@ class Shift(Resource):
     @field_validator("away_from")
     @classmethod
     def _check_away_from(cls, value: str) -> str:
-        if is_valid_name(value):
-            return value  # a region
-        try:
-            path = ResourcePath.parse(value)
-        except ValueError:
-            path = None
-        if path is None or path.collection not in ("networkEndpointGroups", "serviceAttachments"):
-            raise ValueError(
-                "expected a region name, or the full path of a PSC network endpoint group or "
-                f"a service attachment; got {brief(value)}"
-            )
-        return str(path)
+        return checked_away_from(value)
 
     @field_validator("expire_time", "created")
     @classmethod
@@ -861,6 +851,7 @@ AnyResource = (
     | Webhook
     | Secret
     | EndpointReport
+    | PracticeRun
 )
 
 KIND_CLASSES: dict[str, type[Resource]] = {
@@ -879,5 +870,6 @@ KIND_CLASSES: dict[str, type[Resource]] = {
         Webhook,
         Secret,
         EndpointReport,
+        PracticeRun,
     )
 }

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from healthgate.gcpause import gc_paused
 from healthgate.model.checks import Secret, header_value_problem
 from healthgate.model.names import ResourcePath
+from healthgate.model.practice import PracticeRun
 from healthgate.model.resources import (
     BackendService,
     CompositeHealthCheck,
@@ -72,6 +73,12 @@ def references(doc: Document, world: World) -> list[Issue]:
             message = (
                 f"{ref.target} is in project {ref.target.project!r}: a check reads the "
                 f"secrets of its own project ({res.project!r}) only"
+            )
+            issues.append(doc.issue(ref.field, message))
+        elif isinstance(res, PracticeRun) and ref.target.project != res.project:
+            message = (
+                f"{ref.target} is in project {ref.target.project!r}: a practice run watches "
+                f"its own project's resources ({res.project!r}) only"
             )
             issues.append(doc.issue(ref.field, message))
         elif ref.target not in world.by_path:
@@ -445,6 +452,26 @@ def destinations(world: World) -> list[Issue]:
     return issues
 
 
+def practice_targets(doc: Document, world: World) -> list[Issue]:
+    """What a practice run watches is what its checks can read: a front end
+    is a consumer's (global) forwarding rule, a NEG a PSC NEG; and what it
+    moves away from is its own project's (SPEC §11)."""
+    res = doc.resource
+    assert isinstance(res, PracticeRun)
+    issues: list[Issue] = []
+    for ref in res.references():
+        target = world.get(ref.target) if ref.target else None
+        if ref.target is None or target is None or ref.target.project != res.project:
+            continue  # (the references rule says so)
+        if isinstance(target, ForwardingRule) and not target.is_global:
+            issues.append(doc.issue(ref.field, "must be a consumer front end (a global rule)"))
+        if isinstance(target, NetworkEndpointGroup) and not target.psc_target_service:
+            issues.append(doc.issue(ref.field, "must be a PSC network endpoint group"))
+    if "/" in res.away_from and ResourcePath.parse(res.away_from).project != res.project:
+        issues.append(doc.issue("awayFrom", f"must be in project {res.project}"))
+    return issues
+
+
 RULES: dict[type[Resource], tuple[Rule, ...]] = {
     HealthSource: (same_scope, internal_source),
     CompositeHealthCheck: (same_scope, distinct_sources),
@@ -453,6 +480,7 @@ RULES: dict[type[Resource], tuple[Rule, ...]] = {
     NetworkEndpointGroup: (psc_target_in_region,),
     ForwardingRule: (forwarding_rule,),
     ServiceAttachment: (attachment_target,),
+    PracticeRun: (practice_targets,),
 }
 
 WORLD_RULES: tuple[WorldRule, ...] = (listen_addresses, dns_names, destinations)

@@ -139,12 +139,11 @@ def parse_resource(
             msg = str(err["msg"]).removeprefix("Value error, ")
             # model-level rules say which field they are about as "field: message"
             head, sep, rest = msg.partition(": ")
-            if (
-                sep
-                and not field
-                and head.replace(".", "").replace("[", "").replace("]", "").isalnum()
-            ):
-                field, msg = head, rest
+            if sep and head.replace(".", "").replace("[", "").replace("]", "").isalnum():
+                if not field:
+                    field, msg = head, rest
+                elif err["type"] == "value_error" and head[:1].islower():
+                    field, msg = f"{field}.{head}", rest  # (a nested model's own field)
             if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
                 msg = "unknown field"
             elif err["type"] in ("missing", "missing_argument"):

@@ -41,6 +41,8 @@ RECORD_KINDS = (
     "Ramp",
     "Ejection",
     "Hold",
+    "PracticeRun",
+    "Convergence",
 )
 STATE_RE = re.compile(r"[A-Za-z][A-Za-z_-]{0,39}")
 PATH_RE = re.compile(r"[\x21-\x7e]*")  # printable ASCII, no spaces
@@ -53,7 +55,7 @@ class WebhookFilter(Model):
 
     kind: Literal[
         "Endpoint", "HealthSource", "CompositeHealthCheck", "NetworkEndpointGroup", "Route",
-        "Change", "Ramp", "Ejection", "Hold",
+        "Change", "Ramp", "Ejection", "Hold", "PracticeRun", "Convergence",
     ] | None = None  # fmt: skip
     state: str | None = Field(None, max_length=40)
 

@@ -46,6 +46,7 @@ from healthgate.controlplane.errors import ControlError, Refusal
 from healthgate.controlplane.evidence import EvidenceSampler
 from healthgate.controlplane.health_service import HealthService, SourceFactory
 from healthgate.controlplane.metric_sources import MetricSources
+from healthgate.controlplane.practice import PracticeRunner
 from healthgate.controlplane.probe_workers import WorkerProbing, default_workers
 from healthgate.controlplane.probing import Feed, InProcessProbing, ProbeSource
 from healthgate.controlplane.recorder import TransitionRecorder
@@ -157,6 +158,7 @@ class Server:
         self.recorder: TransitionRecorder | None = None
         self.webhooks: WebhookDispatcher | None = None
         self.metric_sources: MetricSources | None = None
+        self.practice: PracticeRunner | None = None
         self.api_state: ApiState | None = None
         self.dataplane: DataPlaneService | None = None
         self.evidence: EvidenceSampler | None = None
@@ -337,6 +339,20 @@ class Server:
         first = WorldChange(control.revision, 0.0, control.resources, {}, whole=True)
         self._tasks.append(asyncio.create_task(metrics.changed(first), name="metric sources"))
 
+    def _start_practice(self) -> None:
+        """Practice runs (SPEC §11): here, or in a cluster by the elected writer."""
+        assert self.control and self.health and self.store and self.evidence and self.recorder
+        node, recorder = self.node, self.recorder
+
+        def permit() -> bool:
+            return node is None or (node.leading and recorder.guard is not None)
+
+        self.practice = practice = PracticeRunner(
+            self.control, self.health, self.store, self.settings.api.address_policy, permit
+        )
+        self.evidence.listeners.append(practice.observe)
+        practice.start()
+
     def _check_binds(self) -> None:
         """The agent, DNS and xDS servers answer whoever reaches them: beyond
         loopback only with TLS (xDS) or when told so (--insecure-bind)."""
@@ -431,6 +447,7 @@ class Server:
         if self.node is not None:  # (cluster mode: verdicts are opinions, the quorum decides)
             self.evidence.on_verdicts = self.node.traffic.local
         self._tasks.append(asyncio.create_task(self.evidence.run(), name="traffic evidence"))
+        self._start_practice()
         health.subscribe(
             lambda records: dataplane.routes_changed(
                 [r.frontend for r in records if isinstance(r, RouteChange)]
@@ -461,6 +478,7 @@ class Server:
             state.collectors.append(dataplane)
         state.dataplane_status = dataplane.status
         state.webhooks = self.webhooks
+        state.practice = self.practice
         if self.webhooks is not None:
             state.collectors.append(WebhookCollector(self.webhooks))
         app = create_app(state)
@@ -574,6 +592,8 @@ class Server:
     async def _close_health(self) -> None:
         if self.metric_sources is not None:
             await self.metric_sources.close()
+        if self.practice is not None:
+            await self.practice.close()
         if self.health is not None:
             await self.health.close()
 
