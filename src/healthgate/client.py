@@ -474,6 +474,19 @@ class Client:
         """End a shift now: traffic may come back."""
         self.request("DELETE", f"/v1/projects/{project}/shifts/{name}")
 
+    def start_practice_run(self, project: str, name: str) -> dict[str, Any]:
+        """Start a practice run now (SPEC §11): its STARTED record; refused
+        (409) in an incident, a blocked window or against the safety rule."""
+        result: dict[str, Any] = self.request(
+            "POST", f"/v1/projects/{project}/global/practiceRuns/{name}:start"
+        )
+        return result
+
+    def practice_runs(self, project: str) -> builtins.list[dict[str, Any]]:
+        """The project's practice runs, each with its status (under way,
+        next start, last record)."""
+        return builtins.list(self.list(project, "practiceRuns", "global"))
+
     # ------------------------------------------------------------------ the rest
 
     def cluster(self) -> dict[str, Any]:

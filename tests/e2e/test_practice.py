@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from tests.e2e.test_passive import EU, US, PassiveStack
+from tests.helpers import run_cli
 from tests.integration.receiver import receiver
 from tests.integration.serve_proc import wait_for
 
@@ -152,3 +153,12 @@ def test_a_run_is_refused_while_a_region_is_down(stack: PassiveStack) -> None:
     assert skipped["to"] == "SKIPPED" and "an incident" in skipped["reason"]
     assert stack.region() == US
     assert stack.api.get(RUNS + "/drill").json()["status"]["last"]["to"] == "SKIPPED"
+    # the CLI says the same
+    server = ("--server", stack.serve.url, "--project", "web")
+    cli = run_cli("practice", "start", "drill", *server)
+    assert cli.returncode == 1 and "an incident" in cli.stderr, (cli.stdout, cli.stderr)
+    listed = run_cli("practice", "list", *server)
+    assert listed.returncode == 0 and "drill" in listed.stdout and "SKIPPED" in listed.stdout
+    assert "by hand" in listed.stdout, listed.stdout
+    history = run_cli("practice", "history", "drill", *server)
+    assert history.returncode == 0 and history.stdout.count("SKIPPED") == 2, history.stdout

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from healthgate.health.practice import (
     EndShift,
@@ -19,10 +21,13 @@ from healthgate.health.practice import (
     next_start,
     window_at,
 )
-from healthgate.health.states import HealthState, PracticePhase, PracticeRecord
+from healthgate.health.states import HealthState, PracticePhase, PracticeRecord, RouteChange
 from healthgate.model.practice import PracticeRun, Schedule
 from healthgate.model.resources import Shift
 from healthgate.model.validation import parse_resource
+from healthgate.simulation.runner import simulate
+from healthgate.simulation.scenario import Scenario
+from tests.helpers import example_world, resources
 
 FE = "projects/web/global/forwardingRules/shop"
 US = "projects/web/regions/us-east1/networkEndpointGroups/shop-us"
@@ -308,3 +313,70 @@ def test_a_record_read_back_from_the_log_is_the_same_record() -> None:
     (started,) = world.act(director.tick(at("2026-12-08 10:00"), [r], world))
     assert PracticeRecord.from_dict(started.to_dict()) == started
     assert PracticeRecord.from_dict({"kind": "PracticeRun", "to": "NOPE"}) is None
+
+
+# ------------------------------------------------------------------ in simulate
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def simulated(scenario: dict[str, Any], *edits: Any) -> list[Any]:
+    docs = example_world()
+    run_doc = yaml.safe_load((EXAMPLES / "practice-run.yaml").read_text())
+    for edit in edits:
+        edit(run_doc)
+    base = yaml.safe_load((EXAMPLES / "scenario-practice.yaml").read_text())
+    return simulate(
+        resources([*docs, run_doc]), Scenario.model_validate({**base, **scenario})
+    ).records
+
+
+def test_simulate_runs_a_scheduled_practice_and_cancels_it_on_the_survivors_errors() -> None:
+    """examples/scenario-practice.yaml: the window opens at virtual 60 s;
+    europe-west1 fails 10 % of its requests from 240 s - over 2 % in 30 s."""
+    t0 = at("2026-12-08 09:59")
+    records = simulated({})
+    kinds = [(r.time - t0, type(r).__name__, getattr(r, "phase", None)) for r in records]
+    assert kinds[:2] == [(60.0, "RouteChange", None), (60.0, "PracticeRecord", "STARTED")], kinds
+    cancelled = [r for r in records if isinstance(r, PracticeRecord) and r.phase == "CANCELLED"]
+    assert len(cancelled) == 1 and 240 < cancelled[0].time - t0 <= 250, kinds
+    assert "> maxErrorPercent 2" in cancelled[0].reason and "500 ×" in cancelled[0].reason
+    back = [r for r in records if isinstance(r, RouteChange) and r.time > t0 + 60]
+    assert [(r.time, r.current) for r in back] == [
+        (cancelled[0].time, "projects/web/regions/us-east1/networkEndpointGroups/shop-us")
+    ]
+
+
+def test_simulate_completes_a_quiet_run_and_skips_one_in_an_incident() -> None:
+    t0 = at("2026-12-08 09:59")
+
+    def short(doc: dict[str, Any]) -> None:
+        doc["durationSec"] = 120
+
+    quiet = simulated({"events": []}, short)
+    phases = [(r.time - t0, r.phase) for r in quiet if isinstance(r, PracticeRecord)]
+    assert phases == [(60.0, "STARTED"), (180.0, "COMPLETED")], phases
+    routes = [r.time - t0 for r in quiet if isinstance(r, RouteChange)]
+    assert routes == [60.0, 180.0]  # away, and back at its end
+    down = {"at": 10, "select": {"project": "shop", "region": "europe-west1"}, "fault": "hang"}
+    skipped = simulated({"events": [down]}, short)
+    (record,) = [r for r in skipped if isinstance(r, PracticeRecord)]
+    assert record.phase == "SKIPPED" and "shop-eu is UNHEALTHY" in record.reason, record.reason
+
+
+def test_simulate_starts_a_run_by_hand_and_a_failing_url_cancels_it() -> None:
+    t0 = at("2026-12-08 09:59")
+
+    def by_hand(doc: dict[str, Any]) -> None:
+        doc.pop("schedule")
+        doc["outcomeChecks"] = [{"type": "URL", "url": "http://status.internal/ok",
+                                 "intervalSec": 10, "failuresToBreach": 2}]  # fmt: skip
+
+    events = [
+        {"at": 20, "practice": "weekly-us"},
+        {"at": 50, "url": "http://status.internal/ok", "status": 503},
+    ]
+    records = simulated({"events": events}, by_hand)
+    phases = [(r.time - t0, r.phase) for r in records if isinstance(r, PracticeRecord)]
+    assert phases == [(20.0, "STARTED"), (60.0, "CANCELLED")], phases
+    assert "failed 2 times in a row (HTTP 503)" in records[-1].reason

@@ -507,6 +507,54 @@ def cmd_shift(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_practice(args: argparse.Namespace) -> int:
+    """``healthgate practice start|list|history``: practice runs (SPEC §11)."""
+    api = Api(args)
+    project = project_of(args)
+    if args.action == "start":
+        if not args.name:
+            raise CliError("healthgate practice start NAME", EXIT_USAGE)
+        out = api.start_practice_run(project, args.name)
+        if args.output == "json":
+            emit(out, "json")
+        else:
+            print(f"{args.name}: STARTED - {out['reason']}")
+        return EXIT_OK
+    if args.action == "list":
+        runs = [r for r in api.practice_runs(project) if not args.name or r["name"] == args.name]
+        if args.output == "json":
+            emit(runs, "json")
+            return EXIT_OK
+        rows = []
+        for r in runs:
+            status = r.get("status") or {}
+            last = status.get("last") or {}
+            under_way = status.get("underWay")
+            rows.append(
+                [
+                    r["name"],
+                    r["awayFrom"],
+                    f"{r['durationSec']} s",
+                    f"under way until {under_way['until']}" if under_way else "-",
+                    status.get("next", "-" if r.get("schedule") else "by hand"),
+                    f"{last['to']} {last['timestamp']}" if last else "-",
+                    last.get("reason", ""),
+                ]
+            )
+        headers = ["NAME", "AWAY FROM", "FOR", "NOW", "NEXT", "LAST", "WHY"]
+        print(table(headers, rows) if rows else "no practice runs")
+        return EXIT_OK
+    resource = f"projects/{project}/global/practiceRuns/{args.name}" if args.name else None
+    events = api.events(project, kind="PracticeRun", resource=resource, limit=args.limit)
+    records = [e.record for e in events]
+    if args.output == "json":
+        emit(records, "json")
+        return EXIT_OK
+    rows = [[e["timestamp"], e["name"], e["to"], e["reason"]] for e in records]
+    print(table(["TIME", "RUN", "OUTCOME", "WHY"], rows) if rows else "no practice runs yet")
+    return EXIT_OK
+
+
 def cmd_demo_control(args: argparse.Namespace) -> int:
     api = Api(args)
     if args.action == "status":

@@ -232,6 +232,7 @@ def add_client_commands(sub: Any) -> None:
     client.add_client_options(p)
     p.set_defaults(func=lambda a: client.run_client(client.cmd_events, a))
     add_shift_command(sub)
+    add_practice_command(sub)
 
 
 def add_shift_command(sub: Any) -> None:
@@ -265,6 +266,23 @@ def add_shift_command(sub: Any) -> None:
     p.add_argument("--all", action="store_true", help="list: the ones ended in the last hour too")
     client.add_client_options(p)
     p.set_defaults(func=lambda a: client.run_client(client.cmd_shift, a))
+
+
+def add_practice_command(sub: Any) -> None:
+    """``healthgate practice``: failover exercised on purpose (SPEC §11)."""
+    from healthgate.cli import client
+
+    p = sub.add_parser(
+        "practice",
+        help="practice runs: start NAME (now); list (each run's next start, last outcome); "
+        "history [NAME] (STARTED, COMPLETED, CANCELLED, SKIPPED)",
+    )
+    p.add_argument("action", choices=["start", "list", "history"])
+    p.add_argument("name", nargs="?", help="the practice run's name")
+    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    p.add_argument("--limit", type=int, default=100, help="history: at most this many records")
+    client.add_client_options(p)
+    p.set_defaults(func=lambda a: client.run_client(client.cmd_practice, a))
 
 
 def completion_script(parser: argparse.ArgumentParser) -> str:

@@ -82,7 +82,7 @@ def to_table(
 ) -> str:
     rows = []
     for rec in result.records:
-        rows.append(_row(rec))
+        rows.append(_row(rec, scenario.epoch))
     shown = [
         r
         for r, rec in zip(rows, result.records, strict=True)
@@ -104,8 +104,8 @@ def to_table(
     return "\n".join(out)
 
 
-def _row(rec: Record) -> list[str]:
-    t = f"{rec.time:8.3f}"
+def _row(rec: Record, epoch: float = 0.0) -> list[str]:
+    t = f"{rec.time - epoch:8.3f}"
     if isinstance(rec, Transition):
         res = f"{rec.project}/{rec.region}/{rec.name}"
         if rec.kind == "Endpoint":

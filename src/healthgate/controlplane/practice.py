@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -42,11 +41,12 @@ from healthgate.controlplane.errors import ControlError, Refusal
 from healthgate.controlplane.health_service import HealthService
 from healthgate.controlplane.resources import ControlPlane
 from healthgate.controlplane.webhooks import DeliveryFailed, checked_target
-from healthgate.health.evidence import Address, Hops, kinds_text
+from healthgate.health.evidence import Address, Hops
 from healthgate.health.practice import (
     Action,
     EndShift,
     EngineWorld,
+    FrontendErrors,
     PracticeDirector,
     StartShift,
 )
@@ -57,45 +57,6 @@ from healthgate.model.validation import Document, Issue
 from healthgate.store.base import LogQuery, Store
 
 log = logging.getLogger("healthgate.practice")
-
-KEEP = 600  # s of front-end counts kept: the longest windowSec
-
-
-class FrontendErrors:
-    """Per front end, its hops a second over the last ten minutes - for the
-    front ends some FRONTEND_ERRORS check watches (``watched``)."""
-
-    def __init__(self) -> None:
-        self.watched: set[str] = set()
-        self._seconds: deque[tuple[float, dict[str, tuple[int, int, dict[str, int]]]]] = deque()
-
-    def observe(self, now: float, hops: Mapping[str, Mapping[Address, Hops]]) -> None:
-        second: dict[str, tuple[int, int, dict[str, int]]] = {}
-        for frontend in self.watched:
-            total = failed = 0
-            kinds: dict[str, int] = {}
-            for h in (hops.get(frontend) or {}).values():
-                total += h.total
-                failed += h.errors
-                for k, n in h.kinds.items():
-                    kinds[k] = kinds.get(k, 0) + n
-            second[frontend] = (total, failed, kinds)
-        self._seconds.append((now, second))
-        while self._seconds and self._seconds[0][0] <= now - KEEP:
-            self._seconds.popleft()
-
-    def errors(self, frontend: str, window: int, now: float) -> tuple[int, int, str]:
-        total = failed = 0
-        kinds: dict[str, int] = {}
-        for at, second in reversed(self._seconds):
-            if at <= now - window:
-                break
-            t, f, k = second.get(frontend, (0, 0, {}))
-            total += t
-            failed += f
-            for kind, n in k.items():
-                kinds[kind] = kinds.get(kind, 0) + n
-        return total, failed, kinds_text(kinds)
 
 
 @dataclass(slots=True)

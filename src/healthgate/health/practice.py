@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from healthgate.health.engine import HealthEngine
+from healthgate.health.evidence import Address, Hops, kinds_text
 from healthgate.health.shifts import affected
 from healthgate.health.states import HealthState, PracticePhase, PracticeRecord, timestamp
 from healthgate.model.practice import WEEKDAYS, BlockedWindow, OutcomeCheck, PracticeRun, Schedule
@@ -36,6 +38,7 @@ from healthgate.model.practice import minutes_of as _minutes_of
 from healthgate.model.resources import Shift
 
 DAY = 86_400.0
+KEEP = 600  # s of front-end counts kept: the longest windowSec
 EPOCH_WEEKDAY = 3  # 1970-01-01 was a Thursday (WEEKDAYS[3])
 
 
@@ -381,6 +384,46 @@ def shift_name(run: PracticeRun, at: float) -> str:
     manual start's): one name for one attempt, whichever node makes it."""
     digest = hashlib.sha256(f"{run.path}|{at:.3f}".encode()).hexdigest()[:16]
     return f"practice-{digest}"
+
+
+# ------------------------------------------------------------------ front ends' errors
+
+
+class FrontendErrors:
+    """Per front end, its hops a second over the last ten minutes - for the
+    front ends some FRONTEND_ERRORS check watches (``watched``)."""
+
+    def __init__(self) -> None:
+        self.watched: set[str] = set()
+        self._seconds: deque[tuple[float, dict[str, tuple[int, int, dict[str, int]]]]] = deque()
+
+    def observe(self, now: float, hops: Mapping[str, Mapping[Address, Hops]]) -> None:
+        second: dict[str, tuple[int, int, dict[str, int]]] = {}
+        for frontend in self.watched:
+            total = failed = 0
+            kinds: dict[str, int] = {}
+            for h in (hops.get(frontend) or {}).values():
+                total += h.total
+                failed += h.errors
+                for k, n in h.kinds.items():
+                    kinds[k] = kinds.get(k, 0) + n
+            second[frontend] = (total, failed, kinds)
+        self._seconds.append((now, second))
+        while self._seconds and self._seconds[0][0] <= now - KEEP:
+            self._seconds.popleft()
+
+    def errors(self, frontend: str, window: int, now: float) -> tuple[int, int, str]:
+        total = failed = 0
+        kinds: dict[str, int] = {}
+        for at, second in reversed(self._seconds):
+            if at <= now - window:
+                break
+            t, f, k = second.get(frontend, (0, 0, {}))
+            total += t
+            failed += f
+            for kind, n in k.items():
+                kinds[kind] = kinds.get(kind, 0) + n
+        return total, failed, kinds_text(kinds)
 
 
 # ------------------------------------------------------------------ the engine's view

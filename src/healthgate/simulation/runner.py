@@ -15,11 +15,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from healthgate.health.engine import HealthEngine, ProbeTarget
-from healthgate.health.evidence import Address, Hops
+from healthgate.health.evidence import Address, Hops, merge
+from healthgate.health.practice import (
+    Action,
+    EndShift,
+    EngineWorld,
+    FrontendErrors,
+    PracticeDirector,
+    StartShift,
+)
 from healthgate.health.states import Outcome, ProbeResult, Record
 from healthgate.health.storms import StormSettings
 from healthgate.model.lookups import published_rule
 from healthgate.model.names import ResourcePath
+from healthgate.model.practice import PracticeRun
 from healthgate.model.resources import InstanceGroup, NetworkEndpointGroup, Resource
 from healthgate.probes.timetable import Timetable
 from healthgate.simulation.scenario import Scenario, ScenarioEvent, Selector
@@ -106,7 +115,7 @@ def _outcome(target: ProbeTarget, event: ScenarioEvent | None, response: float) 
 
 class _Traffic:
     """A second of real traffic where the routes send it (see the scenario
-    format): per upstream address, what its hops came to."""
+    format): per front end and upstream address, what its hops came to."""
 
     def __init__(self, engine: HealthEngine, scenario: Scenario) -> None:
         self.engine = engine
@@ -114,11 +123,12 @@ class _Traffic:
         self.errors: dict[tuple[str, int | None], ScenarioEvent] = {}  # endpoint -> its
         self.runs: dict[Address, int] = {}  # consecutive errors carried between seconds
 
-    def second(self) -> dict[Address, Hops]:
+    def second(self) -> dict[str, dict[Address, Hops]]:
         engine = self.engine
-        per_endpoint: dict[Address, float] = {}
+        per_frontend: dict[str, dict[Address, float]] = {}
         keys: dict[Address, tuple[str, int | None]] = {}
-        for route in engine.route_table().routes.values():
+        for frontend, route in engine.route_table().routes.items():
+            mine = per_frontend.setdefault(frontend, {})
             for share in route.shares:
                 found = published_rule(engine.resources, engine.attachment_of(share.neg) or "")
                 if found is None:
@@ -133,25 +143,77 @@ class _Traffic:
                     address = (ip, p if p is not None else port)
                     keys[address] = (ip, p)
                     n = self.rate * share.percent / 100 / len(serving)
-                    per_endpoint[address] = per_endpoint.get(address, 0.0) + n
-        out = {}
-        for address, n in per_endpoint.items():
-            total = round(n)
-            if not total:
-                continue
-            event = self.errors.get(keys[address])
-            errors = round(total * event.error_rate) if event and event.error_rate else 0
-            served = total - errors
-            run = self.runs.get(address, 0)
-            # errors spread among the successes: the longest run between two
-            peak = run + errors if not served else max(run, -(-errors // (served + 1)))
-            self.runs[address] = run + errors if not served else errors // (served + 1)
-            kind = event.error_kind if event else "500"
-            gateway = errors if kind in ("502", "503", "504", "refused", "connect-timeout") else 0
-            kinds = {kind: errors} if errors else {}
-            out[address] = Hops(served, errors, gateway, kinds, peak, peak if gateway else 0,
-                                (kind,) * min(peak, 10))  # fmt: skip
+                    mine[address] = mine.get(address, 0.0) + n
+        out: dict[str, dict[Address, Hops]] = {}
+        for frontend, per_endpoint in per_frontend.items():
+            hops = out[frontend] = {}
+            for address, n in per_endpoint.items():
+                total = round(n)
+                if total:
+                    hops[address] = self._hops(address, total, self.errors.get(keys[address]))
         return out
+
+    def _hops(self, address: Address, total: int, event: ScenarioEvent | None) -> Hops:
+        errors = round(total * event.error_rate) if event and event.error_rate else 0
+        served = total - errors
+        run = self.runs.get(address, 0)
+        # errors spread among the successes: the longest run between two
+        peak = run + errors if not served else max(run, -(-errors // (served + 1)))
+        self.runs[address] = run + errors if not served else errors // (served + 1)
+        kind = event.error_kind if event else "500"
+        gateway = errors if kind in ("502", "503", "504", "refused", "connect-timeout") else 0
+        kinds = {kind: errors} if errors else {}
+        return Hops(served, errors, gateway, kinds, peak, peak if gateway else 0,
+                    (kind,) * min(peak, 10))  # fmt: skip
+
+
+class _Practice:
+    """Practice runs as serve runs them (health/practice.py): the director
+    over the simulated engine, its shifts made and ended in the world."""
+
+    def __init__(self, engine: HealthEngine, resources: list[Resource], clock: list[float]) -> None:
+        self.engine = engine
+        self.resources = resources
+        self.clock = clock
+        self.director = PracticeDirector()
+        self.frontends = FrontendErrors()
+        self.urls: dict[str, tuple[int, float]] = {}  # URL -> (status, since when)
+        self.world = EngineWorld(engine, self.frontends.errors, self._url)
+
+    def runs(self) -> list[PracticeRun]:
+        return [r for r in self.resources if isinstance(r, PracticeRun)]
+
+    def _url(self, run: PracticeRun, index: int) -> tuple[int, str]:
+        check = run.outcome_checks[index]
+        status, since = self.urls.get(check.url or "", (200, 0.0))
+        if 200 <= status < 300:
+            return 0, f"HTTP {status}"
+        # fetched every intervalSec: the failures since it went bad
+        return int((self.clock[0] - since) // check.interval) + 1, f"HTTP {status}"
+
+    def tick(self, now: float) -> list[Record]:
+        runs = self.runs()
+        self.frontends.watched = {str(t) for r in runs for t in r.refs("frontend_refs")}
+        return self._act(now, self.director.tick(now, runs, self.world))
+
+    def start(self, now: float, name: str) -> list[Record]:
+        run = next((r for r in self.runs() if r.name == name), None)
+        if run is None or self.world.practice_shift(run) is not None:
+            return []
+        return self._act(now, self.director.start(now, run, self.world))
+
+    def _act(self, now: float, actions: list[Action]) -> list[Record]:
+        records: list[Record] = []
+        for action in actions:
+            if isinstance(action, StartShift):
+                self.resources.append(action.shift)
+                records.extend(self.engine.apply(self.resources, now).records)
+            elif isinstance(action, EndShift):
+                self.resources[:] = [r for r in self.resources if r.path != action.shift.path]
+                records.extend(self.engine.apply(self.resources, now).records)
+            else:
+                records.append(action)
+        return records
 
 
 def _event(
@@ -172,83 +234,131 @@ def _event(
             faults[t.slot] = event
 
 
-def _ramps_until(engine: HealthEngine, then: float, now: float, records: list[Record]) -> None:
-    """Ramped failbacks move on in the same virtual time."""
-    step = engine.next_ramp_step(then)
-    while step is not None and step <= now:
-        records.extend(engine.step_ramps(step))
-        step = engine.next_ramp_step(step)
+def _time_until(engine: HealthEngine, then: float, now: float, records: list[Record]) -> None:
+    """Ramped failbacks move on, and shifts run out, in the same virtual time."""
+    while True:
+        ramp = engine.next_ramp_step(then)
+        ramp = ramp if ramp is not None and ramp <= now else None
+        shift = engine.next_shift_expiry(then)
+        shift = shift if shift is not None and shift <= now else None
+        if ramp is None and shift is None:
+            return
+        if shift is not None and (ramp is None or shift <= ramp):
+            records.extend(engine.expire_shifts(shift))
+            then = shift
+        else:
+            assert ramp is not None
+            records.extend(engine.step_ramps(ramp))
+            then = ramp
 
 
-def _settle(engine: HealthEngine, targets: Sequence[ProbeTarget], response: float) -> None:
+def _settle(
+    engine: HealthEngine, targets: Sequence[ProbeTarget], response: float, now: float
+) -> None:
     """Every endpoint HEALTHY: enough successes for its threshold."""
     ok = ProbeResult(Outcome.OK, response)
     for t in targets:
         for _ in range(t.check.healthy_threshold):
-            engine.on_result(0.0, t.slot, ok)
+            engine.on_result(now, t.slot, ok)
 
 
 def simulate(resources: Sequence[Resource], scenario: Scenario) -> SimulationResult:
-    result = SimulationResult()
-    engine = result.engine
-    engine.set_storm_settings(
-        StormSettings(scenario.storm_hold_percent, scenario.storm_hold_window_sec)
-    )
-    result.records.extend(engine.apply(resources, 0.0).records)
-    targets = sorted(engine.targets(), key=lambda t: t.slot)
-    if scenario.start == "healthy":
-        _settle(engine, targets, scenario.response_time)
-        result.records = []  # (the settled state is the starting point, not the timeline's)
+    """The scenario over ``resources``; record times are virtual seconds
+    from ``scenario.epoch`` (0 unless the scenario gives ``startTime``)."""
+    return _Simulation(resources, scenario).run()
 
-    queue: list[tuple[float, int, int, int, object]] = []
-    seq = 0
-    for i, ev in enumerate(scenario.events):
-        queue.append((ev.at, _EVENT, seq, i, ev))
-        seq += 1
-    n = len(targets)
-    clock = [0.0]
-    evenly = iter([i / n for i in range(n)])  # the first probes spread evenly
-    timetable = Timetable(lambda: clock[0], lambda: next(evenly, 0.0))
-    for t in targets:
-        due = timetable.first(t.check.check_interval_sec)
-        queue.append((due, _START, seq, t.slot, t))
-        seq += 1
-    traffic = _Traffic(engine, scenario)
-    if traffic.rate or engine.passive.watching(0.0):
-        for second in range(1, int(scenario.duration) + 1):
-            queue.append((float(second), _TRAFFIC, seq, 0, None))
-            seq += 1
-    heapq.heapify(queue)
 
-    faults: dict[int, ScenarioEvent] = {}
-    end = scenario.duration
-    while queue:
-        now, kind, _, slot, payload = heapq.heappop(queue)
-        if now > end:
-            break
-        _ramps_until(engine, clock[0], now, result.records)
-        clock[0] = now
-        if kind == _TRAFFIC:
-            seen = engine.observe_traffic(now, traffic.second())
-            result.records.extend(seen.records)
-            for address in seen.ejected:  # (as the data plane does: its runs start again)
-                traffic.runs.pop(address, None)
-        elif kind == _EVENT:
-            assert isinstance(payload, ScenarioEvent)
-            _event(payload, select(targets, resources, payload.select), faults, traffic)
-        elif kind == _START:
-            assert isinstance(payload, ProbeTarget)
-            res = _outcome(payload, faults.get(slot), scenario.response_time)
-            heapq.heappush(queue, (now + res.latency, _END, seq, slot, (payload, res)))
-            seq += 1
+class _Simulation:
+    def __init__(self, resources: Sequence[Resource], scenario: Scenario) -> None:
+        self.result = result = SimulationResult()
+        self.scenario = scenario
+        self.resources = resources
+        engine = self.engine = result.engine
+        t0 = self.t0 = scenario.epoch
+        engine.set_storm_settings(
+            StormSettings(scenario.storm_hold_percent, scenario.storm_hold_window_sec)
+        )
+        world = list(resources)  # (practice runs add and remove their shifts)
+        result.records.extend(engine.apply(world, t0).records)
+        self.targets = targets = sorted(engine.targets(), key=lambda t: t.slot)
+        if scenario.start == "healthy":
+            _settle(engine, targets, scenario.response_time, t0)
+            result.records = []  # (the settled state is the starting point, not the timeline's)
+        self.queue: list[tuple[float, int, int, int, object]] = []
+        self.seq = 0
+        for i, ev in enumerate(scenario.events):
+            self.push(t0 + ev.at, _EVENT, i, ev)
+        n = len(targets)
+        self.clock = [t0]
+        evenly = iter([i / n for i in range(n)])  # the first probes spread evenly
+        self.timetable = Timetable(lambda: self.clock[0], lambda: next(evenly, 0.0))
+        for t in targets:
+            self.push(self.timetable.first(t.check.check_interval_sec), _START, t.slot, t)
+        self.traffic = _Traffic(engine, scenario)
+        self.practice = _Practice(engine, world, self.clock)
+        if self.traffic.rate or engine.passive.watching(t0) or self.practice.runs():
+            for second in range(1, int(scenario.duration) + 1):
+                self.push(t0 + second, _TRAFFIC, 0, None)
+        heapq.heapify(self.queue)
+        self.faults: dict[int, ScenarioEvent] = {}
+
+    def push(self, at: float, kind: int, slot: int, payload: object) -> None:
+        self.queue.append((at, kind, self.seq, slot, payload))
+        self.seq += 1
+
+    def run(self) -> SimulationResult:
+        end = self.t0 + self.scenario.duration
+        records = self.result.records
+        while self.queue:
+            now, kind, _, slot, payload = heapq.heappop(self.queue)
+            if now > end:
+                break
+            _time_until(self.engine, self.clock[0], now, records)
+            self.clock[0] = now
+            if kind == _TRAFFIC:
+                self.second(now)
+            elif kind == _EVENT:
+                assert isinstance(payload, ScenarioEvent)
+                self.event(now, payload)
+            elif kind == _START:
+                assert isinstance(payload, ProbeTarget)
+                res = _outcome(payload, self.faults.get(slot), self.scenario.response_time)
+                heapq.heappush(
+                    self.queue, (now + res.latency, _END, self.seq, slot, (payload, res))
+                )
+                self.seq += 1
+            else:
+                assert isinstance(payload, tuple)
+                self.probed(now, slot, payload[0], payload[1])
+        return self.result
+
+    def second(self, now: float) -> None:
+        """A second of real traffic, and the practice runs' look at the world."""
+        per_frontend = self.traffic.second()
+        seen = self.engine.observe_traffic(now, merge(per_frontend.values()))
+        self.result.records.extend(seen.records)
+        for address in seen.ejected:  # (as the data plane does: its runs start again)
+            self.traffic.runs.pop(address, None)
+        self.practice.frontends.observe(now, per_frontend)
+        self.result.records.extend(self.practice.tick(now))
+
+    def event(self, now: float, event: ScenarioEvent) -> None:
+        if event.practice is not None:
+            self.result.records.extend(self.practice.start(now, event.practice))
+        elif event.url is not None:
+            assert event.status is not None
+            self.practice.urls[event.url] = (event.status, now)
         else:
-            assert isinstance(payload, tuple)
-            target: ProbeTarget = payload[0]
-            res = payload[1]
-            result.probes += 1
-            result.records.extend(engine.on_result(now, slot, res))
-            started = now - res.latency  # (virtual probes start exactly when due)
-            nxt = timetable.next(target.check.check_interval_sec, started, started, now)
-            heapq.heappush(queue, (nxt, _START, seq, slot, target))
-            seq += 1
-    return result
+            chosen = select(self.targets, self.resources, event.select)
+            _event(event, chosen, self.faults, self.traffic)
+
+    def probed(self, now: float, slot: int, target: ProbeTarget, res: ProbeResult) -> None:
+        self.result.probes += 1
+        self.result.records.extend(self.engine.on_result(now, slot, res))
+        started = now - res.latency  # (virtual probes start exactly when due)
+        interval = target.check.check_interval_sec
+        heapq.heappush(
+            self.queue,
+            (self.timetable.next(interval, started, started, now), _START, self.seq, slot, target),
+        )
+        self.seq += 1

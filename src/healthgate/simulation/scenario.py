@@ -37,6 +37,19 @@ so outlier detection and TRAFFIC health sources are rehearsed in virtual
 time. ``stormHoldPercent`` / ``stormHoldWindowSec`` are serve's
 ``--storm-hold-percent`` / ``--storm-hold-window``.
 
+Practice runs (SPEC §11) of the manifest run as serve runs them: on their
+schedule (virtual time 0 is ``startTime``, an RFC 3339 time; 1970-01-01
+without one), or started by an event; URL outcome checks answer 200 unless
+an event says otherwise; FRONTEND_ERRORS checks read the scripted traffic::
+
+    startTime: "2026-12-08T09:59:00Z"
+    events:
+      - at: 30
+        practice: weekly-us   # POST .../practiceRuns/weekly-us:start
+      - at: 45
+        url: https://status.internal/ok
+        status: 503           # what that URL check sees from then on
+
 ``select`` narrows the endpoints by ``project``, ``region``,
 ``backendService`` and ``group`` (names), ``endpoint`` (``ip`` or
 ``ip:port``); ``count`` keeps only the first N in address order. An empty
@@ -48,8 +61,9 @@ from __future__ import annotations
 
 from typing import Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from healthgate.model.practice import epoch_of
 from healthgate.model.resources import Model
 
 
@@ -71,13 +85,27 @@ class ScenarioEvent(Model):
     # the fraction of real requests that fail (SPEC §8), and with what
     error_rate: float | None = Field(None, ge=0, le=1)
     error_kind: str = Field("500", pattern=r"^(5[0-9][0-9]|timeout|reset|refused|connect-timeout)$")
+    # a practice run started by hand (SPEC §11), by name
+    practice: str | None = Field(None, min_length=1, max_length=63)
+    # with ``status``: what a practice run's URL check of this URL sees from now on
+    url: str | None = Field(None, min_length=1, max_length=2048)
 
     @model_validator(mode="after")
     def _one_effect(self) -> Self:
-        effects = (self.fault, self.status, self.latency, self.error_rate)
+        if self.url is not None:
+            if (
+                self.status is None
+                or self.fault
+                or self.latency
+                or self.error_rate
+                or self.practice
+            ):
+                raise ValueError("url: give it with status alone (what the URL answers)")
+            return self
+        effects = (self.fault, self.status, self.latency, self.error_rate, self.practice)
         given = [x for x in effects if x is not None]
         if len(given) != 1:
-            raise ValueError("give exactly one of fault, status, latency or errorRate")
+            raise ValueError("give exactly one of fault, status, latency, errorRate or practice")
         return self
 
 
@@ -93,3 +121,16 @@ class Scenario(Model):
     traffic: Traffic = Field(default_factory=Traffic)
     storm_hold_percent: float = Field(0.0, ge=0, le=100)
     storm_hold_window_sec: float = Field(30.0, ge=1, le=3600)
+    # the wall-clock time of virtual second 0 (practice runs' schedules)
+    start_time: str | None = None
+
+    @field_validator("start_time")
+    @classmethod
+    def _check_start_time(cls, value: str | None) -> str | None:
+        if value is not None:
+            epoch_of(value)
+        return value
+
+    @property
+    def epoch(self) -> float:
+        return epoch_of(self.start_time) if self.start_time else 0.0
