@@ -572,3 +572,46 @@ def test_a_report_to_any_node_counts_on_every_node(fresh: ClusterStack) -> None:
                  what="back on every node")  # fmt: skip
     finally:
         fresh.apply([check], node=a)
+
+
+def test_a_practice_run_is_started_and_ended_once_by_the_writer(fresh: ClusterStack) -> None:
+    """SPEC §11 in cluster mode: a run whose window opens now is started by
+    the elected writer alone - one shift, one STARTED, every node's route
+    moves; the writer killed mid-run, the next one takes the run over from
+    its shift in the store and, when the shift is ended by hand, records
+    CANCELLED once."""
+    a = fresh.nodes["a"]
+    after = fresh.last_event_id(a)
+    now = time.gmtime()
+    run = {
+        "kind": "PracticeRun", "name": "drill", "project": "web", "awayFrom": US,
+        "durationSec": 600, "schedule": {"startUtc": time.strftime("%H:%M", now), "windowMin": 5},
+    }  # fmt: skip
+    fresh.apply([run], node=a)
+    try:
+        wait_for(lambda: all(fresh.route_target(n) == EU for n in fresh.live()), 10,
+                 what="every node moved by the run")  # fmt: skip
+        shifts = a.get("/v1/projects/web/shifts")["items"]
+        assert [s["actor"] for s in shifts] == ["practice-run/drill"], shifts
+        leader = fresh.leader()
+        leader.kill()
+        writer = wait_for(fresh._leader_or_none, 15, what="a new leader")
+        time.sleep(1.5)  # (its first tick: the run under way, from the store)
+        ended = httpx.delete(f"{writer.url}/v1/projects/web/shifts/{shifts[0]['name']}", timeout=10)
+        assert ended.status_code == 200, ended.text
+        wait_for(lambda: fresh.route_target(writer) == US, 10, what="traffic back")
+
+        def phases() -> list[str]:
+            return [e["to"] for e in fresh.events(writer, after) if e["kind"] == "PracticeRun"]
+
+        wait_for(lambda: phases() == ["STARTED", "CANCELLED"], 10, what="STARTED, CANCELLED")
+        status = writer.get("/v1/projects/web/global/practiceRuns/drill")["status"]
+        assert status["last"]["to"] == "CANCELLED" and "ended by hand" in status["last"]["reason"]
+        leader.start()
+        leader.wait_ready()
+        time.sleep(1.5)
+        assert phases() == ["STARTED", "CANCELLED"]  # (never twice in one window)
+    finally:
+        httpx.post(
+            a.url + "/v1/delete", json={"manifest": yaml.safe_dump(run)}, timeout=10
+        ).raise_for_status()

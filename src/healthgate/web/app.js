@@ -170,6 +170,26 @@ function drawShifts() {
 }
 setInterval(drawShifts, 1000);
 
+// Practice runs (SPEC §11): each with the run under way, its next start and
+// its last outcome; "Start now" asks for one (the API says why not).
+async function practiceRuns(projects) {
+  const lists = await Promise.all(projects.map(p =>
+    api(`/v1/projects/${p}/global/practiceRuns`).then(r => r.items).catch(() => [])));
+  const runs = lists.flat();
+  document.getElementById("practice-panel").hidden = runs.length === 0;
+  document.getElementById("practice").innerHTML = runs.map(r => {
+    const st = r.status || {};
+    const lastRun = st.last;
+    const now = st.underWay ? `<div><span class="badge UNHEALTHY">under way</span> until ${esc(st.underWay.until)}</div>` : "";
+    const next = st.next ? `next: ${esc(st.next)}` : (r.schedule ? "" : "started by hand only");
+    const was = lastRun ? `<div class="last">last: <span class="kind">${esc(lastRun.to)}</span> ${esc(lastRun.timestamp)}<div class="reason">${esc(lastRun.reason)}</div></div>` : `<div class="muted">never run yet</div>`;
+    return `<li class="practice" data-run="${esc(r.selfLink)}"><strong>${esc(r.project)}/${esc(r.name)}</strong> away from
+      <strong>${esc(last(r.awayFrom))}</strong> for ${esc(Math.round(r.durationSec / 60))} min
+      ${now}<div class="next">${next}</div>${was}
+      ${st.underWay ? "" : `<button data-start="/v1/projects/${esc(r.project)}/global/practiceRuns/${esc(r.name)}:start">Start now</button>`}</li>`;
+  }).join("");
+}
+
 async function refresh() {
   cluster();
   try {
@@ -180,6 +200,7 @@ async function refresh() {
       api(`/v1/projects/${p}/topology`).catch(() => ({ frontends: [] }))));
     let html = "";
     shifts(projects);
+    practiceRuns(projects);
     tops.forEach((top, i) => {
       for (const fr of top.frontends) html += frontend(fr);
       watch(projects[i]);
@@ -262,6 +283,13 @@ function soon() {
 }
 
 document.addEventListener("click", async ev => {
+  const start = ev.target.closest("button[data-start]");
+  if (start) {
+    start.disabled = true;
+    try { await api(start.dataset.start, { method: "POST" }); refresh(); }
+    catch (e) { start.textContent = "not started: " + e.status + " (see its last outcome)"; refresh(); }
+    return;
+  }
   const end = ev.target.closest("button[data-end]");
   if (end) {
     end.disabled = true;
