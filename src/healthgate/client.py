@@ -495,10 +495,18 @@ class Client:
         return result
 
     def export(
-        self, project: str, frontend: str, target: str = "haproxy", agent: str | None = None
+        self,
+        project: str,
+        frontend: str,
+        target: str = "haproxy",
+        agent: str | None = None,
+        instance: str | None = None,
     ) -> str:
-        """A configuration for another data plane (``haproxy``) that follows healthgate."""
+        """A configuration for another data plane (``haproxy``) that follows
+        healthgate (``instance``: the name its agent checks carry)."""
         params = {"agent": agent} if agent else {}
+        if instance:
+            params["instance"] = instance
         path = f"/v1/projects/{project}/global/forwardingRules/{frontend}/{target}"
         return self.response("GET", path, params=params).text
 

@@ -261,6 +261,11 @@ def test_failover_and_failback_with_no_client_error(
         assert fast > len(ep.client.results) / 2, fast
     else:
         assert fast == 0, fast
+    # SPEC §11: this process's listeners applied the failback at once
+    status = stack.api.get(FRONT).json()["status"]
+    (receipt,) = status["convergence"]
+    assert (receipt["dataPlane"], receipt["instance"]) == ("healthgate", "serve"), receipt
+    assert receipt["appliedAfterMs"] < 50 and status["decision"]["decision"].endswith("-> shop-us")
 
 
 def fast_path_requests(stack: Stack) -> float:

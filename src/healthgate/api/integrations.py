@@ -23,6 +23,14 @@ AgentQ = Annotated[
     str | None,
     Query(max_length=300, description="the agent's HOST:PORT (default: this server's --agent)"),
 ]
+InstanceQ = Annotated[
+    str | None,
+    Query(
+        max_length=63,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
+        description="this HAProxy's name, sent with each agent check (its convergence receipts)",
+    ),
+]
 
 
 _HOSTNAME = re.compile(
@@ -85,7 +93,11 @@ def integrations_router(state: ApiState) -> APIRouter:
         response_class=PlainTextResponse,
     )
     async def export_haproxy(
-        project: str, name: str, authorization: Auth = None, agent: AgentQ = None
+        project: str,
+        name: str,
+        authorization: Auth = None,
+        agent: AgentQ = None,
+        instance: InstanceQ = None,
     ) -> PlainTextResponse:
         """A backend section for HAProxy: one server per region in failover
         order, driven by this server's agent-check answers."""
@@ -100,7 +112,9 @@ def integrations_router(state: ApiState) -> APIRouter:
                 [Issue("agent", "no agent address")],
             )
         try:
-            text = haproxy_backend(state.health.engine, state.control.resources, path, address)
+            text = haproxy_backend(
+                state.health.engine, state.control.resources, path, address, instance=instance
+            )
         except ExportError as exc:
             raise ControlError(Refusal.INVALID, str(exc)) from None
         return PlainTextResponse(text)

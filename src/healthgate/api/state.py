@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from healthgate.api.auth import Access, AccessError, Principal
 from healthgate.controlplane.changes import of_plan
+from healthgate.controlplane.convergence import ConvergenceMonitor
 from healthgate.controlplane.errors import ControlError, Refusal
 from healthgate.controlplane.health_service import HealthService
 from healthgate.controlplane.practice import PracticeRunner, practice_status
@@ -97,6 +98,7 @@ class ApiState:
     dataplane_status: Callable[[], dict[str, dict[str, object]]] | None = None
     webhooks: WebhookDispatcher | None = None  # (deliveries: a webhook's status)
     practice: PracticeRunner | None = None  # practice runs (SPEC §11): their status, :start
+    convergence: ConvergenceMonitor | None = None  # route decisions' receipts (SPEC §11)
     public_healthz: bool = False  # forwarding rules' healthz without a token
     agent_address: tuple[str, int] | None = None  # where HAProxy's agent-check is answered
     cluster_status: Callable[[], dict[str, Any]] | None = None  # cluster mode: this node's view
@@ -352,12 +354,13 @@ class ApiState:
             route = engine.route_table().routes.get(str(path))
             if route is None:
                 return None
-            return {
+            out: dict[str, Any] = {
                 "route": {
                     "target": route.target,
                     "mode": route.mode,
                     "reason": route.reason,
                     "since": iso(route.since),
+                    "generation": route.generation,
                     "fallbacks": list(route.fallbacks),
                     # the split of new traffic (SPEC §6): one share of 100 unless dialled
                     "shares": [
@@ -368,6 +371,12 @@ class ApiState:
                     "ramps": self._ramps(str(path)),
                 }
             }
+            # SPEC §11: who has applied the last decision, and who not yet
+            seen = self.convergence.status(str(path)) if self.convergence is not None else None
+            if seen is not None:
+                out["convergence"] = seen["receipts"]
+                out["decision"] = {k: v for k, v in seen.items() if k != "receipts"}
+            return out
         dest = engine.destination_state(path)
         if dest is None:
             return {

@@ -289,6 +289,27 @@ def _share_lines(pad: str, route: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _convergence_lines(pad: str, status: dict[str, Any]) -> list[str]:
+    """How far the front end's last route decision has travelled (SPEC §11)."""
+    decision = status.get("decision")
+    if not decision:
+        return []
+    lines = [
+        f"{pad}  decision {decision['generation']} at {decision['decidedAt']} "
+        f"({decision['decision']}):"
+    ]
+    for r in status.get("convergence") or []:
+        who = f"{r['dataPlane']} {r['instance']}" + (f" on {r['node']}" if r.get("node") else "")
+        if r.get("appliedAfterMs") is not None:
+            lines.append(f"{pad}    applied by {who} after {r['appliedAfterMs']:g} ms")
+        else:
+            lines.append(
+                f"{pad}    NOT applied by {who} (waiting {r['waitingMs'] / 1000:.0f} s, "
+                f"last seen {r['lastSeen']})"
+            )
+    return lines
+
+
 def reason_tree(api: Client, item: dict[str, Any], depth: int = 0) -> list[str]:
     """From a front end, PSC NEG, forwarding rule or composite down to each endpoint's last probe."""
     pad = "  " * depth
@@ -298,6 +319,7 @@ def reason_tree(api: Client, item: dict[str, Any], depth: int = 0) -> list[str]:
     me = ResourcePath.parse(item["selfLink"])
     if kind == "ForwardingRule" and me.is_global:
         lines += _share_lines(pad, (item.get("status") or {}).get("route") or {})
+        lines += _convergence_lines(pad, item.get("status") or {})
         bs = _get(
             api,
             f"projects/{me.project}/global/backendServices/{item['backendService'].rsplit('/', 1)[-1]}",
@@ -435,7 +457,7 @@ def print_event(item: dict[str, Any], output: str) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """A configuration for another data plane that follows healthgate."""
-    text = Api(args).export(project_of(args), args.frontend, args.target, args.agent)
+    text = Api(args).export(project_of(args), args.frontend, args.target, args.agent, args.instance)
     print(text, end="")
     return EXIT_OK
 

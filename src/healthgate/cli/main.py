@@ -172,6 +172,11 @@ def add_client_commands(sub: Any) -> None:
         metavar="HOST:PORT",
         help="the agent address HAProxy asks (default: serve's --agent)",
     )
+    p.add_argument(
+        "--instance",
+        metavar="NAME",
+        help="this HAProxy's name in convergence receipts (default: its address)",
+    )
     client.add_client_options(p)
     p.set_defaults(func=lambda a: client.run_client(client.cmd_export, a))
 

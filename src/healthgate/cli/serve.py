@@ -59,6 +59,13 @@ def storm_window(text: str) -> float:
     return value
 
 
+def history_hours(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 168:
+        raise argparse.ArgumentTypeError(f"0 to 168 hours, got {text}")
+    return value
+
+
 def cidr_list(text: str) -> list[str]:
     """``--allow-addresses``: comma-separated addresses or CIDRs."""
     import ipaddress
@@ -142,6 +149,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log_retention=args.log_retention,
         failure_log_rate=args.probe_failure_log_rate,
         storms=StormSettings(args.storm_hold_percent, args.storm_hold_window),
+        convergence_alert_sec=args.convergence_alert_sec,
+        history_hours=args.history_hours,
         probe=ProbeSettings(
             keepalive=args.keepalive_probes,
             verify_tls=args.verify_tls,
@@ -289,7 +298,28 @@ def add_serve_command(sub: Any) -> None:
     _probe_options(p)
     _dataplane_options(p)
     _integration_options(p)
+    _proving_options(p)
     p.set_defaults(func=cmd_serve)
+
+
+def _proving_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("proving that failover works (docs/operations.md, SPEC §11)")
+    g.add_argument(
+        "--convergence-alert-sec",
+        type=storm_window,
+        default=30.0,
+        metavar="SECONDS",
+        help="a data plane that has not applied a route decision this long after it is "
+        "LAGGING (a record, a metric, an alert), 1-3600 (default 30)",
+    )
+    g.add_argument(
+        "--history-hours",
+        type=history_hours,
+        default=24.0,
+        metavar="HOURS",
+        help="how long the outcome history of each probed endpoint is kept for "
+        "'healthgate replay', 0-168 (default 24; 0: none)",
+    )
 
 
 def _store_options(p: argparse.ArgumentParser) -> None:

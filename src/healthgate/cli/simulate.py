@@ -8,6 +8,7 @@ from typing import Any
 
 from healthgate.cli.render import table
 from healthgate.health.states import (
+    ConvergenceRecord,
     Ejection,
     Hold,
     PracticeRecord,
@@ -121,6 +122,8 @@ def _row(rec: Record, epoch: float = 0.0) -> list[str]:
         return [t, "Hold", rec.hold_id, rec.phase.value, rec.reason]
     if isinstance(rec, PracticeRecord):
         return [t, "PracticeRun", rec.name, rec.phase.value, rec.reason]
+    if isinstance(rec, ConvergenceRecord):
+        return [t, "Convergence", _short(rec.frontend), rec.phase.value, rec.reason]
     return [
         t,
         "Route",

@@ -155,6 +155,18 @@ class TransitionRecorder:
             if not done.done():
                 done.set_result(None)
 
+    async def append_own(self, records: Sequence[Record]) -> None:
+        """Cluster mode: records of this node's own (its data planes'
+        Convergence records), appended by this node whether it leads or not
+        - every node's log follower then publishes them."""
+        dicts = [r.to_dict() for r in records]
+        for d in dicts:
+            transition_log.info(log_line(d), extra={"transition": d})
+        try:
+            await asyncio.to_thread(self.store.append_log, dicts, None)
+        except Exception:
+            log.exception("could not append %d records of this node's own", len(dicts))
+
     def stop_persisting(self) -> None:
         """This node is no longer the leader: what is pending is not its to write."""
         self.persist = False

@@ -25,8 +25,9 @@ def encode_record_states(records: Sequence[Any]) -> dict[str, Any]:
     puts: dict[str, Any] = {}
     for r in records:
         d = r.to_dict()
-        if d["kind"] in ("Change", "Ejection", "Hold"):
-            # (a shift that ended: no state to resume; ejections and holds
+        if d["kind"] in ("Change", "Ejection", "Hold", "PracticeRun", "Convergence"):
+            # (a shift that ended, a practice run's or a data plane's record:
+            # no state to resume; ejections and holds
             # are the running process's, and end with it)
             continue
         if d["kind"] == "Ramp":  # the front end's ramps in progress after it

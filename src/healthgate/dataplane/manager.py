@@ -171,11 +171,18 @@ class FrontAffinity:
         return self.choice.affine_groups(self.path, client_ip, headers)
 
 
+AppliedHook = Callable[[str, Mapping[str, int]], None]
+
+
 class DataPlane:
     def __init__(self, engine: HealthView, settings: DataPlaneSettings | None = None) -> None:
         self.engine = engine
         self.settings = s = settings or DataPlaneSettings()
         self.listeners: dict[str, Listener] = {}
+        # told which route generations the listeners now route by (SPEC §11:
+        # convergence receipts): (instance - "" for this process, the
+        # generation of each front end's route)
+        self.on_applied: AppliedHook | None = None
         self.pool = UpstreamPool(s.http)
         self.guard = ConnectionGuard(
             s.connection_cap(),
@@ -459,12 +466,23 @@ class DataPlane:
 
     # ------------------------------------------------------------------ after a failover
 
+    def serving(self) -> list[str]:
+        """The rules this data plane listens for now."""
+        return [
+            p
+            for p, li in self.listeners.items()
+            if li.error is None and (li.servers or li.datagrams)
+        ]
+
     def routes_changed(self, frontends: list[str]) -> None:
         """Called with the front ends whose route just changed. With
         ``drain_on_failover``, their open TCP connections to a region that is
         no longer routed to are closed; by default they are kept. (Called
         on every change of health: slow start notes who joined, too.)"""
         self.choice.observe_health()
+        if self.on_applied is not None:  # (SPEC §11: these listeners read the routes per request)
+            routes = self.engine.route_table().routes
+            self.on_applied("", {f: routes[f].generation for f in self.serving() if f in routes})
         if not self.settings.drain_on_failover:
             return
         for frontend in frontends:
@@ -545,6 +563,8 @@ class DataPlaneService(DataPlaneMetrics, Protocol):
         """Open, keep or close the listeners the change concerns."""
 
     def routes_changed(self, frontends: list[str]) -> None: ...
+
+    on_applied: AppliedHook | None
 
     def take_hops(self) -> dict[str, dict[Address, Hops]]:
         """Per listener, the hops of each upstream since the last call."""

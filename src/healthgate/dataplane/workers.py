@@ -42,6 +42,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 
 from healthgate.dataplane.manager import (
     PROPAGATION_BUCKETS,
+    AppliedHook,
     DataPlane,
     DataPlaneSettings,
     UpstreamTotal,
@@ -67,6 +68,7 @@ from healthgate.process.supervisor import Supervisor
 log = logging.getLogger("healthgate.dataplane")
 
 STATS_INTERVAL = 1.0
+SENT_KEPT = 64  # snapshots remembered with the generations they carried
 MODULE = "healthgate.dataplane.workers"
 
 Address = tuple[str, int]
@@ -128,6 +130,16 @@ class Stats:
 
 @message
 @dataclass(frozen=True, slots=True)
+class Applied:
+    """A worker took the health snapshot of ``version``: its listeners for
+    ``serving`` route by it from now on (SPEC §11: convergence receipts)."""
+
+    version: int
+    serving: list[str]
+
+
+@message
+@dataclass(frozen=True, slots=True)
 class ResetRuns:
     """Upstreams just ejected (health/outliers.py): their runs start again."""
 
@@ -177,6 +189,9 @@ class WorkerPool:
         self._last_health: Health | None = None
         self._publish_pending = False
         self._publish_dirty = False
+        # SPEC §11: the generations each snapshot sent carried (the last ones)
+        self.on_applied: AppliedHook | None = None
+        self._sent: dict[int, dict[str, int]] = {}
         self.supervisor = Supervisor(
             "data-plane worker", MODULE, settings.workers, self._take, self._greeting
         )
@@ -185,8 +200,14 @@ class WorkerPool:
         return [
             Setup(self.settings, self.grace),
             Resources(dict(self._resources)),
-            health_snapshot(self.engine, self._resources),
+            self._sending(health_snapshot(self.engine, self._resources)),
         ]
+
+    def _sending(self, snapshot: Health) -> Health:
+        self._sent[snapshot.version] = {f: r.generation for f, r in snapshot.routes.items()}
+        while len(self._sent) > SENT_KEPT:
+            del self._sent[next(iter(self._sent))]
+        return snapshot
 
     # -- what the server calls
     async def start(self) -> None:
@@ -231,12 +252,18 @@ class WorkerPool:
         if snapshot == self._last_health:
             return
         self._last_health = snapshot
-        self.supervisor.broadcast(snapshot)
+        self.supervisor.broadcast(self._sending(snapshot))
 
     async def close(self, grace: float = 0.0) -> None:
         await self.supervisor.close(grace + 5.0)
 
     def _take(self, index: int, message: object) -> None:
+        if isinstance(message, Applied):
+            generations = self._sent.get(message.version)
+            if generations is not None and self.on_applied is not None:
+                held = {f: generations[f] for f in message.serving if f in generations}
+                self.on_applied(f"worker-{index}", held)
+            return
         m = expect(message, Stats)
         if m is None:
             return
@@ -405,6 +432,7 @@ async def run_worker(index: int) -> None:
                 view.generation += 1
                 changed = [f for f, r in m.routes.items() if before.get(f) != r]
                 dp.routes_changed(changed)  # (with none: slow start's look at who joined)
+                write(writer, Applied(m.version, dp.serving()))
     finally:
         reporter.cancel()
         await asyncio.gather(reporter, return_exceptions=True)

@@ -135,6 +135,7 @@ class HealthGraph:
         self._active: set[str] = set()  # the shifts in effect (their end not yet recorded)
 
         self._route_version = 0
+        self._decisions = 0  # route decisions (recorded changes) made: their generations
         self._route_table = RouteTable(0, MappingProxyType({}))
         self.generation = 0  # moves on with every route table published
         self._now = 0.0
@@ -515,6 +516,7 @@ class HealthGraph:
                     return False
                 node.extra = now_route
                 return True  # republish: readers see the current reason, retries and split
+        self._decisions += 1  # (a recorded change: a decision, SPEC §11)
         node.extra = Route(
             node.path,
             target,
@@ -527,6 +529,7 @@ class HealthGraph:
             shares,
             None if full == shares else full,
             keep,
+            self._decisions,
         )
         logged_split = len(full) > 1 or full_target != choice.target
         why = choice.reason if not logged_split else f"{choice.reason}; shares {split_text(full)}"
@@ -542,6 +545,7 @@ class HealthGraph:
                 choice.mode,
                 why,
                 shares=tuple((s.neg, s.region, s.percent) for s in full) if logged_split else (),
+                generation=self._decisions,
             )
         )
         return True

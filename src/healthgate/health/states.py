@@ -189,6 +189,7 @@ class RouteChange:
     kind: RecordKind = field(default=RecordKind.ROUTE)
     # (neg, region, percent) when new traffic is split (SPEC §6); else empty
     shares: tuple[tuple[str, str, float], ...] = ()
+    generation: int = 0  # the decision's (SPEC §11: convergence receipts)
 
     def to_dict(self) -> dict[str, Any]:
         # the same keys as a Transition's (one shape for every record, in the
@@ -209,6 +210,8 @@ class RouteChange:
         }
         if self.shares:
             out["shares"] = [{"neg": n, "region": r, "percent": p} for n, r, p in self.shares]
+        if self.generation:
+            out["generation"] = self.generation
         return out
 
 
@@ -477,10 +480,66 @@ class PracticeRecord:
             return None
 
 
+class ConvergencePhase(StrEnum):
+    LAGGING = "LAGGING"  # a data plane has not applied a decision within --convergence-alert-sec
+    CAUGHT_UP = "CAUGHT_UP"  # ... and has now
+
+
+@dataclass(frozen=True, slots=True)
+class ConvergenceRecord:
+    """A data plane late to apply a route decision, or caught up since
+    (SPEC §11, health/convergence.py) - this node's own."""
+
+    time: float
+    project: str
+    frontend: str
+    phase: ConvergencePhase
+    data_plane: str
+    instance: str
+    generation: int
+    decided: float  # the decision's time
+    reason: str
+    node: str = ""  # (cluster mode: the node whose data plane it is)
+
+    kind = RecordKind.CONVERGENCE
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "time": self.time,
+            "timestamp": timestamp(self.time),
+            "project": self.project,
+            "region": "global",
+            "kind": RecordKind.CONVERGENCE.value,
+            "name": self.frontend.rsplit("/", 1)[-1],
+            "path": self.frontend,
+            "from": None,
+            "to": self.phase.value,
+            "reason": self.reason,
+            "frontend": self.frontend,
+            "dataPlane": self.data_plane,
+            "instance": self.instance,
+            "generation": self.generation,
+            "decidedAt": timestamp(self.decided),
+            "local": True,
+        }
+        if self.node:
+            out["node"] = self.node
+        return out
+
+
 def _epoch(text: object) -> float | None:
     if not isinstance(text, str):
         return None
     return datetime.fromisoformat(text).timestamp()
 
 
-Record = Transition | RouteChange | ShiftEnded | RampChange | Ejection | Hold | PracticeRecord
+Record = (
+    Transition
+    | RouteChange
+    | ShiftEnded
+    | RampChange
+    | Ejection
+    | Hold
+    | PracticeRecord
+    | ConvergenceRecord
+)

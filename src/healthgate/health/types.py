@@ -94,6 +94,9 @@ class Route:
     # failoverPolicy.stickyFailback holds it there (SPEC §9): accepted,
     # eligible, not shifted and not dialled to 0
     keep: tuple[str, ...] = ()
+    # the decision (SPEC §11): the engine's count of route decisions when
+    # this route last changed in a way that was recorded (0: none since start)
+    generation: int = 0
 
 
 @dataclass(frozen=True, slots=True)

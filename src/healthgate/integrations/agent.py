@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable
 
 from healthgate.model.names import is_valid_name
@@ -28,15 +29,27 @@ from healthgate.model.names import is_valid_name
 log = logging.getLogger("healthgate.agent")
 
 Answer = Callable[[str], str]  # NEG path -> "up" / "down" / "maint"
+INSTANCE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 
 def neg_path(reference: str) -> str | None:
-    """``PROJECT/REGION/NAME`` -> the PSC NEG's full path (None if malformed)."""
-    parts = reference.strip().split("/")
+    """``PROJECT/REGION/NAME`` (an instance's name may follow, after a
+    space) -> the PSC NEG's full path (None if malformed)."""
+    parts = reference.strip().split(" ", 1)[0].split("/")
     if len(parts) != 3 or not all(is_valid_name(p) for p in parts):
         return None
     project, region, name = parts
     return f"projects/{project}/regions/{region}/networkEndpointGroups/{name}"
+
+
+def instance_of(request: bytes, peer: str) -> str:
+    """Which HAProxy asks (SPEC §11's receipts): the name its ``agent-send``
+    adds after the NEG (``PROJECT/REGION/NAME INSTANCE``: a name of 1-63
+    letters, digits, ``.``, ``_`` and ``-``), else its address."""
+    words = request.decode("ascii", "replace").split()
+    if len(words) == 2 and INSTANCE_RE.fullmatch(words[1]):
+        return words[1]
+    return peer
 
 
 def reply(answer: Answer, request: bytes) -> bytes:
@@ -89,6 +102,10 @@ class _AgentConnection(asyncio.Protocol):
         if line.strip():
             try:
                 transport.write(reply(self.server.answer, line))
+                observer, path = self.server.observer, neg_path(line.decode("ascii", "replace"))
+                if observer is not None and path is not None:
+                    peer = transport.get_extra_info("peername")
+                    observer(instance_of(line, str(peer[0]) if peer else "haproxy"), path)
             except Exception:  # an answer must never take the agent down
                 log.exception("agent answer failed for %r", line[:80])
                 transport.write(b"maint\n")
@@ -118,6 +135,8 @@ class AgentServer:
         self.max_connections = max_connections
         self.live: set[_AgentConnection] = set()
         self._server: asyncio.Server | None = None
+        # told (instance, NEG path) after each answer (SPEC §11: receipts)
+        self.observer: Callable[[str, str], None] | None = None
 
     def _accept(self) -> asyncio.Protocol:
         return _AgentConnection(self)

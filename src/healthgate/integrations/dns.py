@@ -39,7 +39,7 @@ import ipaddress
 import logging
 import random
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import dns.exception
@@ -102,6 +102,8 @@ class DnsDirectory:
         self._addresses: dict[str, str] = {}  # attachment path -> producer rule's IP
         self._skipped: set[str] = set()
         self.serial = 1
+        # told the front end of each name answered (SPEC §11: receipts)
+        self.observer: Callable[[str], None] | None = None
 
     def update(self, resources: Mapping[ResourcePath, Resource]) -> None:
         names: dict[dns.name.Name, Entry] = {}
@@ -154,6 +156,8 @@ class DnsDirectory:
         route = self.engine.route_table().routes.get(entry.frontend)
         if route is None or route.target is None or route.attachment is None:
             return None
+        if self.observer is not None:  # (SPEC §11: an answer by the route as it is now)
+            self.observer(entry.frontend)
         if route.split:  # (SPEC §6: each answer drawn by share, as weighted records)
             split = self._healthy_first(route.split, route.shares)
             attachments = [a for a, _ in split]

@@ -56,6 +56,7 @@ def haproxy_backend(
     frontend: ResourcePath,
     agent: tuple[str, int],
     agent_inter: str = "1s",
+    instance: str | None = None,
 ) -> str:
     fr = resources.get(frontend)
     if not isinstance(fr, ForwardingRule) or not fr.is_global:
@@ -84,9 +85,11 @@ def haproxy_backend(
             "    option redispatch",
         ]
     servers = 0
+    # (SPEC §11: the agent names this HAProxy's receipts by it, else by its address)
+    tag = f" {instance}" if instance else ""
     route = engine.route_table().routes.get(str(frontend))
     shares = {s.neg for s in route.shares} if route is not None and route.split else set()
-    for candidate, attachment in engine.graph.failover_order(str(frontend)):
+    for candidate, attachment in engine.failover_order(str(frontend)):
         address = published_address(resources, attachment)
         if address is None:
             lines.append(f"    # {candidate.name}: attachment {attachment} has no forwarding rule")
@@ -100,7 +103,7 @@ def haproxy_backend(
         lines.append(
             f"    server {candidate.name} {host}:{port}{backup} weight 100 agent-check "
             f"agent-addr {agent_host} agent-port {agent_port} agent-inter {agent_inter} "
-            f'agent-send "{neg.project}/{neg.region}/{neg.name}\\n"'
+            f'agent-send "{neg.project}/{neg.region}/{neg.name}{tag}\\n"'
             + (f" cookie {candidate.name}" if affinity == "GENERATED_COOKIE" else "")
             + _observe(resources, attachment, mode)
         )

@@ -67,7 +67,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import grpc
@@ -353,6 +353,13 @@ class XdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ignor
         self.snapshot = Snapshot({}, {})
         self.version = 0
         self._streams: set[_Stream] = set()
+        # SPEC §11, convergence receipts: told each version pushed, and each
+        # EDS version an Envoy ACKs - (its node id, the version, the
+        # clusters it subscribed to (() - all), the projects it may read)
+        self.on_version: Callable[[int], None] | None = None
+        self.on_ack: Callable[[str, int, tuple[str, ...], frozenset[str] | None], None] | None = (
+            None
+        )
         self._server: grpc.aio.Server | None = None
 
     def update(self, snapshot: Snapshot) -> None:
@@ -361,6 +368,8 @@ class XdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ignor
             return
         self.snapshot = snapshot
         self.version += 1
+        if self.on_version is not None:
+            self.on_version(self.version)
         for stream in self._streams:
             stream.wake.set()
 
@@ -459,6 +468,8 @@ class XdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ignor
                         brief(request.version_info, 40),
                         brief(request.error_detail.message, 300),
                     )
+            elif request.type_url == ENDPOINT_TYPE and self.on_ack is not None:
+                self._acked(request, stream)
             names = request.resource_names
             if len(names) > MAX_NAMES:
                 log.warning(
@@ -466,6 +477,20 @@ class XdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ignor
                 )
             stream.names[request.type_url] = tuple(sorted(names[:MAX_NAMES]))
             stream.wake.set()
+
+    def _acked(self, request: discovery_pb2.DiscoveryRequest, stream: _Stream) -> None:
+        """An EDS request that ACKs a version this server sent (SPEC §11)."""
+        version = request.version_info
+        if not request.response_nonce or not version.isdigit() or len(version) > 18:
+            return  # (a first request, or not a version of ours)
+        node = request.node.id
+        instance = node[:100] if node and node.isprintable() else stream.client
+        names = tuple(request.resource_names[:MAX_NAMES])
+        assert self.on_ack is not None
+        try:
+            self.on_ack(instance or "envoy", int(version), names, stream.projects)
+        except Exception:  # a receipt must never take the stream down
+            log.exception("an Envoy's ACK could not be counted")
 
     def _due(self, stream: _Stream) -> list[discovery_pb2.DiscoveryResponse]:
         out = []

@@ -42,6 +42,7 @@ from healthgate.api.metrics import ClusterCollector, WebhookCollector
 from healthgate.cluster.affinity_key import shared_affinity_keys
 from healthgate.cluster.node import ClusterNode
 from healthgate.cluster.probing import ClusterProbing, ClusterSettings
+from healthgate.controlplane.convergence import ConvergenceMonitor
 from healthgate.controlplane.errors import ControlError, Refusal
 from healthgate.controlplane.evidence import EvidenceSampler
 from healthgate.controlplane.health_service import HealthService, SourceFactory
@@ -129,6 +130,10 @@ class ServeSettings:
     webhooks: WebhookSettings = field(default_factory=WebhookSettings)
     # failover storms held (SPEC §8; health/storms.py): off at 0 %
     storms: StormSettings = field(default_factory=StormSettings)
+    # SPEC §11: a data plane this late to apply a route decision is LAGGING;
+    # each probed endpoint's outcome history is kept this long (0: none)
+    convergence_alert_sec: float = 30.0
+    history_hours: float = 24.0
 
     @property
     def clustered(self) -> bool:
@@ -159,6 +164,7 @@ class Server:
         self.webhooks: WebhookDispatcher | None = None
         self.metric_sources: MetricSources | None = None
         self.practice: PracticeRunner | None = None
+        self.convergence: ConvergenceMonitor | None = None
         self.api_state: ApiState | None = None
         self.dataplane: DataPlaneService | None = None
         self.evidence: EvidenceSampler | None = None
@@ -294,6 +300,9 @@ class Server:
         recorder.last_id = store.last_log_id()
         health.subscribe(recorder.on_records)
         health.on_forget(recorder.on_forget)
+        self.convergence = ConvergenceMonitor(
+            health, self._write_own_records, s.convergence_alert_sec, s.node or ""
+        )
         self.control = ControlPlane(store, health)
         self.control.reserved = self.reserved_addresses()
         self._tasks.append(asyncio.create_task(recorder.run(), name="recorder"))
@@ -338,6 +347,19 @@ class Server:
         control.on_change.append(metrics.changed)
         first = WorldChange(control.revision, 0.0, control.resources, {}, whole=True)
         self._tasks.append(asyncio.create_task(metrics.changed(first), name="metric sources"))
+
+    def _write_own_records(self, records: list[Record]) -> None:
+        """Records of this node's own data planes (Convergence): with the
+        engine's in one process; in a cluster appended by this node itself,
+        leader or not (controlplane/recorder.py)."""
+        assert self.recorder is not None and self.health is not None
+        if self.node is None:
+            self.health.emit(records)
+        else:
+            self._tasks.append(
+                asyncio.create_task(self.recorder.append_own(records), name="own records")
+            )
+            self._tasks = [t for t in self._tasks if not t.done()]
 
     def _start_practice(self) -> None:
         """Practice runs (SPEC §11): here, or in a cluster by the elected writer."""
@@ -391,11 +413,15 @@ class Server:
         if s.agent:
             agent_host, agent_port = parse_listen(s.agent, "--agent")
             self.agent = AgentServer(lambda neg: agent_answer(engine, neg), agent_host, agent_port)
+            if self.convergence is not None:
+                self.agent.observer = self.convergence.agent_answered
             await self.agent.start()
         if s.dns:
             dns_host, dns_port = parse_listen(s.dns, "--dns")
             directory = DnsDirectory(engine, s.dns_zones)
             directory.update(control.resources)
+            if self.convergence is not None:
+                directory.observer = self.convergence.dns_served
 
             async def update_directory(change: WorldChange) -> None:
                 # (names and addresses come from rules and attachments alone)
@@ -437,6 +463,8 @@ class Server:
             health.on_routes(pool.publish_health)  # (a ramp's steps: no records)
         else:
             self.dataplane = dataplane = DataPlane(health.engine, settings)
+        if self.convergence is not None:
+            dataplane.on_applied = self.convergence.holds
         await dataplane.apply_change(
             WorldChange(control.revision, 0.0, control.resources, control.resources, whole=True)
         )
@@ -479,6 +507,10 @@ class Server:
         state.dataplane_status = dataplane.status
         state.webhooks = self.webhooks
         state.practice = self.practice
+        state.convergence = self.convergence
+        if self.convergence is not None:
+            state.collectors.append(self.convergence)
+            self.convergence.start()
         if self.webhooks is not None:
             state.collectors.append(WebhookCollector(self.webhooks))
         app = create_app(state)
@@ -499,6 +531,9 @@ class Server:
         host, port = parse_listen(address, "--xds")
         s = self.settings
         self.xds = xds = XdsServer(host, port, s.xds_tls, s.xds_clients)
+        if self.convergence is not None:
+            xds.on_version = self.convergence.xds_version
+            xds.on_ack = self.convergence.xds_ack
         snapshots = XdsSnapshots(health.engine)
         snapshots.take(WorldChange(control.revision, 0.0, control.resources, {}, whole=True))
         xds.update(snapshots.build())
@@ -594,6 +629,8 @@ class Server:
             await self.metric_sources.close()
         if self.practice is not None:
             await self.practice.close()
+        if self.convergence is not None:
+            await self.convergence.close()
         if self.health is not None:
             await self.health.close()
 
