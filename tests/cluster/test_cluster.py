@@ -615,3 +615,41 @@ def test_a_practice_run_is_started_and_ended_once_by_the_writer(fresh: ClusterSt
         httpx.post(
             a.url + "/v1/delete", json={"manifest": yaml.safe_dump(run)}, timeout=10
         ).raise_for_status()
+
+
+def test_every_nodes_receipts_in_one_get_and_no_etcd_write_for_them(fresh: ClusterStack) -> None:
+    """SPEC §11 in cluster mode: the front end's listeners on a and b (its
+    dataPlaneRegion's nodes) each report applying a decision; a GET on any
+    node - c too, which serves no listener of it - merges every node's
+    receipts, asking the others over their APIs; the receipts cost etcd no
+    write (its revision moves by the decision's own records and states)."""
+    a, c = fresh.nodes["a"], fresh.nodes["c"]
+    front = "/v1/projects/web/global/forwardingRules/shop-frontend"
+
+    def healthgate_receipts(node: Node) -> set[str]:
+        status = node.get(front)["status"]
+        return {
+            str(r["node"])
+            for r in status.get("convergence", [])
+            if r["dataPlane"] == "healthgate" and r["appliedAfterMs"] is not None
+        }
+
+    fresh.backends.set_mode(US, "refuse")
+    wait_for(lambda: all(fresh.route_target(n) == EU for n in fresh.live()), 15, what="failover")
+    wait_for(lambda: healthgate_receipts(c) == {"a", "b"}, 5, what="a's and b's receipts on c")
+    status = c.get(front)["status"]
+    assert status["convergenceNodes"] == {"a": "same decision", "b": "same decision"}, status
+    assert status["decision"]["decision"] == "shop-us -> shop-eu"
+    assert all(r["appliedAfterMs"] < 1000 for r in status["convergence"]), status
+    own = c.get(front + "/convergence?scope=node")
+    assert own["node"] == "c" and own["receipts"] == []  # (c serves no listener of it)
+    assert healthgate_receipts(a) == {"a", "b"}
+    # etcd's revision while the receipts are asked for again and again: no write
+    wait_for(lambda: fresh._log_quiet(fresh.leader()), 10, interval=0.5, what="a quiet log")
+    with fresh.etcd.channel(fresh.etcd.endpoints[0]) as ch:
+        kv = stubs.KVStub(ch)
+        before = kv.Range(pb.RangeRequest(key=b"/"), timeout=5).header.revision
+        for _ in range(20):
+            healthgate_receipts(a)
+        after = kv.Range(pb.RangeRequest(key=b"/"), timeout=5).header.revision
+    assert after == before, (before, after)

@@ -26,6 +26,7 @@ from healthgate.api.auth import AccessError
 from healthgate.api.bodies import BodyGate, BodyLimits
 from healthgate.api.browsers import BrowserGuard
 from healthgate.api.capacity import RequestCapacity
+from healthgate.api.convergence import convergence_router
 from healthgate.api.errors import error_response, refusal_response
 from healthgate.api.events import events_router
 from healthgate.api.health import health_router
@@ -90,6 +91,7 @@ def create_app(state: ApiState) -> FastAPI:
     app.include_router(integrations_router(state))
     app.include_router(topology_router(state))
     app.include_router(practice_router(state))
+    app.include_router(convergence_router(state))
     app.include_router(resource_router(state))
     app.include_router(events_router(state))
     app.include_router(manifest_router(state))

@@ -20,6 +20,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Depends, Path
 from starlette.responses import JSONResponse
 
+from healthgate.api.convergence import with_peers
 from healthgate.api.state import (
     ApiState,
     Auth,
@@ -144,7 +145,10 @@ def _register(
         where: Where, collection: Collection, name: str, authorization: Auth = None
     ) -> dict[str, Any]:
         state.check_read(state.principal(authorization), where.project)
-        return state.present(state.stored(path_of(where, collection, name)))
+        body = state.present(state.stored(path_of(where, collection, name)))
+        if collection == "forwardingRules" and where.region == GLOBAL and state.peers is not None:
+            body = await with_peers(state, body, authorization)  # (SPEC §11, cluster mode)
+        return body
 
     async def replace_resource(
         where: Where,

@@ -99,6 +99,7 @@ class ApiState:
     webhooks: WebhookDispatcher | None = None  # (deliveries: a webhook's status)
     practice: PracticeRunner | None = None  # practice runs (SPEC §11): their status, :start
     convergence: ConvergenceMonitor | None = None  # route decisions' receipts (SPEC §11)
+    peers: Callable[[], dict[str, str]] | None = None  # cluster mode: the other nodes' APIs
     public_healthz: bool = False  # forwarding rules' healthz without a token
     agent_address: tuple[str, int] | None = None  # where HAProxy's agent-check is answered
     cluster_status: Callable[[], dict[str, Any]] | None = None  # cluster mode: this node's view

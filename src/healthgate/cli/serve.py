@@ -59,6 +59,14 @@ def storm_window(text: str) -> float:
     return value
 
 
+def advertise_url(text: str) -> str:
+    from healthgate.cluster.membership import API_RE
+
+    if len(text) > 300 or not API_RE.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"http(s)://HOST:PORT and nothing more, got {text[:80]!r}")
+    return text
+
+
 def history_hours(text: str) -> float:
     value = float(text)
     if not 0 <= value <= 168:
@@ -142,6 +150,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         node=args.node,
         region=args.region,
         lease_ttl=args.lease_ttl,
+        advertise_url=args.advertise_url,
         probe_workers=args.probe_workers,
         listen=args.listen,
         manifests=args.file or [],
@@ -355,6 +364,13 @@ def _store_options(p: argparse.ArgumentParser) -> None:
         default=5,
         metavar="SECONDS",
         help="cluster mode: a dead node's endpoints move after this (default 5)",
+    )
+    g.add_argument(
+        "--advertise-url",
+        metavar="URL",
+        type=advertise_url,
+        help="cluster mode: where the other nodes reach this node's API, http(s)://HOST:PORT "
+        "(default: http:// and --listen; give it when --listen is 0.0.0.0 or behind NAT)",
     )
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections.abc import Iterable
 
@@ -30,6 +31,9 @@ from healthgate.store.etcd_client import EtcdClient, KeyValue
 log = logging.getLogger("healthgate.cluster")
 
 MEMBERS = "n/"
+API_RE = re.compile(
+    r"https?://[A-Za-z0-9.\-]{1,253}(?::[0-9]{1,5})?|https?://\[[0-9a-fA-F:.]{2,45}\](?::[0-9]{1,5})?"
+)
 
 
 class NameTaken(StoreError):
@@ -49,15 +53,28 @@ def member_of(kv: KeyValue) -> tuple[str, str] | None:
     return node, region
 
 
+def api_of(kv: KeyValue) -> str | None:
+    """The API address a member key advertises (None: none, or not one:
+    ``http(s)://HOST:PORT`` and nothing more, at most 300 characters)."""
+    try:
+        api = decode_json(kv.value).get("api")
+    except (ValueError, AttributeError, TypeError):
+        return None
+    if not isinstance(api, str) or len(api) > 300 or not API_RE.fullmatch(api):
+        return None
+    return api
+
+
 def members_of(kvs: Iterable[KeyValue]) -> dict[str, str]:
     """node -> region of the member keys that can be trusted."""
     return dict(m for m in map(member_of, kvs) if m is not None)
 
 
-async def join(client: EtcdClient, session: Session, node: str, region: str) -> None:
-    """Create this node's member key under ``session`` (see the module doc)."""
+async def join(client: EtcdClient, session: Session, node: str, region: str, api: str = "") -> None:
+    """Create this node's member key under ``session`` (see the module doc),
+    with the address its API answers on (for the others' convergence views)."""
     key = MEMBERS + node
-    value = json.dumps({"region": region, "started": time.time()}).encode()
+    value = json.dumps({"region": region, "started": time.time(), "api": api}).encode()
     deadline = time.monotonic() + session.ttl + 2
     told = False
     while True:

@@ -29,7 +29,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from healthgate.cluster.election import Election
-from healthgate.cluster.membership import MEMBERS, join, member_of, members_of
+from healthgate.cluster.membership import MEMBERS, api_of, join, member_of, members_of
 from healthgate.cluster.opinions import OPINIONS, OpinionWriter
 from healthgate.cluster.probing import ClusterProbing, ClusterSettings
 from healthgate.cluster.session import Session
@@ -79,6 +79,7 @@ class ClusterNode:
         self._tasks: list[asyncio.Task[Any]] = []
         self._campaign: asyncio.Task[None] | None = None
         self._members: dict[str, str] = {}  # as the member watch has them (placed per batch)
+        self.apis: dict[str, str] = {}  # node -> its API's address (from its member key)
         recorder.persist = False
         recorder.broadcast_writes = False
         recorder.idempotent = True  # (an append that timed out is never made twice)
@@ -97,10 +98,11 @@ class ClusterNode:
         """Join, read the members and opinions (so the first placement is
         right), then follow everything."""
         await self.session.open()
-        await join(self.client, self.session, self.settings.node, self.settings.region)
+        await self._join()
         client = self.client
         rev_m, members = await asyncio.to_thread(client.list_prefix, MEMBERS)
         self.probing.set_members(members_of(members))
+        self.apis = {kv.key[len(MEMBERS) :]: api for kv in members if (api := api_of(kv))}
         rev_o, opinions = await asyncio.to_thread(client.list_prefix, OPINIONS)
         self.probing.load_opinions(opinions)
         rev_t, verdicts = await asyncio.to_thread(client.list_prefix, TRAFFIC)
@@ -141,6 +143,10 @@ class ClusterNode:
         spawn(self._compact(), "compaction")
         self._campaign = spawn(self.election.campaign(self.session), "election")
 
+    async def _join(self) -> None:
+        s = self.settings
+        await join(self.client, self.session, s.node, s.region, s.api_url)
+
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         task = asyncio.create_task(coro, name=f"cluster-{name}")
         self._tasks.append(task)
@@ -161,7 +167,7 @@ class ClusterNode:
             while True:
                 try:
                     await self.session.open()
-                    await join(self.client, self.session, self.settings.node, self.settings.region)
+                    await self._join()
                     revision, opinions = await asyncio.to_thread(self.client.list_prefix, OPINIONS)
                     break
                 except StoreError as exc:
@@ -192,7 +198,14 @@ class ClusterNode:
 
     def _members_reset(self, kvs: list[KeyValue]) -> None:
         self._members = members_of(kvs)
+        self.apis = {kv.key[len(MEMBERS) :]: api for kv in kvs if (api := api_of(kv))}
         self.probing.set_members(dict(self._members))
+
+    def peers(self) -> dict[str, str]:
+        """The other live nodes' API addresses (node -> URL)."""
+        return {
+            n: url for n, url in self.apis.items() if n != self.settings.node and n in self._members
+        }
 
     def _member_event(self, ev: Event) -> None:
         """One member event; placed at the end of its batch (a node's old key
@@ -201,11 +214,15 @@ class ClusterNode:
         members = self._members
         if ev.deleted:
             members.pop(ev.kv.key[len(MEMBERS) :], None)
+            self.apis.pop(ev.kv.key[len(MEMBERS) :], None)
         else:
             member = member_of(ev.kv)
             if member is None:
                 return
             members[member[0]] = member[1]
+            api = api_of(ev.kv)
+            if api is not None:
+                self.apis[member[0]] = api
 
     def _members_settled(self) -> None:
         for node in sorted(set(self.probing.members) - set(self._members)):

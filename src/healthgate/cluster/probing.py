@@ -63,6 +63,7 @@ class ClusterSettings:
     lease_ttl: int = 5
     probe_workers: int = 0  # probe this node's share in N worker processes
     resync_every: float = 300.0  # anti-entropy: rewrite opinions that differ from the store
+    api_url: str = ""  # where this node's API answers (in its member key: the others ask it)
 
 
 @dataclass(slots=True)

@@ -120,6 +120,8 @@ class ServeSettings:
     node: str | None = None
     region: str | None = None
     lease_ttl: int = 5
+    # where the other nodes reach this node's API (default: http://--listen)
+    advertise_url: str | None = None
     etcd_tls: EtcdTls | None = None  # TLS to etcd's members (SPEC §7)
     etcd_auth: EtcdAuth | None = None  # an etcd user (its role limited to the namespace)
     # probe in N worker processes (0: in the serving process; None: one per
@@ -265,7 +267,9 @@ class Server:
         workers = s.probe_workers if s.probe_workers is not None else default_workers(s.clustered)
         if s.clustered:
             assert s.node and s.region, "checked by the CLI"
-            cluster = ClusterSettings(s.node, s.region, s.lease_ttl, workers)
+            cluster = ClusterSettings(
+                s.node, s.region, s.lease_ttl, workers, api_url=s.advertise_url or self.url
+            )
 
             def in_cluster(feed: Feed, failure_log: FailureLogLimiter) -> ProbeSource:
                 return ClusterProbing(feed, cluster, s.probe, s.scheduler, failure_log)
@@ -499,6 +503,7 @@ class Server:
             state.agent_address = (self.agent.host, self.agent.port)
         if self.node is not None:
             state.cluster_status = self.node.status
+            state.peers = self.node.peers
             state.traffic_status = self.node.traffic.status
             state.collectors.append(ClusterCollector(self.node.status))
         state.collectors.append(DataPlaneCollector(dataplane))
