@@ -474,6 +474,24 @@ class Client:
         """End a shift now: traffic may come back."""
         self.request("DELETE", f"/v1/projects/{project}/shifts/{name}")
 
+    def replay(
+        self,
+        since: float | str,
+        until: float | str | None = None,
+        candidate: str | Iterable[Mapping[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """What ``candidate`` (documents replacing the resources as they
+        are; None: the world as it is) would have done with the probes' real
+        history from ``since`` to ``until`` (seconds, or RFC 3339 times),
+        side by side with what happened (SPEC §11)."""
+        body: dict[str, Any] = {"from": since}
+        if until is not None:
+            body["to"] = until
+        if candidate is not None:
+            body["manifest"] = self._manifest(candidate)
+        result: dict[str, Any] = self.request("POST", "/v1/replay", json=body, timeout=120.0)
+        return result
+
     def start_practice_run(self, project: str, name: str) -> dict[str, Any]:
         """Start a practice run now (SPEC §11): its STARTED record; refused
         (409) in an incident, a blocked window or against the safety rule."""

@@ -653,3 +653,28 @@ def test_every_nodes_receipts_in_one_get_and_no_etcd_write_for_them(fresh: Clust
             healthgate_receipts(a)
         after = kv.Range(pb.RangeRequest(key=b"/"), timeout=5).header.revision
     assert after == before, (before, after)
+
+
+def test_a_replay_on_any_node_reads_each_endpoints_history_from_its_prober(
+    fresh: ClusterStack,
+) -> None:
+    """SPEC §11 in cluster mode: us-east1 blinks; node c (which probes only
+    europe-west1) replays the window: the us-east1 endpoints' histories come
+    from a and b, and every recorded route change is reproduced."""
+    c = fresh.nodes["c"]
+    since = time.time()
+    time.sleep(1.0)
+    fresh.backends.set_mode(US, "refuse")
+    wait_for(lambda: all(fresh.route_target(n) == EU for n in fresh.live()), 15, what="failover")
+    fresh.backends.set_mode(US, "ok")
+    wait_for(lambda: all(fresh.route_target(n) == US for n in fresh.live()), 15, what="failback")
+    writer = wait_for(fresh._leader_or_none, 10, what="a leader")
+    wait_for(lambda: fresh._log_quiet(writer), 10, interval=0.5, what="a quiet log")
+    until = time.time()
+    resp = httpx.post(c.url + "/v1/replay", json={"from": since, "to": until}, timeout=60)
+    assert resp.status_code == 200, resp.text
+    report = resp.json()
+    assert report["endpoints"] == 6 and not report["historyTruncated"], report["noHistory"]
+    routes = [r for r in report["rows"] if r["kind"] == "Route"]
+    assert len(routes) == 2 and all(r["same"] for r in routes), routes
+    assert report["firstDifference"] is None, report["firstDifference"]

@@ -35,6 +35,7 @@ from healthgate.api.integrations import integrations_router
 from healthgate.api.manifests import MANIFEST_PATHS, manifest_router
 from healthgate.api.operations import operations_router
 from healthgate.api.practice import practice_router
+from healthgate.api.replay import replay_router
 from healthgate.api.reports import reports_router
 from healthgate.api.resources import resource_router
 from healthgate.api.schema import install as install_schema
@@ -98,6 +99,7 @@ def create_app(state: ApiState) -> FastAPI:
     app.include_router(shifts_router(state))
     app.include_router(holds_router(state))
     app.include_router(reports_router(state))
+    app.include_router(replay_router(state))
     app.include_router(operations_router(state, app))
 
     s = state.settings

@@ -529,6 +529,60 @@ def cmd_shift(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def when(text: str, option: str) -> float | str:
+    """An RFC 3339 time as it is, seconds since 1970 (at least 10 digits)
+    as they are, or a duration (30m, 6h) as that long ago."""
+    if "T" in text or (text[:4].isdigit() and "-" in text):
+        return text
+    digits = text.split(".", 1)[0]
+    if digits.isdigit() and len(digits) >= 10:
+        return float(text)
+    return time.time() - parse_duration(text, option)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """``healthgate replay --from T [--to T] [-f CANDIDATE]...`` (SPEC §11)."""
+    candidate = None
+    if args.file:
+        candidate = "\n---\n".join(read_manifest_arg(path) for path in args.file)
+    out = Api(args).replay(
+        when(args.from_, "--from"), when(args.to, "--to") if args.to else None, candidate
+    )
+    if args.output == "json":
+        emit(out, "json")
+        return EXIT_OK
+    print(
+        f"replayed {out['results']:,} probe results of {out['endpoints']:,} endpoints "
+        f"(history from {out['historyStart'] or 'nothing kept'})"
+    )
+    for path, why in sorted(out["approximate"].items()):
+        print(f"  not replayed exactly: {path}: {why}")
+    if out["noHistory"]:
+        print(f"  no history for {len(out['noHistory'])} endpoints (they stay UNKNOWN)")
+    if out.get("historyTruncated"):
+        print("  (some history was left out: a node or worker did not answer, or too much)")
+    if out["firstDifference"] is None:
+        print("no difference: the candidate does what happened")
+    else:
+        print(f"first difference: {out['firstDifference']}")
+        print(f"{out['differences']} differences in all")
+    rows = [
+        [
+            r["recorded"]["timestamp"] if r["recorded"] else "-",
+            r["replayed"]["timestamp"] if r["replayed"] else "-",
+            r["kind"],
+            r["path"].rsplit("/", 1)[-1],
+            str(r["to"]).rsplit("/", 1)[-1],
+            r["summary"].split(": ", 1)[-1],
+        ]
+        for r in out["rows"]
+        if args.all or not r["same"]
+    ]
+    if rows:
+        print(table(["RECORDED", "WITH THE CANDIDATE", "KIND", "NAME", "TO", ""], rows))
+    return EXIT_OK
+
+
 def cmd_practice(args: argparse.Namespace) -> int:
     """``healthgate practice start|list|history``: practice runs (SPEC §11)."""
     api = Api(args)

@@ -238,6 +238,7 @@ def add_client_commands(sub: Any) -> None:
     p.set_defaults(func=lambda a: client.run_client(client.cmd_events, a))
     add_shift_command(sub)
     add_practice_command(sub)
+    add_replay_command(sub)
 
 
 def add_shift_command(sub: Any) -> None:
@@ -271,6 +272,27 @@ def add_shift_command(sub: Any) -> None:
     p.add_argument("--all", action="store_true", help="list: the ones ended in the last hour too")
     client.add_client_options(p)
     p.set_defaults(func=lambda a: client.run_client(client.cmd_shift, a))
+
+
+def add_replay_command(sub: Any) -> None:
+    """``healthgate replay``: real history under a candidate world (SPEC §11)."""
+    from healthgate.cli import client
+
+    p = sub.add_parser(
+        "replay",
+        help="what a candidate (-f) would have done with the probes' real history, "
+        "next to what happened: --from 6h [--to 1h] -f CANDIDATE.yaml",
+    )
+    p.add_argument("--from", dest="from_", required=True, metavar="TIME",
+                   help="an RFC 3339 time, or how long ago (30m, 6h, 1d)")  # fmt: skip
+    p.add_argument("--to", metavar="TIME", help="as --from (default: now)")
+    p.add_argument("-f", "--file", action="append", metavar="CANDIDATE",
+                   help="documents that replace resources as they are (default: none - the "
+                   "world as it is, which reproduces the log)")  # fmt: skip
+    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    p.add_argument("--all", action="store_true", help="every row, the same ones too")
+    client.add_client_options(p)
+    p.set_defaults(func=lambda a: client.run_client(client.cmd_replay, a))
 
 
 def add_practice_command(sub: Any) -> None:

@@ -33,8 +33,16 @@ from dataclasses import dataclass
 
 from healthgate.cluster.opinions import Opinion, OpinionWriter, parse_opinion
 from healthgate.controlplane.probe_workers import ProbePool
-from healthgate.controlplane.probing import Decided, Feed, LocalProber, set_states, spec_of
+from healthgate.controlplane.probing import (
+    HISTORY_BUDGET,
+    Decided,
+    Feed,
+    LocalProber,
+    set_states,
+    spec_of,
+)
 from healthgate.health.engine import ApplyResult, HealthEngine, ProbeTarget
+from healthgate.health.history import history_export
 from healthgate.health.placement import by_region, probers
 from healthgate.health.states import (
     HealthState,
@@ -171,6 +179,13 @@ class ClusterProbing:
     def pids(self) -> list[int]:
         return self.pool.pids() if self.pool is not None else []
 
+    async def histories(self) -> tuple[dict[str, list[bytes]], bool]:
+        """This node's probes' histories (the others keep theirs: SPEC §11)."""
+        if self.pool is not None:
+            return await self.pool.histories()
+        history = self.local.history if self.local is not None else None
+        return history_export(history, HISTORY_BUDGET)
+
     def apply(self, change: WorldChange, result: ApplyResult) -> None:
         """A commit: this node's prober table takes the change, and only the
         endpoints it added, changed or removed are placed and decided (the
@@ -193,7 +208,7 @@ class ClusterProbing:
     def _unplace(self, slot: int) -> None:
         """A prober slot gone: not probed, not counted, not decided."""
         if self.local is not None:
-            self.local.scheduler.remove(slot)
+            self.local.remove(slot)
         gone = self.mine.pop(slot, None)
         if gone is not None:
             self._mine_by_path.pop(gone[0], None)
@@ -274,12 +289,11 @@ class ClusterProbing:
         targets = list(self.prober.targets())
         orphans = self._place_targets(targets, changed)
         seen = {t.slot for t in targets}
-        scheduler = self.local.scheduler if self.local is not None else None
         for slot in [s for s in self.mine if s not in seen or s not in self._placed_mine]:
             path, _ = self.mine.pop(slot)
             self._mine_by_path.pop(path, None)
-            if scheduler is not None:
-                scheduler.remove(slot)
+            if self.local is not None:
+                self.local.remove(slot)
         if self.pool is not None:  # (the workers find spec changes in the world themselves)
             self.pool.assign(self._mine_by_path)
         self._report_orphans(orphans)
@@ -313,8 +327,8 @@ class ClusterProbing:
                 before = self.mine.pop(t.slot, None)
                 if before is not None:
                     self._mine_by_path.pop(before[0], None)
-                    if scheduler is not None:
-                        scheduler.remove(t.slot)
+                    if self.local is not None:
+                        self.local.remove(t.slot)
                 continue
             self._placed_mine.add(t.slot)
             before = self.mine.get(t.slot)

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from healthgate.controlplane.probing import Decided, Feed, LocalProber, spec_of
 from healthgate.health.endpoints import Observed
 from healthgate.health.engine import ApplyResult, HealthEngine, ProbeTarget
+from healthgate.health.history import history_export
 from healthgate.health.placement import rendezvous
 from healthgate.health.states import HealthState, Outcome, ProbeResult, RecordKind, Transition
 from healthgate.model.change import WorldChange
@@ -207,7 +208,27 @@ class Totals:
     totals: ProbeTotals
 
 
+@message
+@dataclass(frozen=True, slots=True)
+class HistoryWanted:
+    """Send the outcome history of every endpoint probed (SPEC §11: replay)."""
+
+    request: int
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class Histories:
+    """A worker's outcome histories (endpoint path -> encoded), for ``request``;
+    ``truncated``: some were left out to stay under the frame's bound."""
+
+    request: int
+    items: dict[str, list[bytes]]
+    truncated: bool = False
+
+
 FromWorker = Flips | Observations | Failures | Totals
+HISTORY_FRAME = 48 << 20  # bytes of histories one worker sends (the owner reads 64 MiB frames)
 
 
 # ---------------------------------------------------------------------- the owner's side
@@ -253,6 +274,9 @@ class ProbePool:
             prefix="w",
         )
         self._growing: asyncio.Task[None] | None = None
+        # history requests in flight: request -> worker index -> its answer
+        self._request = 0
+        self._wanted: dict[int, dict[int, asyncio.Future[tuple[dict[str, list[bytes]], bool]]]] = {}
 
     @property
     def count(self) -> int:
@@ -327,7 +351,36 @@ class ProbePool:
         if last is not None:
             self._base.add(last)
 
+    async def histories(self, timeout: float = 10.0) -> tuple[dict[str, list[bytes]], bool]:
+        """Every worker's outcome histories together (SPEC §11), and whether
+        any was cut short (a worker that does not answer in time: left out)."""
+        self._request += 1
+        request = self._request
+        loop = asyncio.get_running_loop()
+        waiting = self._wanted[request] = {
+            i: loop.create_future() for i in range(len(self.supervisor.workers))
+        }
+        try:
+            for i in waiting:
+                self.supervisor.send(i, HistoryWanted(request))
+            done, _ = await asyncio.wait(waiting.values(), timeout=timeout)
+        finally:
+            self._wanted.pop(request, None)
+        out: dict[str, list[bytes]] = {}
+        truncated = len(done) < len(waiting)
+        for future in done:
+            items, cut = future.result()
+            truncated |= cut
+            for path, data in items.items():
+                out.setdefault(path, []).extend(data)
+        return out, truncated
+
     def _take(self, index: int, message: object) -> None:
+        if isinstance(message, Histories):
+            future = self._wanted.get(message.request, {}).get(index)
+            if future is not None and not future.done():
+                future.set_result((message.items, message.truncated))
+            return
         m = expect(message, Flips, Observations, Failures, Totals)
         if isinstance(m, Flips):
             self.on_flips(m.decided)
@@ -419,6 +472,9 @@ class WorkerProbing:
     def pids(self) -> list[int]:
         return self.pool.pids()
 
+    async def histories(self) -> tuple[dict[str, list[bytes]], bool]:
+        return await self.pool.histories()
+
     def vantages(self, endpoint_path: str) -> tuple[str, dict[str, dict[str, object]]] | None:
         return None
 
@@ -502,15 +558,14 @@ class _Worker:
                 scheduler.upsert(t.slot, spec_of(t))
         for slot in [s for s in self.mine if s not in seen]:
             del self.mine[slot]
-            scheduler.remove(slot)
+            self.local.remove(slot)
 
     def world(self, resources: list[Resource]) -> None:
         """The whole world (at the start): placed whole."""
         self.resources = {r.path: r for r in resources}
         result = self.engine.apply_change(self.resources, set(self.resources), time.time())
-        scheduler = self.local.scheduler
         for slot in result.removed:
-            scheduler.remove(slot)
+            self.local.remove(slot)
             self.mine.pop(slot, None)
         self.place({}, {t.slot for t in result.changed})
         self._freeze()
@@ -527,7 +582,7 @@ class _Worker:
         scheduler = self.local.scheduler
         for slot in result.removed:
             if self.mine.pop(slot, None) is not None:
-                scheduler.remove(slot)
+                self.local.remove(slot)
         if not self.given:
             return  # (the first Assign places everything)
         for target in result.added:
@@ -602,8 +657,11 @@ async def run_worker() -> None:
     reporter = asyncio.create_task(worker.report())
     try:
         while (message := await read_frame(reader)) is not None:
-            m = expect(message, World, Changes, Assign, Shards)
-            if isinstance(m, World):
+            m = expect(message, World, Changes, Assign, Shards, HistoryWanted)
+            if isinstance(m, HistoryWanted):
+                items, cut = history_export(worker.local.history, HISTORY_FRAME)
+                write(writer, Histories(m.request, items, cut))
+            elif isinstance(m, World):
                 worker.world(m.resources)
             elif isinstance(m, Changes):
                 worker.changes(m.put, m.deleted)

@@ -27,6 +27,7 @@ from typing import NamedTuple, Protocol, cast
 
 from healthgate.health.endpoints import Observed
 from healthgate.health.engine import ApplyResult, HealthEngine, ProbeTarget
+from healthgate.health.history import OutcomeHistory, history_export
 from healthgate.health.states import HealthState, Outcome, ProbeResult, Record
 from healthgate.model.change import WorldChange
 from healthgate.probes.batch import BatchProber
@@ -39,6 +40,7 @@ _OK = Outcome.OK  # (a per-probe global: see the note on Outcome)
 _DEGRADED = Outcome.DEGRADED
 
 Emit = Callable[[list[Record]], None]
+HISTORY_BUDGET = 256 << 20  # bytes of outcome history one process hands over for a replay
 
 
 class Decided(NamedTuple):
@@ -129,6 +131,11 @@ class ProbeSource(Protocol):
     def pids(self) -> list[int]:
         """Worker processes probing for this one (none in-process)."""
 
+    async def histories(self) -> tuple[dict[str, list[bytes]], bool]:
+        """The outcome history of every endpoint this process (or its
+        workers) probes, encoded (health/history.py), and whether some was
+        left out (SPEC §11: replay)."""
+
     def vantages(self, endpoint_path: str) -> tuple[str, dict[str, dict[str, object]]] | None:
         """Cluster mode: why the vantages' quorum gives an endpoint its state,
         and each vantage region's opinion (None: one process decides alone)."""
@@ -160,11 +167,17 @@ class LocalProber:
         self.failure_log = failure_log or FailureLogLimiter(0.0)
         self.stats = ProbeStats()
         self.results = 0
+        # SPEC §11: every result kept, run-length coded, for replay (None: off)
+        hours = (probe_settings or ProbeSettings()).history_hours
+        self.history = OutcomeHistory(hours) if hours > 0 else None
 
     def _on_results(self, now: float, results: list[tuple[Hashable, ProbeResult]]) -> None:
-        """A tick's results: counted, failures logged (rate-limited), then to the sink."""
+        """A tick's results: counted, kept in the history, failures logged
+        (rate-limited), then to the sink."""
         self.results += len(results)
         self.stats.observe(results)
+        if self.history is not None:
+            self.history.record(now, results, self.describe)
         failure_log = self.failure_log
         if failure_log.rate:
             for key, result in results:
@@ -174,6 +187,12 @@ class LocalProber:
 
     def totals(self) -> ProbeTotals:
         return ProbeTotals.of(self.scheduler, self.prober, self.stats)
+
+    def remove(self, key: int) -> None:
+        """Stop probing ``key`` (its history stays, by its endpoint's path)."""
+        self.scheduler.remove(key)
+        if self.history is not None:
+            self.history.forget(key)
 
     def start(self) -> None:
         self.scheduler.start()
@@ -203,7 +222,7 @@ class InProcessProbing:
     def apply(self, change: WorldChange, result: ApplyResult) -> None:
         scheduler = self.local.scheduler
         for slot in result.removed:
-            scheduler.remove(slot)
+            self.local.remove(slot)
         for target in (*result.added, *result.changed):
             scheduler.upsert(target.slot, spec_of(target))
 
@@ -218,6 +237,9 @@ class InProcessProbing:
 
     def pids(self) -> list[int]:
         return []
+
+    async def histories(self) -> tuple[dict[str, list[bytes]], bool]:
+        return history_export(self.local.history, HISTORY_BUDGET)
 
     def vantages(self, endpoint_path: str) -> tuple[str, dict[str, dict[str, object]]] | None:
         return None

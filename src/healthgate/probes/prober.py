@@ -60,6 +60,9 @@ class ProbeSettings:
     source: str | None = None
     # HTTPS: offer each endpoint's last TLS session on a fresh connection
     tls_resume: bool = True
+    # SPEC §11: hours of each probed endpoint's outcome history kept, for
+    # replay (health/history.py; 0: none) - by whichever process probes it
+    history_hours: float = 24.0
 
 
 # per-probe outcomes as globals (see the note on Outcome)
