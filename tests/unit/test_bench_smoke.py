@@ -33,3 +33,28 @@ def test_engine_bench_runs_small(tmp_path: Path) -> None:
     assert row["endpoints"] == 2000
     assert row["cascades"] == 50  # every first failure of a 100 % policy cascades to the route
     assert "results/s vs goal" in proc.stdout
+
+
+def test_replay_bench_runs_small(tmp_path: Path) -> None:
+    out = tmp_path / "replay.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "replay.py"),
+            "--endpoints",
+            "400",
+            "--hours",
+            "1",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    figures = json.loads(out.read_text())
+    assert figures["endpoints"] == 400 and figures["bytes"]["steady"] < 2048
+    # the one-hour outage of region-0 came and went: its routes moved and came back
+    assert figures["routeChanges"] > 0 and figures["resultsFed"] < figures["resultsRecorded"]
