@@ -27,15 +27,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.engine import parse, world
-
 from healthgate.health.engine import HealthEngine
 from healthgate.health.history import EndpointHistory, OutcomeHistory, runs_of
 from healthgate.health.states import Outcome, ProbeResult
 from healthgate.model.names import endpoint_path
 from healthgate.simulation.replay import replay
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine import parse, world  # (bench/engine.py's world)
 
 OK = ProbeResult(Outcome.OK, 0.004, 200)
 BAD = ProbeResult(Outcome.REFUSED, 0.0)
