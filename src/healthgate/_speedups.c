@@ -23,6 +23,7 @@
 #include <limits.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <time.h>
 
 /* RFC 9110 token characters */
 static unsigned char is_tchar[256];
@@ -201,13 +202,32 @@ static PyObject *whole_response(PyObject *self, PyObject *arg) {
  * says what they mean; PyCounters is its Python twin, same fields). The fast
  * path counts a success here without a Python call; every error is counted
  * by the Python path (dataplane/counters.py: error). */
+/* answered hops by latency (dataplane/counters.py's LATENCY_BOUNDS, seconds) */
+#define LAT_N 24
+static const double lat_bounds[LAT_N - 1] = {
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
+    0.1,    0.15,  0.2,   0.3,   0.5,   0.75,   1.0,  2.0,   5.0,  10.0, 30.0};
+
 typedef struct {
     PyObject_HEAD
     long long served, errors, gateway;
     long run, gateway_run, peak, peak_gateway;
     long trip, trip_gateway; /* the outlier detector's thresholds of these runs (0: none) */
     PyObject *kinds, *run_kinds, *peak_kinds; /* dict, list, list */
+    long long lat[LAT_N];
 } Counters;
+
+static double monotonic_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* (time.monotonic()'s clock) */
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void counters_latency(Counters *c, double seconds) {
+    int i = 0;
+    while (i < LAT_N - 1 && seconds > lat_bounds[i]) i++;
+    c->lat[i] += 1;
+}
 
 static PyObject *counters_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     (void)args;
@@ -256,6 +276,39 @@ static int counters_success(Counters *c) {
     return 0;
 }
 
+static PyObject *counters_add_latency(Counters *self, PyObject *arg) {
+    double seconds = PyFloat_AsDouble(arg);
+    if (seconds == -1.0 && PyErr_Occurred()) return NULL;
+    counters_latency(self, seconds);
+    Py_RETURN_NONE;
+}
+
+static PyObject *counters_get_lat(Counters *self, void *closure) {
+    (void)closure;
+    PyObject *out = PyTuple_New(LAT_N);
+    if (out == NULL) return NULL;
+    for (int i = 0; i < LAT_N; i++) {
+        PyObject *n = PyLong_FromLongLong(self->lat[i]);
+        if (n == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, i, n);
+    }
+    return out;
+}
+
+static PyMethodDef counters_methods[] = {
+    {"add_latency", (PyCFunction)counters_add_latency, METH_O,
+     "An answered hop's latency, in seconds."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef counters_getset[] = {
+    {"lat", (getter)counters_get_lat, NULL, "Answered hops per latency bucket, in all.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 static PyMemberDef counters_members[] = {
     {"served", T_LONGLONG, offsetof(Counters, served), 0, NULL},
     {"errors", T_LONGLONG, offsetof(Counters, errors), 0, NULL},
@@ -283,6 +336,8 @@ static PyTypeObject CountersType = {
     .tp_clear = (inquiry)counters_clear,
     .tp_free = PyObject_GC_Del,
     .tp_members = counters_members,
+    .tp_methods = counters_methods,
+    .tp_getset = counters_getset,
 };
 
 /* ---- Gauge: requests in flight on one listener (dataplane/retry.py's
@@ -315,6 +370,7 @@ typedef struct {
     PyObject *address, *transport, *owner, *sink;
     int status;
     char closed, reused, head_only, got_bytes;
+    double t0; /* when the exchange's request was sent (time.monotonic()) */
 } Upstream;
 
 typedef struct {
@@ -572,6 +628,7 @@ static int proxy_fast(Proxy *self, PyObject *data, int head_only) {
     conn->head_only = (char)head_only;
     conn->got_bytes = 0;
     conn->status = 0;
+    conn->t0 = monotonic_now();
     if (call_one(conn->transport, s_write, request) < 0) goto error;
     /* TryDeadlines.add */
     deadlines = Py_NewRef(self->deadlines);
@@ -631,12 +688,16 @@ static PyObject *proxy_data_received(Proxy *self, PyObject *data) {
     return PyObject_CallMethodOneArg((PyObject *)self, s_parse, data);
 }
 
-/* a success of `address` on this listener: its Counters, else HttpProxy._served */
-static int count_served(Proxy *self, PyObject *address) {
-    PyObject *c = PyDict_GetItemWithError(self->upstreams, address);
+/* a success of `conn`'s upstream on this listener, and its latency: its
+ * Counters, else HttpProxy._served */
+static int count_served(Proxy *self, Upstream *conn) {
+    PyObject *c = PyDict_GetItemWithError(self->upstreams, conn->address);
     if (c == NULL && PyErr_Occurred()) return -1;
-    if (c != NULL && Py_IS_TYPE(c, &CountersType)) return counters_success((Counters *)c);
-    return call_one((PyObject *)self, s_served, address);
+    if (c != NULL && Py_IS_TYPE(c, &CountersType)) {
+        counters_latency((Counters *)c, monotonic_now() - conn->t0);
+        return counters_success((Counters *)c);
+    }
+    return call_one((PyObject *)self, s_served, conn->address);
 }
 
 /* HttpProxy.fast_whole, for an answer below 500 */
@@ -648,7 +709,7 @@ static int proxy_fast_whole(Proxy *self, Upstream *conn, PyObject *data) {
         int r = closing;
         if (closing == 0) {
             r = call_one(client, s_write, data);
-            if (r == 0) r = count_served(self, conn->address);
+            if (r == 0) r = count_served(self, conn);
         }
         Py_DECREF(client);
         if (r < 0) return -1;
@@ -715,6 +776,7 @@ static PyMemberDef upstream_members[] = {
     OBJ("owner", Upstream, owner),
     OBJ("sink", Upstream, sink),
     {"status", T_INT, offsetof(Upstream, status), 0, NULL},
+    {"t0", T_DOUBLE, offsetof(Upstream, t0), 0, NULL},
     FLAG("closed", Upstream, closed),
     FLAG("reused", Upstream, reused),
     FLAG("head_only", Upstream, head_only),

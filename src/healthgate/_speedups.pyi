@@ -29,6 +29,9 @@ class Counters:
     kinds: dict[str, int]
     run_kinds: list[str]
     peak_kinds: list[str]
+    @property
+    def lat(self) -> tuple[int, ...]: ...
+    def add_latency(self, seconds: float, /) -> None: ...
 
 # Requests in flight on one listener (dataplane/retry.py's PyGauge).
 class Gauge:

@@ -43,7 +43,7 @@ def promtool(*args: str, stdin: str | None = None, cwd: Path | None = None) -> s
 
 
 def test_the_shipped_rules_check_and_pass_their_unit_tests() -> None:
-    assert "SUCCESS: 9 rules found" in promtool(
+    assert "SUCCESS: 10 rules found" in promtool(
         "check", "rules", "healthgate-alerts.yml", cwd=DEPLOY
     )
     assert "SUCCESS" in promtool("test", "rules", "healthgate-alerts.test.yml", cwd=DEPLOY)

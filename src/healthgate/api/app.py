@@ -42,6 +42,7 @@ from healthgate.api.schema import install as install_schema
 from healthgate.api.shifts import shifts_router
 from healthgate.api.state import ApiSettings, ApiState
 from healthgate.api.topology import topology_router
+from healthgate.api.traffic import traffic_router
 from healthgate.controlplane.errors import ControlError
 
 __all__ = ["ApiSettings", "ApiState", "create_app"]
@@ -91,6 +92,7 @@ def create_app(state: ApiState) -> FastAPI:
     app.include_router(health_router(state))
     app.include_router(integrations_router(state))
     app.include_router(topology_router(state))
+    app.include_router(traffic_router(state))
     app.include_router(practice_router(state))
     app.include_router(convergence_router(state))
     app.include_router(resource_router(state))

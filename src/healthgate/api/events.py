@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from typing import Annotated, Any, Literal
@@ -16,6 +17,8 @@ from healthgate.api.auth import AccessError, Principal
 from healthgate.api.state import ApiState, Auth
 from healthgate.controlplane.recorder import CLOSING
 from healthgate.store.base import LogQuery, record_matches
+
+MAX_TRAFFIC = 50  # front ends whose traffic one stream carries
 
 # an unknown kind or state is a 400 naming the field, not an empty list
 EventKind = Literal[
@@ -114,9 +117,22 @@ def events_router(state: ApiState) -> APIRouter:
             int | None,
             Query(ge=0, le=10000, description="first replay about this many recent records"),
         ] = None,
+        traffic: Annotated[
+            str | None,
+            Query(
+                max_length=MAX_TRAFFIC * 64,
+                description="front ends (names, comma-separated, at most 50) whose traffic "
+                "comes too, each second, as `traffic` events",
+            ),
+        ] = None,
     ) -> StreamingResponse:
         who = state.principal(authorization)  # (never a token in a URL: SPEC §7)
         streams.room(who)
+        frontends = []
+        for name in (traffic or "").split(",") if traffic else []:
+            frontends.append(str(state.path_of(project, "global", "forwardingRules", name)))
+        if len(frontends) > MAX_TRAFFIC:
+            raise AccessError(400, f"traffic: at most {MAX_TRAFFIC} front ends")
         if tail is not None and after is None and not last_event_id:
             after = max(
                 0, state.recorder.last_id - tail
@@ -129,8 +145,10 @@ def events_router(state: ApiState) -> APIRouter:
         if start is None:
             start = state.recorder.last_id  # from now on
         q = log_query(project, who, resource, kind, state_, None, None, start, 1000)
+        if frontends:
+            state.check_read(who, project)
         return StreamingResponse(
-            streams.counted(who, q),
+            streams.counted(who, q, frontends),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -158,7 +176,9 @@ class EventStreams:
                 "as many as it may",
             )
 
-    async def counted(self, who: Principal, q: LogQuery) -> AsyncIterator[bytes]:
+    async def counted(
+        self, who: Principal, q: LogQuery, traffic: list[str] | None = None
+    ) -> AsyncIterator[bytes]:
         """A stream counted while it lives (the route refused one over the
         cap; one that got past it in the same instant ends here)."""
         key, open_ = who.key, self.open
@@ -167,7 +187,7 @@ class EventStreams:
             return
         open_[key] = open_.get(key, 0) + 1
         try:
-            async for chunk in self.stream(q):
+            async for chunk in self.stream(q, traffic or []):
                 yield chunk
         finally:
             left = open_[key] - 1
@@ -176,10 +196,17 @@ class EventStreams:
             else:
                 del open_[key]
 
-    async def stream(self, q: LogQuery) -> AsyncIterator[bytes]:
+    async def stream(self, q: LogQuery, traffic: list[str]) -> AsyncIterator[bytes]:
         state = self.state
         queue = state.recorder.subscribe()
         last = q.after_id
+        # (traffic: each second's figures of these front ends; the last sent)
+        sent = {f: int(time.time()) for f in traffic}
+        wait = (
+            min(1.0, state.settings.stream_keepalive)
+            if traffic
+            else state.settings.stream_keepalive
+        )
         try:
             yield b": healthgate event stream\n\n"
             while True:  # replay what is stored after `last`
@@ -189,12 +216,19 @@ class EventStreams:
                     yield sse(e.id, e.record)
                 if len(batch) < q.limit:
                     break
+            quiet = 0.0
             while True:
+                for chunk in self._traffic(sent):
+                    quiet = 0.0
+                    yield chunk
                 try:
-                    async with asyncio.timeout(state.settings.stream_keepalive):
+                    async with asyncio.timeout(wait):
                         item = await queue.get()
                 except TimeoutError:
-                    yield b": keepalive\n\n"
+                    quiet += wait
+                    if quiet >= state.settings.stream_keepalive:
+                        quiet = 0.0
+                        yield b": keepalive\n\n"
                     continue
                 if item is None:
                     yield b'event: error\ndata: {"message": "subscriber too slow; reconnect with Last-Event-ID"}\n\n'
@@ -209,6 +243,23 @@ class EventStreams:
                 yield sse(event_id, record)
         finally:
             state.recorder.unsubscribe(queue)
+
+    def _traffic(self, sent: dict[str, int]) -> list[bytes]:
+        """The seconds of each front end written since the last sent (no id:
+        they are not in the log, and a reconnect asks for the window again)."""
+        history = self.state.traffic
+        if history is None or not sent:
+            return []
+        out = []
+        now = int(time.time()) - 1  # (the last whole second)
+        for frontend, last in sent.items():
+            if now <= last:
+                continue
+            series = history.series(frontend, last + 1, now)
+            sent[frontend] = now
+            body = json.dumps({"frontend": frontend, **series}, separators=(",", ":"))
+            out.append(f"event: traffic\ndata: {body}\n\n".encode())
+        return out
 
 
 def sse(event_id: int, record: Mapping[str, Any]) -> bytes:

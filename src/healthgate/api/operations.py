@@ -15,6 +15,7 @@ from starlette.responses import (
     StreamingResponse,
 )
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from healthgate.api.auth import AccessError
 from healthgate.api.metrics import (
@@ -24,6 +25,33 @@ from healthgate.api.metrics import (
     render_metrics,
 )
 from healthgate.api.state import ApiState, Auth
+
+# the dashboard loads nothing but its own files and talks to nothing but this API
+UI_HEADERS = [
+    (
+        b"content-security-policy",
+        b"default-src 'self'; script-src 'self'; connect-src 'self'; img-src 'self' data:; "
+        b"style-src 'self' 'unsafe-inline'; frame-ancestors 'none'; base-uri 'none'; "
+        b"form-action 'none'",
+    ),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+]
+
+
+class _Hardened:
+    """The dashboard's files, served with UI_HEADERS."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *UI_HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
 
 
 def operations_router(state: ApiState, app: FastAPI) -> APIRouter:
@@ -37,7 +65,7 @@ def operations_router(state: ApiState, app: FastAPI) -> APIRouter:
 
     app.mount(
         "/ui",
-        StaticFiles(directory=Path(__file__).resolve().parent.parent / "web", html=True),
+        _Hardened(StaticFiles(directory=Path(__file__).resolve().parent.parent / "web", html=True)),
         name="ui",
     )
 

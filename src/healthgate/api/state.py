@@ -27,6 +27,7 @@ from healthgate.controlplane.resources import (
     parse_documents,
     split_output_fields,
 )
+from healthgate.controlplane.traffic_history import TrafficHistory
 from healthgate.controlplane.webhooks import WebhookDispatcher, present_status
 from healthgate.health.routing import ramp_progress
 from healthgate.model.addresses import AddressPolicy
@@ -100,6 +101,7 @@ class ApiState:
     practice: PracticeRunner | None = None  # practice runs (SPEC §11): their status, :start
     convergence: ConvergenceMonitor | None = None  # route decisions' receipts (SPEC §11)
     peers: Callable[[], dict[str, str]] | None = None  # cluster mode: the other nodes' APIs
+    traffic: TrafficHistory | None = None  # each front end's last 15 minutes (the dashboard)
     public_healthz: bool = False  # forwarding rules' healthz without a token
     agent_address: tuple[str, int] | None = None  # where HAProxy's agent-check is answered
     cluster_status: Callable[[], dict[str, Any]] | None = None  # cluster mode: this node's view

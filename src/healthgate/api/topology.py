@@ -11,9 +11,9 @@ the resource routes, in one call instead of a few dozen.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 
 from healthgate.api.auth import Principal
 from healthgate.api.state import ApiState, Auth
@@ -27,6 +27,9 @@ from healthgate.model.resources import (
     NetworkEndpointGroup,
     ServiceAttachment,
 )
+
+MAX_PAGE = 500  # front ends in one answer
+CHIPS_MAX = 100  # endpoints of a source listed one by one; beyond, counted
 
 
 class Topology:
@@ -70,8 +73,29 @@ class Topology:
             if src is None or not isinstance(src.resource, HealthSource):
                 continue
             bs = src.resource.ref("sources")
-            out.append({**self.state.present(src), "endpoints": self.endpoints(bs) if bs else []})
+            out.append({**self.state.present(src), **self.summary(bs)})
         return out
+
+    def summary(self, backend_service: ResourcePath | None) -> dict[str, Any]:
+        """A source's endpoints: each of them, or - above ``CHIPS_MAX`` - the
+        count in each state and the first ``CHIPS_MAX`` that are not HEALTHY."""
+        if backend_service is None:
+            return {"endpoints": []}
+        engine = self.state.health.engine
+        counts = engine.counts(backend_service)
+        if counts is None or counts.total <= CHIPS_MAX:
+            return {"endpoints": self.endpoints(backend_service)}
+        listed = self.endpoints(backend_service)
+        return {
+            "endpoints": [e for e in listed if e["healthState"] != "HEALTHY"][:CHIPS_MAX],
+            "endpointCounts": {
+                "total": counts.total,
+                "HEALTHY": counts.healthy,
+                "DEGRADED": counts.degraded,
+                "UNKNOWN": counts.unknown,
+                "UNHEALTHY": counts.unhealthy,
+            },
+        }
 
     def producer(self, attachment: ResourcePath | None, who: Principal) -> Any:
         if attachment is None:
@@ -103,27 +127,50 @@ class Topology:
                 out.append({**self.state.present(neg), "producer": producer})
         return out
 
-    def of(self, project: str, who: Principal) -> dict[str, Any]:
-        frontends = [
-            {**self.state.present(stored), "negs": self.negs(stored.resource, who)}
-            for path, stored in sorted(self.stored.items())
+    def of(
+        self, project: str, who: Principal, size: int = MAX_PAGE, start: int = 0, search: str = ""
+    ) -> dict[str, Any]:
+        """A page of the project's front ends (those whose name holds
+        ``search``), from the ``start``-th, ``size`` of them."""
+        paths = sorted(
+            path
+            for path, stored in self.stored.items()
             if path.project == project
             and isinstance(stored.resource, ForwardingRule)
             and stored.resource.is_global
-        ]
-        return {"project": project, "frontends": frontends}
+            and search in path.name
+        )
+        frontends = []
+        for path in paths[start : start + size]:
+            stored = self.stored[path]
+            rule = stored.resource
+            assert isinstance(rule, ForwardingRule)
+            frontends.append({**self.state.present(stored), "negs": self.negs(rule, who)})
+        out: dict[str, Any] = {"project": project, "frontends": frontends, "total": len(paths)}
+        if start + size < len(paths):
+            out["nextPageToken"] = str(start + size)
+        return out
 
 
 def topology_router(state: ApiState) -> APIRouter:
     router = APIRouter(tags=["health"])
 
     @router.get("/v1/projects/{project}/topology")
-    async def topology(project: str, authorization: Auth = None) -> dict[str, Any]:
-        """Every front end of the project, its route, its regions and - where
-        the caller may see it - the producer's side down to the endpoints."""
+    async def topology(
+        project: str,
+        authorization: Auth = None,
+        page_size: Annotated[int, Query(alias="pageSize", ge=1, le=MAX_PAGE)] = MAX_PAGE,
+        page_token: Annotated[str | None, Query(alias="pageToken", max_length=12)] = None,
+        search: Annotated[str, Query(max_length=63)] = "",
+    ) -> dict[str, Any]:
+        """The project's front ends (a page of them, whose names hold
+        ``search``), each with its route, its regions and - where the caller
+        may see it - the producer's side down to the endpoints (counted,
+        above a hundred a source)."""
         who = state.principal(authorization)
         state.check_read(who, project)
         state.path_of(project, GLOBAL, "forwardingRules", "x")  # (checks the name)
-        return Topology(state).of(project, who)
+        start = int(page_token) if page_token and page_token.isdigit() else 0
+        return Topology(state).of(project, who, page_size, start, search)
 
     return router

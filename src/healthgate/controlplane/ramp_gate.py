@@ -30,9 +30,9 @@ from collections import deque
 from collections.abc import Mapping
 
 from healthgate.controlplane.health_service import HealthService
+from healthgate.controlplane.traffic_history import upstreams
 from healthgate.health.evidence import Address, Hops
 from healthgate.health.states import ERROR_MINIMUM, ERROR_WINDOW
-from healthgate.model.lookups import published_rule
 
 log = logging.getLogger("healthgate.health")
 
@@ -85,20 +85,9 @@ class RampGate:
                         self._forget(key)
 
     def _addresses(self, neg: str) -> set[tuple[str, int]]:
-        """Where a front end's traffic to a PSC NEG goes: its producer rule's
-        address, or - when this data plane serves that rule itself - the
-        rule's endpoints."""
+        """Where a front end's traffic to a PSC NEG goes (controlplane/traffic_history.py)."""
         engine = self.health.engine
-        found = published_rule(engine.resources, engine.attachment_of(neg) or "")
-        if found is None:
-            return set()
-        fr = found[1]
-        port = fr.port_list()[0]
-        out = {(fr.ip_address, port)}
-        bs = fr.ref("backend_service")
-        if bs is not None:
-            out |= {(ip, p or port) for ip, p in engine.all_endpoints(bs)}
-        return out
+        return upstreams(engine, engine.attachment_of(neg) or "")
 
     def _forget(self, key: str) -> None:
         """An abandoned ramp's counts are spent: its next ramp starts afresh."""

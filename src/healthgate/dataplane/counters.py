@@ -34,6 +34,13 @@ from healthgate.health.evidence import GATEWAY_STATUSES, Hops
 
 Address = tuple[str, int]
 RUN_KINDS = 10  # the kinds of a run of errors kept, for the reasons
+# answered hops by latency: each bucket's upper bound, seconds (the last
+# bucket is beyond 30 s); _speedups.c's lat_bounds
+LATENCY_BOUNDS: tuple[float, ...] = (
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
+    0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0,
+)  # fmt: skip
+LATENCY_BUCKETS = len(LATENCY_BOUNDS) + 1
 
 
 class PyCounters:
@@ -44,6 +51,7 @@ class PyCounters:
         "gateway",
         "gateway_run",
         "kinds",
+        "lat",
         "peak",
         "peak_gateway",
         "peak_kinds",
@@ -69,6 +77,14 @@ class PyCounters:
         self.kinds: dict[str, int] = {}  # errors by kind, in all
         self.run_kinds: list[str] = []  # the kinds of the run now (its first RUN_KINDS)
         self.peak_kinds: list[str] = []  # ... of the longest run since the last take
+        self.lat = [0] * LATENCY_BUCKETS  # answered hops per latency bucket, in all
+
+    def add_latency(self, seconds: float) -> None:
+        i = 0
+        bounds = LATENCY_BOUNDS
+        while i < len(bounds) and seconds > bounds[i]:
+            i += 1
+        self.lat[i] += 1
 
 
 if http_scan.speedups is not None and hasattr(http_scan.speedups, "Counters"):
@@ -138,8 +154,8 @@ class ListenerCounters:
         # connections, requests, retries, refusals... (given: a caller's own dict)
         self.events: dict[str, int] = {} if events is None else events
         self.upstreams: dict[Address, PyCounters] = {}
-        # per upstream: (served, errors, gateway, errors by kind) at the last take
-        self._last: dict[Address, tuple[int, int, int, dict[str, int]]] = {}
+        # per upstream: (served, errors, gateway, errors by kind, latencies) at the last take
+        self._last: dict[Address, tuple[int, int, int, dict[str, int], tuple[int, ...]]] = {}
 
     def of(self, address: Address) -> PyCounters:
         c = self.upstreams.get(address)
@@ -153,6 +169,11 @@ class ListenerCounters:
         """A hop to ``address`` failed (see the module doc)."""
         if error(self.of(address), kind, gateway) and self.trips is not None:
             self.trips.tripped()
+
+    def latency(self, address: Address, seconds: float) -> None:
+        """An answer came from ``address`` this long after its request (the
+        head's arrival, or the whole answer's when it came in one read)."""
+        self.of(address).add_latency(seconds)
 
     def answered(self, address: Address, status: int) -> None:
         """An HTTP answer from ``address``: below 500 a success, else an error."""
@@ -181,11 +202,12 @@ class ListenerCounters:
             served, errors = c.served, c.errors
             if before is not None and before[0] == served and before[1] == errors:
                 continue
-            b_served, b_errors, b_gateway, b_kinds = before or (0, 0, 0, {})
+            b_served, b_errors, b_gateway, b_kinds, b_lat = before or (0, 0, 0, {}, ())
             kinds = {}
             if errors != b_errors:
                 kinds = {k: n - b_kinds.get(k, 0) for k, n in c.kinds.items()}
                 kinds = {k: n for k, n in kinds.items() if n > 0}
+            lat = tuple(c.lat)
             out[address] = Hops(
                 served - b_served,
                 errors - b_errors,
@@ -194,8 +216,9 @@ class ListenerCounters:
                 c.peak,
                 c.peak_gateway,
                 tuple(c.peak_kinds),
+                tuple(n - b for n, b in zip(lat, b_lat, strict=True)) if b_lat else lat,
             )
-            last[address] = (served, errors, c.gateway, dict(c.kinds) if kinds else b_kinds)
+            last[address] = (served, errors, c.gateway, dict(c.kinds) if kinds else b_kinds, lat)
             c.peak = c.run
             c.peak_gateway = c.gateway_run
             c.peak_kinds = list(c.run_kinds)

@@ -49,6 +49,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
+from time import monotonic
 from typing import TYPE_CHECKING, Protocol, cast
 
 import httptools
@@ -609,6 +610,7 @@ class HttpProxy(_FastEntry):
         client = self.transport
         if not self.closed and client is not None and not client.is_closing():
             client.write(data)
+            self.counters.latency(conn.address, monotonic() - conn.t0)
             self.counters.answered(conn.address, status)  # (500, 501...: errors)
         self._fast_end()
         if self.queue:  # requests that came in behind this one
@@ -620,6 +622,7 @@ class HttpProxy(_FastEntry):
         success(self.counters.of(address))
 
     def fast_done(self, conn: UpstreamConnection, reusable: bool) -> None:
+        self.counters.latency(conn.address, monotonic() - conn.t0)
         self.counters.answered(conn.address, conn.status)
         if reusable:
             self.pool.release(conn)
@@ -897,6 +900,7 @@ class HttpProxy(_FastEntry):
                 return status
             finally:
                 self.upstream = None
+            self.counters.latency(address, monotonic() - conn.t0)
             if reusable:
                 self.pool.release(conn)
             else:

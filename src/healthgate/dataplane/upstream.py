@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+from time import monotonic
 from typing import TYPE_CHECKING, Protocol, cast
 
 import httptools
@@ -78,6 +79,7 @@ class _PyUpstreamEntry(asyncio.Protocol):
     head_only: bool
     sink: asyncio.Transport | None
     status: int
+    t0: float  # when the exchange's request was sent (time.monotonic())
 
     def data_received(self, data: bytes) -> None:
         first = not self.got_bytes  # (only an exchange's first read may be whole)
@@ -120,6 +122,7 @@ class UpstreamConnection(_UpstreamEntry):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.reused = False
+        self.t0 = 0.0
         self.parser = httptools.HttpResponseParser(self)  # parses message after message
         self._reset_exchange()
 
@@ -151,6 +154,7 @@ class UpstreamConnection(_UpstreamEntry):
         self.head = loop.create_future()
         self.done = loop.create_future()
         assert self.transport is not None
+        self.t0 = monotonic()
         self.transport.write(request)
 
     def start_fast(self, request: bytes, head_only: bool, owner: FastOwner) -> None:
@@ -162,6 +166,7 @@ class UpstreamConnection(_UpstreamEntry):
         self.head_only = head_only
         self.got_bytes = False
         self.status = 0
+        self.t0 = monotonic()
         assert self.transport is not None
         self.transport.write(request)
 

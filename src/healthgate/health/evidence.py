@@ -48,6 +48,8 @@ class Hops:
     peak: int = 0
     peak_gateway: int = 0
     peak_kinds: tuple[str, ...] = ()
+    # answered hops per latency bucket (dataplane/counters.py's LATENCY_BOUNDS; () - none)
+    latency: tuple[int, ...] = ()
 
     @property
     def total(self) -> int:
@@ -60,6 +62,9 @@ class Hops:
         for k, n in other.kinds.items():
             kinds[k] = kinds.get(k, 0) + n
         longest = self if self.peak >= other.peak else other
+        latency = self.latency or other.latency
+        if self.latency and other.latency:
+            latency = tuple(a + b for a, b in zip(self.latency, other.latency, strict=True))
         return Hops(
             self.served + other.served,
             self.errors + other.errors,
@@ -68,6 +73,7 @@ class Hops:
             max(self.peak, other.peak),
             max(self.peak_gateway, other.peak_gateway),
             longest.peak_kinds,
+            latency,
         )
 
 

@@ -52,6 +52,7 @@ from healthgate.controlplane.probe_workers import WorkerProbing, default_workers
 from healthgate.controlplane.probing import Feed, InProcessProbing, ProbeSource
 from healthgate.controlplane.recorder import TransitionRecorder
 from healthgate.controlplane.resources import ControlPlane
+from healthgate.controlplane.traffic_history import TrafficHistory
 from healthgate.controlplane.webhooks import WebhookDispatcher, WebhookSettings
 from healthgate.dataplane.affinity import load_keys
 from healthgate.dataplane.manager import (
@@ -167,6 +168,7 @@ class Server:
         self.metric_sources: MetricSources | None = None
         self.practice: PracticeRunner | None = None
         self.convergence: ConvergenceMonitor | None = None
+        self.traffic: TrafficHistory | None = None
         self.api_state: ApiState | None = None
         self.dataplane: DataPlaneService | None = None
         self.evidence: EvidenceSampler | None = None
@@ -479,6 +481,8 @@ class Server:
         if self.node is not None:  # (cluster mode: verdicts are opinions, the quorum decides)
             self.evidence.on_verdicts = self.node.traffic.local
         self._tasks.append(asyncio.create_task(self.evidence.run(), name="traffic evidence"))
+        self.traffic = TrafficHistory(health.engine)  # (the dashboard's charts)
+        self.evidence.listeners.append(self.traffic.observe)
         self._start_practice()
         health.subscribe(
             lambda records: dataplane.routes_changed(
@@ -513,6 +517,7 @@ class Server:
         state.webhooks = self.webhooks
         state.practice = self.practice
         state.convergence = self.convergence
+        state.traffic = self.traffic
         if self.convergence is not None:
             state.collectors.append(self.convergence)
             self.convergence.start()
