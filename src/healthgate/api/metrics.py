@@ -186,7 +186,7 @@ class EngineCollector(Collector):
         )
         for route in engine.route_table().routes.values():
             routes.add_metric([route.frontend, route.target or "", route.mode], 1)
-            order = engine.graph.failover_order(route.frontend)
+            order = engine.failover_order(route.frontend)
             first = order[0][0].path if order else None
             failed_over.add_metric([route.frontend], 0 if route.target == first else 1)
         yield routes

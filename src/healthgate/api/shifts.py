@@ -148,10 +148,10 @@ class ShiftRules:
         """Front ends that have a NEG able to take traffic now, and would have
         none with ``extra`` NEGs shifted: (the ones the caller may read, by
         path; how many in all)."""
-        graph = self.state.health.engine.graph
+        engine = self.state.health.engine
         stranded: list[str] = []
-        for frontend in self.state.health.engine.route_table().routes:
-            cands = [c for c, _ in graph.failover_order(frontend) if c.accepted]
+        for frontend in engine.route_table().routes:
+            cands = [c for c, _ in engine.failover_order(frontend) if c.accepted]
             before = [c for c in cands if c.eligible]
             after = [c for c in before if c.path not in extra]
             if before and not after:

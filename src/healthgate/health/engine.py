@@ -248,6 +248,10 @@ class HealthEngine:
         service attachment's path (health/graph.py)."""
         return self.graph.failover_order(frontend)
 
+    def neg_accepted(self, neg: str) -> bool | None:
+        """Was a PSC NEG's connection accepted by its attachment (None: no such NEG)?"""
+        return self.graph.neg_accepted(neg)
+
     def shifts(self) -> Sequence[Shift]:
         """Every Shift resource, active or run out (in path order)."""
         return self.graph.shifts()

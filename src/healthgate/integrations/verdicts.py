@@ -62,7 +62,7 @@ def forwarding_rule_health(engine: HealthEngine, rule: str) -> RuleHealth:
 
 
 def agent_answer(engine: HealthEngine, neg: str) -> str:
-    accepted = engine.graph.neg_accepted(neg)
+    accepted = engine.neg_accepted(neg)
     if not accepted:
         return "maint"
     status = engine.node_status(neg)
@@ -98,6 +98,6 @@ def _weight(engine: HealthEngine, neg: str) -> str:
         for share in route.shares:
             if share.neg == neg:
                 return f" {max(1, round(share.percent))}%"
-        if any(c.path == neg for c, _ in engine.graph.failover_order(frontend)):
+        if any(c.path == neg for c, _ in engine.failover_order(frontend)):
             return " 0%"
     return ""

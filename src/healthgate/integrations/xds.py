@@ -183,7 +183,7 @@ def _outliers_behind(
 ) -> OutlierDetection | None:
     """The outlierDetection of the first producer backend service, in the
     front end's failover order, that has one."""
-    for _candidate, attachment in engine.graph.failover_order(frontend):
+    for _candidate, attachment in engine.failover_order(frontend):
         found = published_rule(resources, attachment)
         bs_path = found[1].ref("backend_service") if found is not None else None
         bs = resources.get(bs_path) if bs_path is not None else None
@@ -263,7 +263,7 @@ def _assignment(
         else {}
     )
     priority = 1 if weights else 0
-    for candidate, attachment in engine.graph.failover_order(frontend):
+    for candidate, attachment in engine.failover_order(frontend):
         address = published_address(resources, attachment)
         if address is None:
             continue
