@@ -34,8 +34,7 @@ class InProcessApi:
         self.store = MemoryStore()
         self.health = HealthService()
         self.recorder = TransitionRecorder(self.store)
-        self.health.subscribe(self.recorder.on_records)
-        self.health.on_forget(self.recorder.on_forget)
+        self.health.listen(self.recorder)
         self.control = ControlPlane(self.store, self.health)
         entries = [TokenEntry.model_validate(t) for t in tokens] if tokens else None
         self.access = Access(entries, open_access=not entries)

@@ -62,6 +62,15 @@ class PassiveStack:
         shares = (self.api.get(FRONT).json().get("status") or {}).get("route", {}).get("shares")
         return shares[0]["region"] if shares and len(shares) == 1 else None
 
+    def restart(self, meanwhile: Any = None) -> None:
+        """Stop serve, call ``meanwhile(db)``, start it again on its address."""
+        self.api.close()
+        self.serve.stop()
+        if meanwhile is not None:
+            meanwhile(self.serve.db)
+        self.serve = ServeProcess(self.serve.db, *self.serve.extra, port=self.serve.port).start()
+        self.api = self.serve.client()
+
     def gray(self, region: str, status: int, count: int | None = None) -> None:
         self.backends.backends.gray(region, status, PROBE_SOURCE, count)
 

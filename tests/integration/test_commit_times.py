@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from healthgate.controlplane.health_service import HealthService
+from healthgate.controlplane.health_service import HealthService, RecordsTo
 from healthgate.controlplane.resources import ControlPlane
 from healthgate.health.states import Record, RouteChange
 from healthgate.model.validation import Document
@@ -37,7 +37,7 @@ class Node:
         self.health = HealthService(clock=clock)
         self.control = ControlPlane(store, self.health)
         self.records: list[Record] = []
-        self.health.subscribe(self.records.extend)
+        self.health.listen(RecordsTo(self.records.extend))
 
     def routes(self) -> list[RouteChange]:
         return [r for r in self.records if isinstance(r, RouteChange)]

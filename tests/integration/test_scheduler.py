@@ -8,7 +8,7 @@ import time
 from collections.abc import Hashable
 from typing import Any
 
-from healthgate.controlplane.health_service import HealthService
+from healthgate.controlplane.health_service import HealthService, RecordsTo
 from healthgate.health.states import HealthState, Outcome, ProbeResult, Record, Transition
 from healthgate.health.windows import failure_window, success_window
 from healthgate.probes.clock import LoopClock
@@ -113,7 +113,7 @@ def test_real_time_windows_match_the_formula_and_probes_never_overlap() -> None:
                         changes.append(r)
                         became[r.current].set()
 
-            service.subscribe(on_records)
+            service.listen(RecordsTo(on_records))
             await service.start()
             service.apply(world(srv.port, timeout=1, interval=1, threshold=2))
             await asyncio.wait_for(became[HealthState.HEALTHY].wait(), 10)

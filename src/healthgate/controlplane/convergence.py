@@ -27,12 +27,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from healthgate.controlplane.health_service import HealthService
+from healthgate.controlplane.health_service import HealthListener, HealthService
 from healthgate.health.convergence import BUCKETS, ConvergenceTracker, Decision
 from healthgate.health.states import Record, RouteChange
 from healthgate.model.names import ResourcePath
@@ -47,7 +47,7 @@ def _short(path: str | None) -> str:
     return path.rsplit("/", 1)[-1] if path else "(refuse)"
 
 
-class ConvergenceMonitor(Collector):
+class ConvergenceMonitor(HealthListener, Collector):
     def __init__(
         self,
         health: HealthService,
@@ -61,11 +61,11 @@ class ConvergenceMonitor(Collector):
         self.own = node or "serve"  # this process's listeners' instance name
         self._xds: OrderedDict[int, dict[str, int]] = OrderedDict()
         self._task: asyncio.Task[None] | None = None
-        health.subscribe(self.on_records)
+        health.listen(self)
 
     # ------------------------------------------------------------------ decisions
 
-    def on_records(self, records: Sequence[Record]) -> None:
+    def records(self, records: list[Record]) -> None:
         for r in records:
             if isinstance(r, RouteChange) and r.generation:
                 negs = frozenset(c.path for c, _ in self.health.engine.failover_order(r.frontend))

@@ -27,9 +27,34 @@ from healthgate.probes.stats import FailureLogLimiter, ProbeTotals
 
 log = logging.getLogger("healthgate.health")
 
-RecordListener = Callable[[list[Record]], None]
 # a probe source, given the feed and the service's failure-log limiter
 SourceFactory = Callable[[Feed, FailureLogLimiter], ProbeSource]
+
+
+class HealthListener:
+    """One who follows the health service, told each kind of news by name
+    (:meth:`HealthService.listen`); a follower overrides what it needs."""
+
+    def records(self, records: list[Record]) -> None:
+        """Records the engine (or a runner acting for it) emitted: transitions,
+        route changes, ramps, ejections, holds, practice runs..."""
+
+    def routes_moved(self) -> None:
+        """Time alone moved the routes (a ramp's step: no record), for data
+        planes that are pushed a configuration rather than reading the table."""
+
+    def forget(self, paths: list[str]) -> None:
+        """Resource or endpoint paths whose persisted state is obsolete."""
+
+
+class RecordsTo(HealthListener):
+    """A follower of records alone: each batch to ``receive``."""
+
+    def __init__(self, receive: Callable[[list[Record]], object]) -> None:
+        self.receive = receive
+
+    def records(self, records: list[Record]) -> None:
+        self.receive(records)
 
 
 class HealthService:
@@ -44,9 +69,7 @@ class HealthService:
     ) -> None:
         self.engine = engine or HealthEngine()
         self.clock = clock  # wall-clock time, for resource changes (probes bring their own)
-        self._listeners: list[RecordListener] = []
-        self._forget_listeners: list[Callable[[list[str]], None]] = []
-        self._route_listeners: list[Callable[[], None]] = []
+        self._listeners: list[HealthListener] = []
         self.mute = False  # while loading from the store: the initial evaluation is not news
         # probe failures, logged at most this rate (all sources and workers together)
         self.failure_log = FailureLogLimiter(failure_log_rate)
@@ -59,17 +82,13 @@ class HealthService:
         else:
             self.source = source(self.feed, self.failure_log)
 
-    def subscribe(self, listener: RecordListener) -> None:
+    def listen(self, listener: HealthListener) -> None:
+        """``listener`` is told the news from now on, in the order listeners came."""
         self._listeners.append(listener)
-
-    def on_forget(self, listener: Callable[[list[str]], None]) -> None:
-        """Called with resource or endpoint paths whose persisted state is obsolete."""
-        self._forget_listeners.append(listener)
 
     def forget_states(self, paths: list[str]) -> None:
         if paths:
-            for listener in self._forget_listeners:
-                listener(paths)
+            self._tell("forget", lambda listener: listener.forget(paths))
 
     async def start(self) -> None:
         """Begin probing (inside the event loop)."""
@@ -138,15 +157,8 @@ class HealthService:
         self.emit(self.engine.step_ramps(now))
         self.emit(self.engine.expire_reports(now))
         if self.engine.generation != generation:
-            for listener in self._route_listeners:
-                listener()
+            self._tell("routes", lambda listener: listener.routes_moved())
         self.schedule_timers()
-
-    def on_routes(self, listener: Callable[[], None]) -> None:
-        """Called when time alone moved the routes (a ramp's step): for data
-        planes that are pushed a configuration (xDS) rather than reading the
-        route table."""
-        self._route_listeners.append(listener)
 
     def route_table(self) -> RouteTable:
         return self.engine.route_table()
@@ -169,8 +181,11 @@ class HealthService:
             self.schedule_timers()  # (a ramp started: its steps need a timer)
         if self.mute:
             return
+        self._tell("records", lambda listener: listener.records(records))
+
+    def _tell(self, news: str, tell: Callable[[HealthListener], None]) -> None:
         for listener in self._listeners:
             try:
-                listener(records)
+                tell(listener)
             except Exception:  # a broken listener must not stop health checking
-                log.exception("transition listener failed")
+                log.exception("a health listener (%s) failed on %s", type(listener).__name__, news)

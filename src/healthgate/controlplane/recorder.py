@@ -23,6 +23,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from healthgate.controlplane.health_service import HealthListener
 from healthgate.controlplane.saved_states import encode_record_states
 from healthgate.health.states import Record, timestamp
 from healthgate.store.base import WRITE_ID, Guard, LogQuery, NotLeader, Store, StoreError
@@ -45,7 +46,16 @@ def log_line(record: dict[str, Any]) -> str:
     return json.dumps(record, separators=(",", ":"))
 
 
-class TransitionRecorder:
+class TransitionRecorder(HealthListener):
+    """The health service's first listener: every record logged, stored,
+    streamed; states no longer kept forgotten."""
+
+    def records(self, records: list[Record]) -> None:
+        self.on_records(records)
+
+    def forget(self, paths: list[str]) -> None:
+        self.on_forget(paths)
+
     def __init__(
         self, store: Store, retention: int = 100_000, subscriber_queue: int = 10_000
     ) -> None:

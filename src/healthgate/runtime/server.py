@@ -45,7 +45,7 @@ from healthgate.cluster.probing import ClusterProbing, ClusterSettings
 from healthgate.controlplane.convergence import ConvergenceMonitor
 from healthgate.controlplane.errors import ControlError, Refusal
 from healthgate.controlplane.evidence import EvidenceSampler
-from healthgate.controlplane.health_service import HealthService, SourceFactory
+from healthgate.controlplane.health_service import HealthListener, HealthService, SourceFactory
 from healthgate.controlplane.metric_sources import MetricSources
 from healthgate.controlplane.practice import PracticeRunner
 from healthgate.controlplane.probe_workers import WorkerProbing, default_workers
@@ -84,7 +84,7 @@ from healthgate.store.etcd_client import EtcdAuth, EtcdSettings, EtcdTls, parse_
 from healthgate.store.sqlite import SqliteStore
 
 if TYPE_CHECKING:
-    from healthgate.integrations.xds import XdsServer, XdsTls
+    from healthgate.integrations.xds import XdsServer, XdsSnapshots, XdsTls
 
 log = logging.getLogger("healthgate.serve")
 
@@ -304,8 +304,7 @@ class Server:
         log.info("starting: store %s, API on %s", s.store_name(), s.listen)
         self.recorder = recorder = TransitionRecorder(store, retention=s.log_retention)
         recorder.last_id = store.last_log_id()
-        health.subscribe(recorder.on_records)
-        health.on_forget(recorder.on_forget)
+        health.listen(recorder)
         self.convergence = ConvergenceMonitor(
             health, self._write_own_records, s.convergence_alert_sec, s.node or ""
         )
@@ -465,8 +464,7 @@ class Server:
             pool = WorkerPool(health.engine, replace(settings, reuse_port=True), s.stop_grace)
             await pool.start()
             self.dataplane = dataplane = pool
-            health.subscribe(lambda records: pool.publish_health())
-            health.on_routes(pool.publish_health)  # (a ramp's steps: no records)
+            health.listen(_SentToWorkers(pool))
         else:
             self.dataplane = dataplane = DataPlane(health.engine, settings)
         if self.convergence is not None:
@@ -484,11 +482,7 @@ class Server:
         self.traffic = TrafficHistory(health.engine)  # (the dashboard's charts)
         self.evidence.listeners.append(self.traffic.observe)
         self._start_practice()
-        health.subscribe(
-            lambda records: dataplane.routes_changed(
-                [r.frontend for r in records if isinstance(r, RouteChange)]
-            )
-        )
+        health.listen(_RoutesFollowed(dataplane))
 
     async def _serve_api(self) -> None:
         assert self.control and self.health and self.recorder and self.store and self.dataplane
@@ -552,13 +546,8 @@ class Server:
             if snapshots.take(change):
                 xds.update(snapshots.build())
 
-        def transitions(records: list[Record]) -> None:
-            if any(r.kind in (RecordKind.NEG, RecordKind.ROUTE, RecordKind.RAMP) for r in records):
-                xds.update(snapshots.build())
-
         control.on_change.append(resources_changed)
-        health.subscribe(transitions)
-        health.on_routes(lambda: xds.update(snapshots.build()))
+        health.listen(_PushedToEnvoy(xds, snapshots))
         await xds.start()
 
     async def _apply_file(self, manifest: str) -> None:
@@ -660,6 +649,48 @@ class Server:
     async def stop(self) -> None:
         await run_steps(self.stop_steps(), log)
         await self.api.close()  # (the address was taken first: released whatever happened)
+
+
+# ------------------------------------------------------------------ who follows health
+
+
+class _RoutesFollowed(HealthListener):
+    """The data plane: front ends whose route changed (it drains, and notes who joined)."""
+
+    def __init__(self, dataplane: DataPlaneService) -> None:
+        self.dataplane = dataplane
+
+    def records(self, records: list[Record]) -> None:
+        self.dataplane.routes_changed([r.frontend for r in records if isinstance(r, RouteChange)])
+
+
+class _SentToWorkers(HealthListener):
+    """Data-plane workers: the health they read, after every batch of records
+    and every step of a ramp."""
+
+    def __init__(self, pool: WorkerPool) -> None:
+        self.pool = pool
+
+    def records(self, records: list[Record]) -> None:
+        self.pool.publish_health()
+
+    def routes_moved(self) -> None:
+        self.pool.publish_health()
+
+
+class _PushedToEnvoy(HealthListener):
+    """Envoy's ADS: a new snapshot when a PSC NEG, a route or a ramp moved."""
+
+    def __init__(self, xds: XdsServer, snapshots: XdsSnapshots) -> None:
+        self.xds = xds
+        self.snapshots = snapshots
+
+    def records(self, records: list[Record]) -> None:
+        if any(r.kind in (RecordKind.NEG, RecordKind.ROUTE, RecordKind.RAMP) for r in records):
+            self.routes_moved()
+
+    def routes_moved(self) -> None:
+        self.xds.update(self.snapshots.build())
 
 
 def _ip(host: str) -> str:
