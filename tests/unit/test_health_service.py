@@ -39,9 +39,6 @@ def test_a_ticks_results_are_counted_logged_and_reach_the_engine(
             ],
         )
     assert local.results == 3
-    stats = local.stats
-    assert sum(stats.buckets[Outcome.OK]) == 1 and sum(stats.buckets[Outcome.REFUSED]) == 2
-    assert stats.sums[Outcome.REFUSED] == pytest.approx(0.002)
     failures = [r.getMessage() for r in caplog.records if "probe failed" in r.getMessage()]
     assert len(failures) == 1  # one a second: the second is suppressed, and counted
     assert health.engine.endpoint_path(failed.slot) in failures[0]

@@ -108,15 +108,16 @@ def scheduler(
     script: Script, sink: Callable[[float, list[tuple[Hashable, ProbeResult]]], None]
 ) -> tuple[ProbeScheduler, ScriptedBatch, VirtualClock]:
     batch = ScriptedBatch(script)
+    clock = VirtualClock()
     sched = ProbeScheduler(
         Prober(),
         sink,
         SchedulerSettings(),
         rng=random.Random(7),
         batch=batch,  # type: ignore[arg-type]
+        clock=clock,
     )
-    clock = VirtualClock()
-    sched.start(clock)
+    sched.start()
     return sched, batch, clock
 
 
@@ -159,6 +160,11 @@ def test_the_seeds_failure_window_in_virtual_time() -> None:
     window = failure_window(3.0, 2.0, 3)
     assert window == 13.0
     assert third_timeout_end - first_failing_start == pytest.approx(window, abs=2 * sched.tick)
+    # every result counted as it ended, by outcome (the metrics' histogram)
+    totals = sched.totals(sched.prober)
+    counted = {o: sum(c) for o, c in totals.buckets.items()}
+    assert counted == {o: sum(1 for _, got in ends if got is o) for o in counted}
+    assert totals.finished == len(ends)
 
 
 def test_a_removed_key_is_never_probed_again() -> None:

@@ -34,7 +34,7 @@ from healthgate.probes.batch import BatchProber
 from healthgate.probes.prober import Prober, ProbeSettings
 from healthgate.probes.scheduler import ProbeScheduler, SchedulerSettings
 from healthgate.probes.spec import ProbeSpec
-from healthgate.probes.stats import FailureLogLimiter, ProbeStats, ProbeTotals
+from healthgate.probes.stats import FailureLogLimiter, ProbeTotals
 
 _OK = Outcome.OK  # (a per-probe global: see the note on Outcome)
 _DEGRADED = Outcome.DEGRADED
@@ -165,17 +165,15 @@ class LocalProber:
             self.prober, self._on_results, scheduler_settings, batch=BatchProber(probe_settings)
         )
         self.failure_log = failure_log or FailureLogLimiter(0.0)
-        self.stats = ProbeStats()
         self.results = 0
         # SPEC §11: every result kept, run-length coded, for replay (None: off)
         hours = (probe_settings or ProbeSettings()).history_hours
         self.history = OutcomeHistory(hours) if hours > 0 else None
 
     def _on_results(self, now: float, results: list[tuple[Hashable, ProbeResult]]) -> None:
-        """A tick's results: counted, kept in the history, failures logged
-        (rate-limited), then to the sink."""
+        """A tick's results (the scheduler counted them): kept in the
+        history, failures logged (rate-limited), then to the sink."""
         self.results += len(results)
-        self.stats.observe(results)
         if self.history is not None:
             self.history.record(now, results, self.describe)
         failure_log = self.failure_log
@@ -186,7 +184,7 @@ class LocalProber:
         self.sink(now, cast("list[tuple[int, ProbeResult]]", results))
 
     def totals(self) -> ProbeTotals:
-        return ProbeTotals.of(self.scheduler, self.prober, self.stats)
+        return self.scheduler.totals(self.prober)
 
     def remove(self, key: int) -> None:
         """Stop probing ``key`` (its history stays, by its endpoint's path)."""

@@ -79,7 +79,7 @@ from healthgate.probes.batch import BatchProber
 from healthgate.probes.clock import Clock, LoopClock, TimerHandle
 from healthgate.probes.prober import Prober
 from healthgate.probes.spec import ProbeSpec
-from healthgate.probes.stats import LAG_BUCKETS
+from healthgate.probes.stats import LAG_BUCKETS, ProbeStats, ProbeTotals
 from healthgate.probes.timetable import Timetable
 from healthgate.process.limits import open_file_limit
 
@@ -147,12 +147,15 @@ class ProbeScheduler:
         settings: SchedulerSettings | None = None,
         rng: random.Random | None = None,
         batch: BatchProber | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.prober = prober
+        self.clock = clock  # (None: the running event loop's, taken at start)
         self.batch = batch  # plain TCP and HTTP; without it everything runs on `prober`
         self.sink = sink
         self.settings = settings or SchedulerSettings()
         self.stats = SchedulerStats()
+        self.durations = ProbeStats()  # each result's duration by outcome, counted as it ends
         self._rng = rng or random.Random()
         self._entries: dict[Hashable, _Entry] = {}
         # Due times on a wheel of slots ``res`` wide (min_tick, or a little less
@@ -188,11 +191,11 @@ class ProbeScheduler:
 
     # ------------------------------------------------------------------ control
 
-    def start(self, clock: Clock | None = None) -> None:
+    def start(self) -> None:
         """Begin probing (inside the event loop, whose clock and timers it
-        uses unless ``clock`` is given: tests drive a virtual one). Keys
+        uses unless a clock was given: tests drive a virtual one). Keys
         added before now start here, spread over their first interval."""
-        self._loop = clock or LoopClock()
+        self._loop = self.clock or LoopClock()
         for key, entry in self._entries.items():
             if not entry.in_flight:
                 self._arm(key, entry, self._timetable.first(entry.spec.interval))
@@ -464,12 +467,14 @@ class ProbeScheduler:
         entries = self._entries
         stats = self.stats
         lag_threshold = self.settings.lag_threshold
+        count = self.durations.count
         out: list[tuple[Hashable, ProbeResult]] = []
         for key, result in results:
             entry = entries.get(key)
             if entry is None or (from_batch and not entry.in_batch):
                 continue
             entry.in_flight = entry.in_batch = False
+            count(result.outcome, result.latency)
             if result.outcome is _SUSPECT:  # the prober could not make it (no descriptor)
                 self._skipped(end, result)
                 out.append((key, result))
@@ -495,6 +500,25 @@ class ProbeScheduler:
         if out:
             loop = self._loop
             self.sink(loop.wall(end) if loop is not None else end, out)
+
+    def totals(self, prober: Prober) -> ProbeTotals:
+        """Every counter of this scheduler and its prober, as one value."""
+        s, d = self.stats, self.durations
+        return ProbeTotals(
+            s.started,
+            s.late_starts,
+            s.skipped,
+            s.finished,
+            s.suspect,
+            s.deferred_ticks,
+            self.in_flight,
+            prober.tls_handshakes,
+            prober.tls_resumed,
+            {o: list(c) for o, c in d.buckets.items()},
+            dict(d.sums),
+            list(s.lag_buckets),
+            s.lag_sum,
+        )
 
     def _skipped(self, now: float, result: ProbeResult) -> None:
         """A probe that could not start: starvation, counted and logged

@@ -2,9 +2,9 @@
 and the rate at which probe failures are logged.
 
 * :class:`ProbeStats` - a probe-duration histogram by outcome (one list
-  increment per probe, a tick's results at a time).
+  increment per probe, counted by the scheduler as each ends).
 * :class:`ProbeTotals` - every counter the metrics show of probing, as one
-  value: this process's own (:meth:`ProbeTotals.of`) or a probe worker's,
+  value: this process's own (``ProbeScheduler.totals``) or a probe worker's,
   sent to its owner every second and added up there with those of workers
   that died (:meth:`ProbeTotals.add`).
 * :class:`FailureLogLimiter` - probe failures logged at most ``rate`` a
@@ -19,15 +19,10 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from healthgate.health.states import Outcome, ProbeResult
-
-if TYPE_CHECKING:
-    from healthgate.probes.prober import Prober
-    from healthgate.probes.scheduler import ProbeScheduler
+from healthgate.health.states import Outcome
 
 log = logging.getLogger("healthgate.health")
 
@@ -42,15 +37,14 @@ class ProbeStats:
         self.buckets: dict[Outcome, list[int]] = {}
         self.sums: dict[Outcome, float] = {}
 
-    def observe(self, results: Iterable[tuple[Hashable, ProbeResult]]) -> None:
-        buckets, sums = self.buckets, self.sums
-        for _, (outcome, latency, _status, _detail) in results:
-            counts = buckets.get(outcome)
-            if counts is None:
-                counts = buckets[outcome] = [0] * (len(PROBE_BUCKETS) + 1)
-                sums[outcome] = 0.0
-            counts[bisect.bisect_left(PROBE_BUCKETS, latency)] += 1
-            sums[outcome] += latency
+    def count(self, outcome: Outcome, latency: float) -> None:
+        """One result (the scheduler counts each as it ends)."""
+        counts = self.buckets.get(outcome)
+        if counts is None:
+            counts = self.buckets[outcome] = [0] * (len(PROBE_BUCKETS) + 1)
+            self.sums[outcome] = 0.0
+        counts[bisect.bisect_left(PROBE_BUCKETS, latency)] += 1
+        self.sums[outcome] += latency
 
 
 def _add_counts(mine: list[int], theirs: list[int]) -> None:
@@ -75,25 +69,6 @@ class ProbeTotals:
     sums: dict[Outcome, float] = field(default_factory=dict)
     lag_buckets: list[int] = field(default_factory=lambda: [0] * (len(LAG_BUCKETS) + 1))
     lag_sum: float = 0.0
-
-    @classmethod
-    def of(cls, scheduler: ProbeScheduler, prober: Prober, stats: ProbeStats) -> ProbeTotals:
-        s = scheduler.stats
-        return cls(
-            s.started,
-            s.late_starts,
-            s.skipped,
-            s.finished,
-            s.suspect,
-            s.deferred_ticks,
-            scheduler.in_flight,
-            prober.tls_handshakes,
-            prober.tls_resumed,
-            {o: list(c) for o, c in stats.buckets.items()},
-            dict(stats.sums),
-            list(s.lag_buckets),
-            s.lag_sum,
-        )
 
     def add(self, other: ProbeTotals) -> None:
         self.started += other.started
