@@ -24,6 +24,7 @@ from typing import Any
 
 from healthgate.health.composite import combine
 from healthgate.health.policy import PolicyParams, evaluate
+from healthgate.health.ramps import Ramps
 from healthgate.health.routing import (
     Candidate,
     Share,
@@ -31,15 +32,12 @@ from healthgate.health.routing import (
     distribute,
     moved,
     order,
-    ramp_progress,
     split_text,
 )
 from healthgate.health.shifts import ShiftEffect, active_effects, ended, next_expiry
 from healthgate.health.states import (
     ERROR_WINDOW,
     HealthState,
-    RampChange,
-    RampPhase,
     Record,
     RecordKind,
     RouteChange,
@@ -142,15 +140,7 @@ class HealthGraph:
         # does any consumer spill PROPORTIONAL: only then does a healthy
         # fraction that moves without a state change travel up the graph
         self._proportional = False
-        # ramped failbacks: front end -> {NEG: ramp start}, and the NEGs that
-        # were not eligible at the front end's last evaluation
-        self._ramps: dict[str, dict[str, float]] = {}
-        self._out: dict[str, frozenset[str]] = {}
-        # (front end, NEG) of ramps the error gate put off (their start is
-        # ahead: logged when it comes), and of those decided by this node's
-        # own data plane's traffic (their records are this node's: local)
-        self._waiting: set[tuple[str, str]] = set()
-        self._local: set[tuple[str, str]] = set()
+        self._ramps = Ramps()  # ramped failbacks in progress (health/ramps.py)
         # TRAFFIC health sources (SPEC §8): their state as judged outside the
         # graph (health/traffic.py: this node's judge, or the nodes' quorum)
         self._traffic: dict[str, tuple[HealthState, str]] = {}
@@ -558,72 +548,10 @@ class HealthGraph:
         policy: FailoverPolicy | None,
         records: list[Record],
     ) -> list[Candidate]:
-        """Ramped failback (SPEC §6): a NEG eligible again after being
-        UNHEALTHY or shifted away grows from 0 to its full take over
-        ``failbackRampSec``; it is logged when it starts, ends or is
-        abandoned (the NEG is out again: it restarts at its next recovery).
-        Returns the candidates with their ramps (the same list: none)."""
+        """Ramped failback (SPEC §6; health/ramps.py): the candidates with their ramps."""
         seconds = policy.failback_ramp_sec if policy is not None else 0
-        was_out = self._out.get(node.path)
-        self._out[node.path] = frozenset(c.path for c in candidates if not c.eligible)
-        ramps = dict(self._ramps.pop(node.path, {}))
-        if not seconds:
-            return candidates
-        by_path = {c.path: c for c in candidates}
-        events: list[tuple[RampPhase, str, float, float, str]] = []  # phase, NEG, start, at, why
-        for neg, start in list(ramps.items()):
-            c = by_path.get(neg)
-            if c is None or not c.eligible:
-                del ramps[neg]
-                way = ramp_progress(now, start, seconds) * 100
-                why = (
-                    f"{neg.rsplit('/', 1)[-1]} is {c.why_out if c else 'no longer a backend'} "
-                    f"{way:.0f}% of the way: its ramp starts again at its next recovery"
-                )
-                events.append((RampPhase.ABANDONED, neg, start, now, why))
-            elif now >= start + seconds:
-                del ramps[neg]
-                why = f"{c.name} ({c.region}) takes its full share again"
-                events.append((RampPhase.ENDED, neg, start, start + seconds, why))
-            elif start <= now and (node.path, neg) in self._waiting:
-                # a ramp the error gate put off (abandon_ramp) starts again
-                self._waiting.discard((node.path, neg))
-                why = (
-                    f"{c.name} ({c.region}): its ramp starts again from 0 over {seconds} s, "
-                    "a success window after the error gate abandoned it"
-                )
-                events.append((RampPhase.STARTED, neg, start, start, why))
-        back = [
-            c for c in candidates if was_out and c.path in was_out and c.eligible and c.accepted
-        ]
-        for c in back:  # eligible again
-            ramps[c.path] = now
-            self._local.discard((node.path, c.path))  # (a fresh ramp: every node's)
-            why = (
-                f"{c.name} ({c.region}) is {c.state.name} again: its share grows "
-                f"from 0 over {seconds} s (failbackRampSec)"
-            )
-            events.append((RampPhase.STARTED, c.path, now, now, why))
-        if ramps:
-            self._ramps[node.path] = ramps
-        after = tuple(sorted(ramps.items()))
         project = node.resource.project
-        for phase, neg, start, when, why in events:
-            local = (node.path, neg) in self._local
-            records.append(
-                RampChange(
-                    when, project, node.path, neg, phase, seconds, start, why, after, local=local
-                )
-            )
-            if phase is not RampPhase.STARTED:
-                self._local.discard((node.path, neg))
-                self._waiting.discard((node.path, neg))
-        if not ramps:
-            return candidates
-        return [
-            replace(c, ramp=ramp_progress(now, ramps[c.path], seconds)) if c.path in ramps else c
-            for c in candidates
-        ]
+        return self._ramps.evaluate(now, node.path, project, candidates, seconds, records)
 
     def abandon_ramp(
         self, now: float, frontend: str, neg: str, total: int, failed: int, records: list[Record]
@@ -633,37 +561,21 @@ class HealthGraph:
         abandoned (the NEG takes nothing) and starts again from 0 a success
         window later. False when the NEG is not ramping there (nothing done)."""
         node = self._routes.get(frontend)
-        ramps = self._ramps.get(frontend)
-        if node is None or not ramps or neg not in ramps or ramps[neg] > now:
+        if node is None:
             return False
-        seconds = self.ramp_seconds(frontend)
-        window = self._success_window(neg)
-        start = ramps[neg]
-        ramps[neg] = now + window  # (a start ahead: no share until then)
-        self._waiting.add((frontend, neg))
-        self._local.add((frontend, neg))
-        limit = self._max_error_percent(frontend)
-        why = (
-            f"{neg.rsplit('/', 1)[-1]}: {failed} of {total} requests or connections failed in "
-            f"the last {ERROR_WINDOW:g} s ({100 * failed / total:.0f}% > failbackMaxErrorPercent "
-            f"{limit:g}) {ramp_progress(now, start, seconds) * 100:.0f}% of the way: its ramp "
-            f"starts again a success window ({window:g} s) later"
+        record = self._ramps.abandon(
+            now,
+            frontend,
+            node.resource.project,
+            neg,
+            self.ramp_seconds(frontend),
+            self._success_window(neg),
+            self._max_error_percent(frontend),
+            (total, failed),
         )
-        records.append(
-            RampChange(
-                now,
-                node.resource.project,
-                frontend,
-                neg,
-                RampPhase.ABANDONED,
-                seconds,
-                start,
-                why,
-                tuple(sorted(ramps.items())),
-                (total, failed),
-                local=True,
-            )
-        )
+        if record is None:
+            return False
+        records.append(record)
         self._propagate(now, records, routes=[node])
         return True
 
@@ -671,10 +583,9 @@ class HealthGraph:
         """Front ends whose backend service sets failbackMaxErrorPercent, with
         it and their NEGs ramping now (started, not ended)."""
         out = {}
-        for frontend, ramps in self._ramps.items():
+        for frontend, negs in self._ramps.running(now).items():
             limit = self._max_error_percent(frontend)
-            negs = [n for n, start in ramps.items() if start <= now]
-            if limit is not None and negs:
+            if limit is not None:
                 out[frontend] = (limit, negs)
         return out
 
@@ -717,29 +628,19 @@ class HealthGraph:
 
     def next_ramp_step(self, now: float) -> float | None:
         """When a ramp in progress next moves its shares (None: no ramp)."""
-        steps = []
-        for fr_path, ramps in self._ramps.items():
-            seconds = self.ramp_seconds(fr_path)
-            if not seconds or not ramps:
-                continue
-            step = min(1.0, max(0.05, seconds / 200))  # (200 steps: half a point each)
-            for start in ramps.values():
-                if start > now:  # (put off by the error gate: it starts then)
-                    steps.append(start)
-                else:
-                    steps.append(min(start + seconds, now + step))
-        return min(steps) if steps else None
+        fronts = self._ramps.ramps
+        return self._ramps.next_step(now, {f: self.ramp_seconds(f) for f in fronts})
 
     def step_ramps(self, now: float, records: list[Record]) -> None:
         """Move every ramp in progress to ``now`` (ended ones are recorded at
         their own end time)."""
-        nodes = [self._routes[p] for p in self._ramps if p in self._routes]
+        nodes = [self._routes[p] for p in self._ramps.ramps if p in self._routes]
         if nodes:
             self._propagate(now, records, routes=nodes)
 
     def ramps(self) -> dict[str, dict[str, float]]:
         """Every ramp in progress: front end -> {NEG path: start time}."""
-        return {p: dict(r) for p, r in self._ramps.items()}
+        return self._ramps.snapshot()
 
     def attachment_of(self, neg_path: str) -> str | None:
         return self._attachment_of(neg_path) if neg_path in self._negs else None
@@ -991,9 +892,7 @@ class HealthGraph:
     ) -> list[Record]:
         """Resume nodes, routes and ramps in progress from persisted states,
         then re-evaluate everything once: only real differences produce records."""
-        self._ramps = {p: dict(r) for p, r in ramps.items() if p in self._routes and r}
-        # a start still ahead was put off by the error gate: logged when it comes
-        self._waiting = {(p, n) for p, r in self._ramps.items() for n, t in r.items() if t > now}
+        self._ramps.restore(now, {p: r for p, r in ramps.items() if p in self._routes})
         for table in (self._sources, self._composites, self._negs):
             for path, node in table.items():
                 if path in nodes:
