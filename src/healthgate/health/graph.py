@@ -77,13 +77,14 @@ class _Node:
     """A source, composite, attachment, PSC NEG or route: small, few."""
 
     __slots__ = (
+        "accepted",
         "delivered",
-        "extra",
         "fraction",
         "indexed",
         "path",
         "reason",
         "resource",
+        "route",
         "since",
         "state",
     )
@@ -95,7 +96,8 @@ class _Node:
         self.delivered = UNKNOWN  # composites: what reaches the destination
         self.reason = "not evaluated yet"
         self.since = 0.0
-        self.extra: object = None  # NEG: accepted flag; route: Route
+        self.accepted: bool | None = None  # a PSC NEG's: its attachment accepted it
+        self.route: Route | None = None  # a front end's: where its traffic goes
         # healthy / all endpoints: a source's own, a composite's lowest over
         # its sources (SPEC §6 "healthyFraction"), passed on to attachments
         # and PSC NEGs; None while not known
@@ -369,8 +371,8 @@ class HealthGraph:
                 reason = f"connection refused: project {res.project} is not on the consumerAcceptLists of {att_path}"
             else:
                 state, reason = att.state, f"{att_path}: {att.reason}"
-        accepted_changed = node.extra is not accepted
-        node.extra = accepted
+        accepted_changed = node.accepted is not accepted
+        node.accepted = accepted
         before = (node.state, node.fraction)
         moved = self._fraction(node, att.fraction if att is not None and accepted else None)
         changed = self._set(now, node, RecordKind.NEG, state, reason, records)
@@ -411,7 +413,7 @@ class HealthGraph:
                     neg_path.region,
                     b.failover_priority,
                     state,
-                    neg.extra is not False,
+                    neg.accepted is not False,
                     shift.reason if shift is not None else "",
                     100 if b.traffic_dial is None else b.traffic_dial,
                     factor,
@@ -424,7 +426,7 @@ class HealthGraph:
         """Did the service attachment accept this PSC NEG's connection (None:
         no such NEG)?"""
         node = self._negs.get(neg)
-        return None if node is None else node.extra is not False
+        return None if node is None else node.accepted is not False
 
     def shifts(self) -> list[Shift]:
         """Every Shift resource, active or run out, in path order."""
@@ -448,7 +450,7 @@ class HealthGraph:
         assert isinstance(fr, ForwardingRule)
         candidates, bs = self._candidates(fr)
         policy = bs.policy if bs is not None else None
-        prev: Route | None = node.extra  # type: ignore[assignment]
+        prev = node.route
         region = fr.data_plane_region
         choice = choose(
             candidates,
@@ -504,10 +506,10 @@ class HealthGraph:
                 )
                 if now_route == prev:
                     return False
-                node.extra = now_route
+                node.route = now_route
                 return True  # republish: readers see the current reason, retries and split
         self._decisions += 1  # (a recorded change: a decision, SPEC §11)
-        node.extra = Route(
+        node.route = Route(
             node.path,
             target,
             attachment,
@@ -651,7 +653,7 @@ class HealthGraph:
     def _publish_routes(self) -> None:
         self._route_version += 1
         self.generation += 1
-        routes = {p: n.extra for p, n in self._routes.items() if isinstance(n.extra, Route)}
+        routes = {p: n.route for p, n in self._routes.items() if n.route is not None}
         self._route_table = RouteTable(self._route_version, MappingProxyType(routes), self._now)
 
     # ------------------------------------------------------------------ resources
@@ -908,10 +910,10 @@ class HealthGraph:
             if route_node is None:
                 continue
             if route.target is None:
-                route_node.extra = route
+                route_node.route = route
             elif route.target in self._negs:
                 att = str(self._negs[route.target].resource.ref("psc_target_service"))
-                route_node.extra = replace(route, frontend=fr_path, attachment=att)
+                route_node.route = replace(route, frontend=fr_path, attachment=att)
         for att_node in self._attachments.values():
             self._eval_attachment(att_node)
         records: list[Record] = []
@@ -949,8 +951,8 @@ class HealthGraph:
             if node is not None:
                 return NodeStatus(node.path, node.state, node.reason, node.since, node.fraction)
         route = self._routes.get(key)
-        if route is not None and isinstance(route.extra, Route):
-            r = route.extra
+        if route is not None and route.route is not None:
+            r = route.route
             return NodeStatus(key, UNKNOWN, r.reason, r.since)
         return None
 
