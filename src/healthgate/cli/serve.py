@@ -4,8 +4,10 @@ they start (the processes themselves are runtime/'s)."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from healthgate import logs
@@ -45,18 +47,24 @@ def non_negative_float(text: str) -> float:
     return value
 
 
-def percent(text: str) -> float:
-    value = float(text)
-    if not 0 <= value <= 100:
-        raise argparse.ArgumentTypeError(f"a percentage from 0 to 100, got {text}")
-    return value
+def within(low: float, high: float, what: str) -> Callable[[str], float]:
+    """An option's number, from ``low`` to ``high`` (``what`` says in what)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{low:g} to {high:g} {what}, got {text}")
+        return value
+
+    return parse
 
 
-def storm_window(text: str) -> float:
-    value = positive_float(text)
-    if not 1 <= value <= 3600:
-        raise argparse.ArgumentTypeError(f"1 to 3600 seconds, got {text}")
-    return value
+percent = within(0, 100, "(a percentage)")
+storm_window = within(1, 3600, "seconds")
+history_hours = within(0, 168, "hours")
 
 
 def advertise_url(text: str) -> str:
@@ -65,13 +73,6 @@ def advertise_url(text: str) -> str:
     if len(text) > 300 or not API_RE.fullmatch(text):
         raise argparse.ArgumentTypeError(f"http(s)://HOST:PORT and nothing more, got {text[:80]!r}")
     return text
-
-
-def history_hours(text: str) -> float:
-    value = float(text)
-    if not 0 <= value <= 168:
-        raise argparse.ArgumentTypeError(f"0 to 168 hours, got {text}")
-    return value
 
 
 def cidr_list(text: str) -> list[str]:
