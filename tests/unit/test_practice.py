@@ -69,6 +69,9 @@ class FakeWorld:
     def practice_shift(self, run: PracticeRun) -> Shift | None:
         return next((s for s in self.shifts.values() if s.actor == run.actor), None)
 
+    def practice_shifts(self) -> Sequence[Shift]:
+        return list(self.shifts.values())
+
     def touched(self, run: PracticeRun, shift: Shift) -> Mapping[str, Sequence[NegView]]:
         return self.negs
 
@@ -380,3 +383,11 @@ def test_simulate_starts_a_run_by_hand_and_a_failing_url_cancels_it() -> None:
     phases = [(r.time - t0, r.phase) for r in records if isinstance(r, PracticeRecord)]
     assert phases == [(20.0, "STARTED"), (60.0, "CANCELLED")], phases
     assert "failed 2 times in a row (HTTP 503)" in records[-1].reason
+
+
+def test_a_run_deleted_under_way_ends_its_shift() -> None:
+    world, director, r = FakeWorld(), PracticeDirector(), run()
+    start_now(r, world, director)
+    (record,) = world.act(director.tick(at("2026-12-09 12:02"), [], world))
+    assert record.phase is PracticePhase.CANCELLED and "was deleted" in record.reason
+    assert record.path == "projects/web/global/practiceRuns/weekly-us" and world.shifts == {}

@@ -33,7 +33,14 @@ from healthgate.health.engine import HealthEngine
 from healthgate.health.evidence import Address, Hops, kinds_text
 from healthgate.health.shifts import affected
 from healthgate.health.states import HealthState, PracticePhase, PracticeRecord, timestamp
-from healthgate.model.practice import WEEKDAYS, BlockedWindow, OutcomeCheck, PracticeRun, Schedule
+from healthgate.model.practice import (
+    ACTOR_PREFIX,
+    WEEKDAYS,
+    BlockedWindow,
+    OutcomeCheck,
+    PracticeRun,
+    Schedule,
+)
 from healthgate.model.practice import minutes_of as _minutes_of
 from healthgate.model.resources import Shift
 
@@ -129,6 +136,9 @@ class World(Protocol):
 
     def practice_shift(self, run: PracticeRun) -> Shift | None:
         """The run's shift in the store (active or run out), if any."""
+
+    def practice_shifts(self) -> Sequence[Shift]:
+        """Every practice run's shift in the store (active or run out)."""
 
     def touched(self, run: PracticeRun, shift: Shift) -> Mapping[str, Sequence[NegView]]:
         """The consumer front ends ``shift`` would move, each with its NEGs."""
@@ -271,7 +281,27 @@ class PracticeDirector:
                 window = window_at(run.schedule, now)
                 if window is not None and (state.tried is None or state.tried < window[0]):
                     actions += self.start(now, run, world, window[0])
-        return actions
+        return actions + self._orphans(now, runs, world)
+
+    def _orphans(self, now: float, runs: Sequence[PracticeRun], world: World) -> list[Action]:
+        """The shifts of practice runs deleted while under way: ended (the
+        run is CANCELLED), so that traffic does not wait for their end."""
+        actors = {(r.project, r.actor) for r in runs}
+        out: list[Action] = []
+        for shift in world.practice_shifts():
+            if (shift.project, shift.actor) in actors or not shift.active(now):
+                continue
+            name = shift.actor.removeprefix(ACTOR_PREFIX)
+            path = f"projects/{shift.project}/global/practiceRuns/{name}"
+            out.append(EndShift(shift, path))
+            out.append(
+                PracticeRecord(
+                    now, shift.project, name, path, PracticePhase.CANCELLED,
+                    "its practice run was deleted; traffic returns", shift.away_from,
+                    str(shift.path), shift.expire_time,
+                )
+            )  # fmt: skip
+        return out
 
     def start(
         self, now: float, run: PracticeRun, world: World, window: float | None = None
@@ -452,6 +482,9 @@ class EngineWorld:
             if mine and (found is None or res.created > found.created):
                 found = res
         return found
+
+    def practice_shifts(self) -> Sequence[Shift]:
+        return [s for s in self.engine.shifts() if s.actor.startswith(ACTOR_PREFIX)]
 
     def touched(self, run: PracticeRun, shift: Shift) -> Mapping[str, Sequence[NegView]]:
         negs = set(affected(shift, self.engine.resources))
