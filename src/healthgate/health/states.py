@@ -6,7 +6,7 @@ import errno
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import IntEnum, StrEnum
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 
 class HealthState(IntEnum):
@@ -161,18 +161,16 @@ class Transition:
     reason: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "time": self.time,
-            "timestamp": timestamp(self.time),
-            "project": self.project,
-            "region": self.region,
-            "kind": self.kind,
-            "name": self.name,
-            "path": self.path,
-            "from": self.previous.name,
-            "to": self.current.name,
-            "reason": self.reason,
-        }
+        return _head(
+            self,
+            self.kind,
+            self.name,
+            self.path,
+            self.current.name,
+            self.reason,
+            region=self.region,
+            previous=self.previous.name,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,17 +192,15 @@ class RouteChange:
     def to_dict(self) -> dict[str, Any]:
         # the same keys as a Transition's (one shape for every record, in the
         # API and in the log), plus the route's own
-        out = {
-            "time": self.time,
-            "timestamp": timestamp(self.time),
-            "project": self.project,
-            "region": "global",
-            "kind": self.kind,
-            "name": self.frontend.rsplit("/", 1)[-1],
-            "path": self.frontend,
-            "from": self.previous,
-            "to": self.current,
-            "reason": self.reason,
+        out = _head(
+            self,
+            self.kind,
+            self.frontend.rsplit("/", 1)[-1],
+            self.frontend,
+            self.current,
+            self.reason,
+            previous=self.previous,
+        ) | {
             "frontend": self.frontend,
             "mode": self.mode,
         }
@@ -232,18 +228,15 @@ class ShiftEnded:
     kind = RecordKind.CHANGE
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "time": self.time,
-            "timestamp": timestamp(self.time),
-            "project": self.project,
-            "region": "global",
-            "kind": RecordKind.CHANGE.value,
-            "name": "shift-end",
-            "path": self.path,
-            "from": None,
-            "to": "shift-end",
-            "reason": f"shift {self.name} away from {self.away_from} expired "
+        return _head(
+            self,
+            RecordKind.CHANGE.value,
+            "shift-end",
+            self.path,
+            "shift-end",
+            f"shift {self.name} away from {self.away_from} expired "
             f"(set by {self.actor}: {self.comment})",
+        ) | {
             "actor": self.actor,
             "action": "shift-end",
             "resources": [self.path],
@@ -287,17 +280,14 @@ class RampChange:
     kind = RecordKind.RAMP
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "time": self.time,
-            "timestamp": timestamp(self.time),
-            "project": self.project,
-            "region": "global",
-            "kind": RecordKind.RAMP.value,
-            "name": self.frontend.rsplit("/", 1)[-1],
-            "path": self.frontend,
-            "from": None,
-            "to": self.phase.value,
-            "reason": self.reason,
+        out: dict[str, Any] = _head(
+            self,
+            RecordKind.RAMP.value,
+            self.frontend.rsplit("/", 1)[-1],
+            self.frontend,
+            self.phase.value,
+            self.reason,
+        ) | {
             "frontend": self.frontend,
             "neg": self.neg,
             "rampSec": self.seconds,
@@ -339,17 +329,15 @@ class Ejection:
     kind = RecordKind.EJECTION
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "time": self.time,
-            "timestamp": timestamp(self.time),
-            "project": self.project,
-            "region": self.region,
-            "kind": RecordKind.EJECTION.value,
-            "name": self.endpoint,
-            "path": self.path,
-            "from": None,
-            "to": self.phase,
-            "reason": self.reason,
+        out: dict[str, Any] = _head(
+            self,
+            RecordKind.EJECTION.value,
+            self.endpoint,
+            self.path,
+            self.phase,
+            self.reason,
+            region=self.region,
+        ) | {
             "backendService": self.backend_service,
             "ejections": self.ejections,
         }
@@ -387,17 +375,14 @@ class Hold:
     kind = RecordKind.HOLD
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "time": self.time,
-            "timestamp": timestamp(self.time),
-            "project": self.project,
-            "region": "global",
-            "kind": RecordKind.HOLD.value,
-            "name": self.hold_id,
-            "path": f"holds/{self.hold_id}",
-            "from": None,
-            "to": self.phase.value,
-            "reason": self.reason,
+        out: dict[str, Any] = _head(
+            self,
+            RecordKind.HOLD.value,
+            self.hold_id,
+            f"holds/{self.hold_id}",
+            self.phase.value,
+            self.reason,
+        ) | {
             "regions": list(self.regions),
             "unhealthy": self.unhealthy,
             "probed": self.probed,
@@ -436,17 +421,14 @@ class PracticeRecord:
     kind = RecordKind.PRACTICE
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "time": self.time,
-            "timestamp": timestamp(self.time),
-            "project": self.project,
-            "region": "global",
-            "kind": RecordKind.PRACTICE.value,
-            "name": self.name,
-            "path": self.path,
-            "from": None,
-            "to": self.phase.value,
-            "reason": self.reason,
+        out: dict[str, Any] = _head(
+            self,
+            RecordKind.PRACTICE.value,
+            self.name,
+            self.path,
+            self.phase.value,
+            self.reason,
+        ) | {
             "awayFrom": self.away_from,
         }
         if self.shift:
@@ -504,17 +486,14 @@ class ConvergenceRecord:
     kind = RecordKind.CONVERGENCE
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "time": self.time,
-            "timestamp": timestamp(self.time),
-            "project": self.project,
-            "region": "global",
-            "kind": RecordKind.CONVERGENCE.value,
-            "name": self.frontend.rsplit("/", 1)[-1],
-            "path": self.frontend,
-            "from": None,
-            "to": self.phase.value,
-            "reason": self.reason,
+        out: dict[str, Any] = _head(
+            self,
+            RecordKind.CONVERGENCE.value,
+            self.frontend.rsplit("/", 1)[-1],
+            self.frontend,
+            self.phase.value,
+            self.reason,
+        ) | {
             "frontend": self.frontend,
             "dataPlane": self.data_plane,
             "instance": self.instance,
@@ -525,6 +504,40 @@ class ConvergenceRecord:
         if self.node:
             out["node"] = self.node
         return out
+
+
+class _Record(Protocol):
+    @property
+    def time(self) -> float: ...
+    @property
+    def project(self) -> str: ...
+
+
+def _head(
+    record: _Record,
+    kind: str,
+    name: str,
+    path: str,
+    to: str | None,
+    reason: str,
+    *,
+    region: str = "global",
+    previous: str | None = None,
+) -> dict[str, Any]:
+    """The keys every record has, in the API and in the log, in one order
+    (a Transition's; the others add their own after them)."""
+    return {
+        "time": record.time,
+        "timestamp": timestamp(record.time),
+        "project": record.project,
+        "region": region,
+        "kind": kind,
+        "name": name,
+        "path": path,
+        "from": previous,
+        "to": to,
+        "reason": reason,
+    }
 
 
 def _epoch(text: object) -> float | None:
