@@ -43,7 +43,7 @@ from healthgate.controlplane.probing import (
 )
 from healthgate.health.engine import ApplyResult, HealthEngine, ProbeTarget
 from healthgate.health.history import history_export
-from healthgate.health.placement import by_region, probers
+from healthgate.health.placement import Moves, by_region, probers
 from healthgate.health.states import (
     HealthState,
     ProbeResult,
@@ -222,14 +222,38 @@ class ClusterProbing:
     def set_members(self, members: dict[str, str]) -> None:
         if members == self.members:
             return
+        before = self.members
         self.members = members
         self.regions = by_region(members)
         log.info(
             "members: %s",
             ", ".join(f"{n} ({r})" for n, r in sorted(members.items())) or "none",
         )
-        self._place(set())
-        self._decide_all()
+        if not before or not members:
+            self._place(set())
+            self._decide_all()
+            return
+        moves = Moves(before, members)
+        self._move(moves)
+        if moves.regions_changed:  # (the vantages that have a say changed)
+            self._decide_all()
+
+    def _move(self, moves: Moves) -> None:
+        """Place again only the endpoints a membership change moves."""
+        endpoints = self.endpoints
+        moved: set[int] = set()
+        for slot, (path, owners) in self._placed.items():
+            ep = endpoints.get(path)
+            if ep is None or moves.moves(path, ep.region, ep.vantages, owners):
+                moved.add(slot)
+        if moved:
+            self._place_targets(self.prober.targets(moved), set())
+            if self.pool is not None:
+                self.pool.assign(self._mine_by_path)
+        # (a node that left probes nothing any more: every endpoint it had moved)
+        self.shares = {n: self.shares.get(n, 0) for n in self.members}
+        if moves.regions_changed:
+            self._report_orphans({ep.region for ep in endpoints.values()} - set(self.regions))
 
     def left(self) -> None:
         """This node's session is lost: it is no member until it joins again.

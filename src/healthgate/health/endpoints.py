@@ -19,7 +19,7 @@ confirmed by the next probes, not by forgetting what was known).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Container, Iterable, Iterator, Mapping
 
 from healthgate.health.pushed import Pushed
 from healthgate.health.states import (
@@ -639,13 +639,15 @@ class EndpointTable:
 
     # ------------------------------------------------------------------ queries
 
-    def targets(self) -> Iterator[ProbeTarget]:
-        """Every endpoint that needs probing (disabled checks are not probed)."""
+    def targets(self, only: Container[int] | None = None) -> Iterator[ProbeTarget]:
+        """Every endpoint that needs probing (disabled checks are not
+        probed), or only those of these slots."""
         for agg in self._aggs:
             if agg is None or not agg.check.enabled or agg.check.type == "PUSH":
                 continue
             for key, slot in agg.slots.items():
-                yield ProbeTarget(slot, agg.path, key[0], key[1], agg.check, agg.secrets)
+                if only is None or slot in only:
+                    yield ProbeTarget(slot, agg.path, key[0], key[1], agg.check, agg.secrets)
 
     def endpoint_count(self) -> int:
         return len(self._key) - len(self._free)

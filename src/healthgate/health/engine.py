@@ -21,7 +21,7 @@ Records are returned to the caller, which logs, stores and streams them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
 
@@ -299,8 +299,8 @@ class HealthEngine:
     def route_table(self) -> RouteTable:
         return self.graph.route_table()
 
-    def targets(self) -> Iterator[ProbeTarget]:
-        return self.table.targets()
+    def targets(self, only: Container[int] | None = None) -> Iterator[ProbeTarget]:
+        return self.table.targets(only)
 
     def endpoint_count(self) -> int:
         return self.table.endpoint_count()

@@ -13,7 +13,7 @@ prober and no opinion.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 
 def weight(node: str, key: str) -> int:
@@ -60,3 +60,69 @@ def probers(
         if owner is not None:
             out[vantage] = owner
     return out
+
+
+class Moves:
+    """Which endpoints a membership change can move, asked one endpoint at a
+    time - so that a node joining or leaving costs the endpoints it moves,
+    not a placement of the whole world (at 100,000 endpoints a full
+    placement blocked a node's event loop for seconds: past its lease's TTL
+    on a loaded machine, which lost its session, which moved the members
+    again).
+
+    Rendezvous hashing moves only what the change touches: a node that left
+    takes the endpoints it probed with it; a node that joined takes the
+    ones it now wins (its weight above their owner's); a region that gained
+    its first node or lost its last changes who stands in for its own
+    endpoints and whether its vantage has a prober. Anything else keeps its
+    probers. The answer is never short (an endpoint it says stays keeps
+    exactly its probers) and errs towards moving only for endpoints with
+    several vantages (placed again, which is always right)."""
+
+    __slots__ = ("_added", "_all_added", "_flipped", "_joiners", "_live", "_removed")
+
+    def __init__(self, before: Mapping[str, str], after: Mapping[str, str]) -> None:
+        """``before``, ``after``: the live members (node -> region)."""
+        self._removed = frozenset(n for n, r in before.items() if after.get(n) != r)
+        added = [n for n, r in after.items() if before.get(n) != r]
+        self._all_added = tuple(sorted(added))
+        self._joiners: dict[str, list[str]] = {}  # region -> nodes that joined it
+        for n in self._all_added:
+            self._joiners.setdefault(after[n], []).append(n)
+        self._live = frozenset(after.values())
+        self._flipped = frozenset(before.values()) ^ self._live
+        self._added = bool(added)
+
+    @property
+    def regions_changed(self) -> bool:
+        """A region gained its first live node or lost its last."""
+        return bool(self._flipped)
+
+    def moves(
+        self, endpoint: str, own_region: str, vantages: Sequence[str], owners: Collection[str]
+    ) -> bool:
+        """Whether the endpoint's probers may change. ``owners``: the nodes
+        that probe it now (every vantage's, as :func:`probers` placed them
+        under the members before)."""
+        if not self._removed.isdisjoint(owners):
+            return True
+        if not self._flipped.isdisjoint(vantages):
+            return True
+        if not self._added:
+            return False
+        standing_in = own_region not in self._live  # every node probes it for its region
+        if len(vantages) != 1 or len(owners) != 1:
+            if standing_in:
+                return True
+            return any(v in self._joiners for v in vantages)
+        rivals = self._all_added if standing_in else self._joiners.get(own_region, ())
+        if not rivals:
+            return False
+        key = f"{endpoint}|{vantages[0]}"
+        (owner,) = owners
+        best = weight(owner, key)
+        for node in rivals:
+            w = weight(node, key)
+            if w > best or (w == best and node < owner):
+                return True
+        return False

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 from healthgate.model.names import ResourcePath
@@ -19,6 +19,12 @@ PROXY_PREAMBLES: Final = {
     # signature, version 2 + LOCAL, family UNSPEC, no address block
     "PROXY_V2": b"\r\n\r\n\x00\r\nQUIT\n\x20\x00\x00\x00",
 }
+
+
+# check -> (the check, its secrets, its spec without an address): the
+# objects are held, so an id is never a newer object's
+_TEMPLATES: dict[int, tuple[HealthCheck, object, ProbeSpec]] = {}
+_TEMPLATES_KEPT: Final = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +64,18 @@ class ProbeSpec:
         port = check.port or serving_port
         if port is None:
             raise ValueError(f"no port to probe {ip} with {check.path}")
+        # one check has the same spec for each of its endpoints but the
+        # address: built once (a placement of 100,000 endpoints built each
+        # from scratch, 40 us apiece)
+        made = _TEMPLATES.get(id(check))
+        if made is None or made[0] is not check or made[1] is not secrets:
+            if len(_TEMPLATES) >= _TEMPLATES_KEPT:
+                _TEMPLATES.clear()
+            made = _TEMPLATES[id(check)] = (check, secrets, cls._template(check, secrets))
+        return replace(made[2], ip=ip, port=port)
+
+    @classmethod
+    def _template(cls, check: HealthCheck, secrets: Mapping[ResourcePath, str] | None) -> ProbeSpec:
         by_field = {r.field: r.target for r in check.references() if r.attr == "secret_refs"}
 
         def secret(wire_field: str) -> str:
@@ -76,8 +94,8 @@ class ProbeSpec:
         )
         return cls(
             type=check.type,
-            ip=ip,
-            port=port,
+            ip="",
+            port=0,
             timeout=float(check.timeout_sec),
             interval=float(check.check_interval_sec),
             host=check.host,
