@@ -99,6 +99,9 @@ def world(count: int, port: int) -> list[list[dict[str, Any]]]:
     return [*batches, [check, service]]
 
 
+LEASE_TTL = [5]  # (--lease-ttl)
+
+
 def start_node(name: str, etcd: EtcdCluster, work: Path) -> tuple[Proc, str]:
     port = free_port()
     cmd = [
@@ -106,6 +109,7 @@ def start_node(name: str, etcd: EtcdCluster, work: Path) -> tuple[Proc, str]:
         "--store", etcd.url, "--node", name, "--region", "r1",
         "--listen", f"127.0.0.1:{port}", "--no-dataplane",
         "--probe-failure-log-rate", "0", "--log-level", "warning",
+        "--lease-ttl", str(LEASE_TTL[0]),
     ]  # fmt: skip
     return Proc(cmd, work / f"node-{name}.log"), f"http://127.0.0.1:{port}"
 
@@ -248,7 +252,15 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=5.0)
     ap.add_argument("--flips", type=int, default=10)
     ap.add_argument("--skip-probing", action="store_true")
+    ap.add_argument(
+        "--lease-ttl",
+        type=int,
+        default=5,
+        help="the nodes' (serve's default 5; four nodes and three etcd members on two "
+        "cores may starve a node's loop past it while the world loads)",
+    )
     args = ap.parse_args()
+    LEASE_TTL[0] = args.lease_ttl
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="hg-bench-cluster-") as tmp:
         work = Path(tmp)
