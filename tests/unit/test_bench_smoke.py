@@ -58,3 +58,15 @@ def test_replay_bench_runs_small(tmp_path: Path) -> None:
     assert figures["endpoints"] == 400 and figures["bytes"]["steady"] < 2048
     # the one-hour outage of region-0 came and went: its routes moved and came back
     assert figures["routeChanges"] > 0 and figures["resultsFed"] < figures["resultsRecorded"]
+
+
+def test_placement_bench_runs_small() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "placement.py"), "--endpoints", "2000"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "2,000 endpoints, 4 nodes" in proc.stdout and "a node leaving" in proc.stdout

@@ -95,3 +95,55 @@ def test_a_state_left_from_standing_in_does_not_hide_the_first_flip() -> None:
     fail(health, list(again.values()))
     states = {k: v["state"] for k, v in said.queued.items()}
     assert states == {opinion_key(path, EU): "UNHEALTHY" for path in again}
+
+
+MEMBERSHIPS = [
+    {"a": US, "b": US, "c": EU},
+    {"a": US, "c": EU},  # b left
+    {"a": US, "b": US, "c": EU, "d": EU},  # b back, d joined
+    {"c": EU, "d": EU},  # us-east1 lost its last node: europe-west1 stands in
+    {"a": US, "c": EU, "d": EU},  # ... and got one again
+    {"a": EU, "c": EU},  # a node moved region (and d left)
+    {"e": US},
+]
+
+
+def test_a_membership_change_places_only_what_it_moves_and_as_a_whole_placement_would() -> None:
+    # us-east1's endpoints are also checked from europe-west1 (two vantages)
+    world = resources(
+        [
+            dict(d, vantageRegions=[EU]) if d["kind"] == "HealthCheck" and d["region"] == US else d
+            for d in e2e_world(18080, 18090, (18100, 18101))
+        ]
+    )
+    service, health, _ = node("c", EU)
+    service.apply(world)
+    placed: list[int] = []
+    place = health._place_targets
+
+    def counted(targets: Any, changed: set[int]) -> set[str]:
+        targets = list(targets)
+        placed.append(len(targets))
+        return place(targets, changed)
+
+    health._place_targets = counted  # type: ignore[method-assign]
+    total = len(list(health.prober.targets()))
+    for members in MEMBERSHIPS:
+        before = {slot: owners for slot, (_, owners) in health._placed.items()}
+        placed.clear()
+        health.set_members(members)
+        fresh_service, fresh, _ = node("c", EU)
+        fresh_service.apply(world)
+        fresh.set_members(members)
+        assert health.mine == fresh.mine, members
+        assert health.shares == fresh.shares, members
+        assert {s: o for s, (_, o) in health._placed.items()} == {
+            s: o for s, (_, o) in fresh._placed.items()
+        }, members
+        moved = sum(1 for s, (_, o) in health._placed.items() if before.get(s) != o)
+        assert moved <= sum(placed) <= total, members
+    # b leaving moved b's endpoints only: fewer than the whole world
+    health.set_members(MEMBERSHIPS[0])
+    placed.clear()
+    health.set_members(MEMBERSHIPS[1])
+    assert 0 < sum(placed) < total
