@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from healthgate.controlplane.probe_workers import ProbePool, Totals, World
-from healthgate.model.change import WorldChange
-from healthgate.model.resources import Resource
+from healthgate.controlplane.probe_workers import Probe, ProbePool, Totals
+from healthgate.health.engine import HealthEngine
+from healthgate.health.states import HealthState
 from healthgate.probes.prober import ProbeSettings
 from healthgate.probes.scheduler import SchedulerSettings
 from healthgate.process.frames import FrameTooLarge, encode, expect, read_frame
@@ -23,7 +23,14 @@ from tests.helpers import example_world, resources, run_async
 
 
 def pool_of(count: int) -> ProbePool:
-    return ProbePool(count, ProbeSettings(), SchedulerSettings(), lambda d: None, lambda p: {})
+    return ProbePool(
+        count,
+        ProbeSettings(),
+        SchedulerSettings(),
+        lambda d: None,
+        lambda: (),
+        lambda slot: (HealthState.UNKNOWN, 0.0),
+    )
 
 
 async def until(predicate: object, timeout: float, what: str) -> None:
@@ -33,9 +40,10 @@ async def until(predicate: object, timeout: float, what: str) -> None:
 
 
 def test_a_worker_that_stops_reading_is_replaced_and_never_blocks_the_loop() -> None:
-    world: list[Resource] = resources(example_world())
-    by_path = {r.path: r for r in world}
-    whole = WorldChange(1, 0.0, by_path, by_path, whole=True)  # (~20 KB: the world again)
+    engine = HealthEngine()
+    engine.apply(resources(example_world()), 0.0)
+    targets = list(engine.targets())
+    paths = [f"{t.backend_service}/endpoints/{t.ip}:{t.port}" for t in targets]
 
     async def go() -> tuple[float, int, int]:
         pool = pool_of(1)
@@ -48,9 +56,9 @@ def test_a_worker_that_stops_reading_is_replaced_and_never_blocks_the_loop() -> 
         try:
             loop = asyncio.get_running_loop()
             worst = 0.0
-            for _ in range(400):  # worlds of ~20 KB each: more than the pipe and the backlog hold
+            for _ in range(4000):  # more than the pipe and the backlog hold
                 t = loop.time()
-                pool.change(whole)
+                pool.change(targets, paths)  # (each endpoint stopped, and probed again)
                 worst = max(worst, loop.time() - t)
                 await asyncio.sleep(0)
                 if pool.pids() and pool.pids()[0] != first:
@@ -94,13 +102,13 @@ def test_a_dead_worker_is_started_again_with_a_growing_backoff() -> None:
 def test_frames_over_the_limit_or_of_the_wrong_type_are_refused() -> None:
     async def go() -> None:
         reader = asyncio.StreamReader()
-        reader.feed_data(encode(World([])))
+        reader.feed_data(encode(Probe({}, [], [])))
         reader.feed_eof()
         with pytest.raises(FrameTooLarge):
             await read_frame(reader, limit=10)
 
         reader = asyncio.StreamReader()
-        reader.feed_data(encode(World([])))
+        reader.feed_data(encode(Probe({}, [], [])))
         reader.feed_eof()
         message = await read_frame(reader)
         assert expect(message, Totals) is None  # logged and dropped

@@ -33,6 +33,7 @@ def every_message() -> list[Any]:
     world = {r.path: r for r in resources(example_world())}
     engine = HealthEngine()
     engine.apply(list(world.values()), 0.0)
+    targets = list(engine.targets())
     totals = ProbeTotals(started=3)
     totals.buckets[Outcome.OK] = [1, 2]
     totals.sums[Outcome.TIMEOUT] = 0.5
@@ -42,11 +43,10 @@ def every_message() -> list[Any]:
         dw.Resources(world),
         dw.health_snapshot(engine, world),
         dw.Stats({"rule": {"requests": 1, "error": None}}, [1, 2], 0.5),
-        pw.Setup(0, 2, ProbeSettings(), SchedulerSettings(), 10, 1.0),
-        pw.World(list(world.values())),
-        pw.Assign(frozenset({"a"}), {"a": (1, 2.0)}),
-        pw.Assign(None, {}),
-        pw.Shards(2, {"b": (2, 3.0)}),
+        pw.Setup(0, ProbeSettings(), SchedulerSettings(), 10, 1.0),
+        pw.Probe({t.backend_service.text: (t.check, {}) for t in targets}, [], []),
+        pw.Probe({}, [("a", 1, 2.0)], ["b"]),
+        pw.HistoryWanted(3),
         pw.Flips([Decided("p", HealthState.HEALTHY, 1.0, "why", observed)]),
         pw.Observations([("p", observed)]),
         pw.Failures([("p", "refused")], 3),
@@ -93,3 +93,14 @@ def test_a_frame_that_is_not_a_message_is_dropped(name: str, fields: object, why
 def test_only_registered_messages_are_sent() -> None:
     with pytest.raises(TypeError, match="not a registered message"):
         encode({"a": 1})
+
+
+def test_a_probe_message_takes_health_checks_only() -> None:
+    """A worker is given checks, typed: another kind of resource in their
+    place (a backend service, say) is refused with the frame."""
+    world = {r.path: r for r in resources(example_world())}
+    service = next(r for r in world.values() if r.path.collection == "backendServices")
+    name = "healthgate.controlplane.probe_workers.Probe"
+    fields = {"checks": {"x": [service.to_wire(), {}]}, "put": [], "gone": []}
+    got = decode(msgspec.msgpack.encode((name, fields)))
+    assert isinstance(got, Dropped) and "HealthCheck" in got.why, got

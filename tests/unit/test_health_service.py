@@ -98,7 +98,8 @@ def test_probe_workers_failures_are_held_to_the_owners_rate(
         ProbeSettings(),
         SchedulerSettings(),
         lambda flips: None,
-        lambda paths: {},
+        lambda: (),
+        lambda slot: (HealthState.UNKNOWN, 0.0),
         failure_log=failure_log,
     )
     lines = [

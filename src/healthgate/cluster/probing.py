@@ -138,13 +138,16 @@ class ClusterProbing:
         # worker processes probe this node's share, or (None) this process's scheduler does
         self.pool: ProbePool | None = None
         self.local: LocalProber | None = None
+        self._put: list[ProbeTarget] = []  # for the workers, until placement is done
+        self._gone: list[str] = []
         if cluster.probe_workers > 0:
             self.pool = ProbePool(
                 cluster.probe_workers,
                 probe_settings or ProbeSettings(),
                 scheduler_settings or SchedulerSettings(),
                 self._worker_flips,
-                self._prober_states,
+                self._mine_targets,
+                self._prober_state,
                 failure_log=failure_log,
             )
         else:
@@ -191,8 +194,6 @@ class ClusterProbing:
         endpoints it added, changed or removed are placed and decided (the
         whole of it when the change is a new world)."""
         probing = self.prober.apply_change(change.world, change.changed, self.clock())
-        if self.pool is not None:
-            self.pool.change(change)
         for slot in probing.removed:
             self._unplace(slot)
         if change.whole:
@@ -201,17 +202,17 @@ class ClusterProbing:
             return
         targets = [*probing.added, *probing.changed]
         self._place_targets(targets, {t.slot for t in probing.changed})
-        if self.pool is not None and (targets or probing.removed):
-            self.pool.assign(self._mine_by_path)
+        self._flush()
         self._decide([endpoint_path(t.backend_service, t.ip, t.port) for t in targets])
 
     def _unplace(self, slot: int) -> None:
         """A prober slot gone: not probed, not counted, not decided."""
-        if self.local is not None:
-            self.local.remove(slot)
         gone = self.mine.pop(slot, None)
         if gone is not None:
             self._mine_by_path.pop(gone[0], None)
+            self._stop(slot, gone[0])
+        elif self.local is not None:
+            self.local.remove(slot)
         placed = self._placed.get(slot)
         if placed is not None:
             self.endpoints.pop(placed[0], None)
@@ -248,8 +249,7 @@ class ClusterProbing:
                 moved.add(slot)
         if moved:
             self._place_targets(self.prober.targets(moved), set())
-            if self.pool is not None:
-                self.pool.assign(self._mine_by_path)
+            self._flush()
         # (a node that left probes nothing any more: every endpoint it had moved)
         self.shares = {n: self.shares.get(n, 0) for n in self.members}
         if moves.regions_changed:
@@ -316,10 +316,8 @@ class ClusterProbing:
         for slot in [s for s in self.mine if s not in seen or s not in self._placed_mine]:
             path, _ = self.mine.pop(slot)
             self._mine_by_path.pop(path, None)
-            if self.local is not None:
-                self.local.remove(slot)
-        if self.pool is not None:  # (the workers find spec changes in the world themselves)
-            self.pool.assign(self._mine_by_path)
+            self._stop(slot, path)
+        self._flush()
         self._report_orphans(orphans)
 
     def _place_targets(self, targets: Iterable[ProbeTarget], changed: set[int]) -> set[str]:
@@ -329,7 +327,6 @@ class ClusterProbing:
         me = self.cluster.node
         orphans: set[str] = set()
         engine = self.feed.engine
-        scheduler = self.local.scheduler if self.local is not None else None
         self._placed_mine = set()
         for t in targets:
             self._unplace_count(t.slot)
@@ -351,8 +348,7 @@ class ClusterProbing:
                 before = self.mine.pop(t.slot, None)
                 if before is not None:
                     self._mine_by_path.pop(before[0], None)
-                    if self.local is not None:
-                        self.local.remove(t.slot)
+                    self._stop(t.slot, before[0])
                 continue
             self._placed_mine.add(t.slot)
             before = self.mine.get(t.slot)
@@ -360,9 +356,29 @@ class ClusterProbing:
                 self._take_over(t.slot, path, mine)
             self.mine[t.slot] = (path, mine)
             self._mine_by_path[path] = (t.slot, mine)
-            if scheduler is not None and (before is None or t.slot in changed):
-                scheduler.upsert(t.slot, spec_of(t))
+            if before is None or t.slot in changed:
+                self._probe(t)
         return orphans
+
+    def _probe(self, target: ProbeTarget) -> None:
+        """Probe one of this node's share (new to it, or its check changed)."""
+        if self.local is not None:
+            self.local.scheduler.upsert(target.slot, spec_of(target))
+        else:
+            self._put.append(target)
+
+    def _stop(self, slot: int, path: str) -> None:
+        """Stop probing one that is no longer this node's."""
+        if self.local is not None:
+            self.local.remove(slot)
+        else:
+            self._gone.append(path)
+
+    def _flush(self) -> None:
+        """The workers are told what placement moved (:meth:`_probe`, :meth:`_stop`)."""
+        if self.pool is not None and (self._put or self._gone):
+            self.pool.change(self._put, self._gone)
+        self._put, self._gone = [], []
 
     def _unplace_count(self, slot: int) -> None:
         """Take a slot's last placement out of the shares (it is placed again)."""
@@ -410,19 +426,14 @@ class ClusterProbing:
         and opinions, as this process's own probes' flips are."""
         self._flipped(set_states(self.prober, flips))
 
-    def _prober_states(self, paths: Iterable[str] | None) -> dict[str, tuple[int, float]]:
-        """The prober engine's states of ``paths`` (None: all of this node's
-        share), for a worker that starts probing them."""
-        out: dict[str, tuple[int, float]] = {}
+    def _mine_targets(self) -> Iterable[ProbeTarget]:
+        """This node's share (a worker started again is given its part)."""
+        return self.prober.targets(self.mine)
+
+    def _prober_state(self, slot: int) -> tuple[HealthState, float]:
+        """Where a worker that starts probing a prober slot resumes."""
         table = self.prober.table
-        for path in self._mine_by_path if paths is None else paths:
-            slot = self._mine_by_path.get(path, (None,))[0]
-            if slot is None:
-                continue
-            state = table.state(slot)
-            if state is not HealthState.UNKNOWN:
-                out[path] = (int(state), table.since(slot))
-        return out
+        return table.state(slot), table.since(slot)
 
     def _flipped(self, records: list[Record]) -> None:
         for r in records:

@@ -1,11 +1,14 @@
 """Probing on every core: worker processes that each own a shard of endpoints.
 
 ``serve --probe-workers N`` runs the probes in N processes (a
-:class:`ProbePool`, supervised by process/supervisor.py). Each worker holds
-the whole world in a *prober* engine of its own (as a cluster node does),
-probes the endpoints it is given that rendezvous hashing (health/placement.py,
-the same function that shares endpoints among a cluster's nodes) puts in its
-shard, runs the threshold machine on them, and sends only their **flips**, a
+:class:`ProbePool`, supervised by process/supervisor.py). The owner shards
+what it probes over the workers by rendezvous hashing (health/placement.py,
+the same function that shares endpoints among a cluster's nodes) and gives
+each worker its shard - endpoint paths and their backend services' checks,
+then only what a change moves (:class:`Probe`), never the world. A worker
+holds its shard alone, in a prober table (health/probed.py: the serving
+engine's threshold machine, nothing above it), probes it, and sends only
+the endpoints' **flips**, a
 tick's worth at a time (and, over every 10 seconds, what it observed of each
 endpoint - its runs and last result - for the API's details: a slow side
 path, not per probe: every second up to 2,000 endpoints, a tenth of the
@@ -16,8 +19,8 @@ server: a flip is a decided state for the serving engine's feed,
 controlplane/probing.py), or a cluster node's share (cluster/probing.py: a
 flip becomes the node's opinion, as its own prober's flips do).
 
-A worker that dies (``kill -9``) is started again with the world and the
-current states of what it probed, so it resumes where the dead one was
+A worker that dies (``kill -9``) is started again with its shard and the
+owner's current states of it, so it resumes where the dead one was
 (HEALTHY stays HEALTHY until the thresholds say otherwise): no transition,
 no UNKNOWN.
 
@@ -31,8 +34,8 @@ the scheduler.
 
 The messages (process/frames.py), one class each::
 
-    owner -> worker   Setup (first), World, Assign, Shards
-    worker -> owner   Flips, Observations, Failures, Totals
+    owner -> worker   Setup (first), Probe, HistoryWanted
+    worker -> owner   Flips, Observations, Failures, Totals, Histories
 """
 
 from __future__ import annotations
@@ -49,13 +52,15 @@ from dataclasses import dataclass
 
 from healthgate.controlplane.probing import Decided, Feed, LocalProber, spec_of
 from healthgate.health.endpoints import Observed
-from healthgate.health.engine import ApplyResult, HealthEngine, ProbeTarget
+from healthgate.health.engine import ApplyResult, ProbeTarget
 from healthgate.health.history import history_export
 from healthgate.health.placement import rendezvous
-from healthgate.health.states import HealthState, Outcome, ProbeResult, RecordKind, Transition
+from healthgate.health.probed import CheckOf, ProbedTable, flips
+from healthgate.health.states import HealthState, Outcome, ProbeResult
+from healthgate.health.types import NO_SECRETS
 from healthgate.model.change import WorldChange
 from healthgate.model.names import ResourcePath, endpoint_path
-from healthgate.model.resources import Resource
+from healthgate.model.resources import HealthCheck, Resource
 from healthgate.model.validation import resource_from_wire
 from healthgate.probes.prober import ProbeSettings
 from healthgate.probes.scheduler import SchedulerSettings
@@ -73,10 +78,13 @@ from healthgate.process.supervisor import Supervisor
 
 log = logging.getLogger("healthgate.probe_workers")
 
+# a Probe putting more endpoints than this is followed by a collection (_Worker.probe)
+FREEZE_AFTER = 10_000
+
 # a shard up to this size sends what it observed of every endpoint every second
 OBSERVE_WHOLE = 2_000
 
-# the default's most workers: each holds the whole world, and three held
+# the default's most workers: each is a process (its interpreter), and three held
 # 50,000 kept-alive endpoints at 1 s in 0.7-0.8 cores (docs/benchmarks.md);
 # more are there for the asking (--probe-workers N)
 DEFAULT_MAX = 8
@@ -88,13 +96,11 @@ WORKER_RESERVE = 1024
 
 MODULE = "healthgate.controlplane.probe_workers"
 
-StatesOf = Callable[[Iterable[str] | None], dict[str, tuple[int, float]]]
-
 
 def default_workers(clustered: bool) -> int:
     """``--probe-workers`` unset: one worker per core the process may run on
-    for the embedded server, at most ``DEFAULT_MAX`` (each holds the whole
-    world: ~47 MB for a small one); none on a single core (a worker there
+    for the embedded server, at most ``DEFAULT_MAX`` (each is a process of
+    its own: ~40 MB and its shard); none on a single core (a worker there
     only adds a process and a pipe) and none for a cluster node (a cluster
     spreads its probes over nodes; a node takes workers when told to). The
     pool grows beyond this when the workers cannot hold every kept-alive
@@ -137,7 +143,6 @@ class Setup:
     """The first message to a worker: who it is and how to probe."""
 
     index: int
-    count: int
     probe: ProbeSettings
     scheduler: SchedulerSettings
     observe_every: int  # seconds over which a large shard's observations are sent (0: never)
@@ -146,38 +151,17 @@ class Setup:
 
 @message
 @dataclass(frozen=True, slots=True)
-class World:
-    """The whole world: a worker's first, and after nothing else (its changes follow)."""
+class Probe:
+    """What a worker probes of its shard from now on: the endpoints to probe
+    (``put``: path, and the state to resume a path new to the worker from -
+    0, UNKNOWN, for none - and since when) and to stop (``gone``, taken
+    first), and the check of each backend service (and its secrets'
+    values) the worker was not given yet or that changed. A worker's first
+    after its Setup is its whole shard; then only what a change moved."""
 
-    resources: list[Resource]
-
-
-@message
-@dataclass(frozen=True, slots=True)
-class Changes:
-    """What one commit changed (model/change.py): never the world again."""
-
-    put: list[Resource]
-    deleted: list[ResourcePath]
-
-
-@message
-@dataclass(frozen=True, slots=True)
-class Assign:
-    """Probe these endpoint paths (None: every endpoint); ``states``: where
-    to resume a path new to a worker (path -> (state, since))."""
-
-    paths: frozenset[str] | None
-    states: dict[str, tuple[int, float]]
-
-
-@message
-@dataclass(frozen=True, slots=True)
-class Shards:
-    """The pool now has ``count`` workers: shards move (rendezvous)."""
-
-    count: int
-    states: dict[str, tuple[int, float]]
+    checks: dict[str, tuple[HealthCheck, dict[str, str]]]
+    put: list[tuple[str, int, float]]
+    gone: list[str]
 
 
 @message
@@ -235,7 +219,13 @@ HISTORY_FRAME = 48 << 20  # bytes of histories one worker sends (the owner reads
 
 
 class ProbePool:
-    """N probe worker processes (the owner's side)."""
+    """N probe worker processes (the owner's side). The owner says what to
+    probe as it changes (:meth:`change`: targets put, endpoint paths gone);
+    the pool shards it over its workers by rendezvous hashing and sends each
+    worker its part - the endpoints and their checks, never the world.
+    ``targets`` gives everything the pool probes now (a worker started
+    again, or a pool that grew, is given its shard of it), ``state_of`` an
+    owner's slot's state and since when (where a worker resumes)."""
 
     def __init__(
         self,
@@ -243,7 +233,8 @@ class ProbePool:
         probe_settings: ProbeSettings,
         scheduler_settings: SchedulerSettings,
         on_flips: Callable[[Sequence[Decided]], object],
-        states: StatesOf,
+        targets: Callable[[], Iterable[ProbeTarget]],
+        state_of: Callable[[int], tuple[HealthState, float]],
         on_observed: Callable[[list[tuple[str, Observed]]], None] | None = None,
         observe_every: int = 10,
         failure_log: FailureLogLimiter | None = None,
@@ -251,7 +242,8 @@ class ProbePool:
         self.probe_settings = probe_settings
         self.scheduler_settings = scheduler_settings
         self.on_flips = on_flips
-        self.states = states  # the owner's current states of these paths (None: all)
+        self.targets = targets
+        self.state_of = state_of
         # what the probes of each endpoint showed (its runs, its last result),
         # every few seconds: the API's and the dashboard's per-endpoint details
         self.on_observed = on_observed
@@ -259,9 +251,11 @@ class ProbePool:
         # the owner's limiter: each worker sends at most its rate of failures
         # (and how many it left out), the limiter holds all of them to it
         self.failure_log = failure_log or FailureLogLimiter(0.0)
-        # the world a worker started now is given: the mirror's own view (read-only)
-        self._world: Mapping[ResourcePath, Resource] = {}
-        self._paths: frozenset[str] | None = None  # what to probe (None: every endpoint)
+        # the shards (the workers', but named before a growing pool's new
+        # workers start: they are given their shards of the new count)
+        self._names = [worker_name(i) for i in range(count)]
+        # each worker's checks as last sent to it (backend service -> check, secrets)
+        self._sent: dict[int, dict[ResourcePath, CheckOf]] = {}
         self._totals: dict[int, ProbeTotals] = {}
         self._base = ProbeTotals()  # of workers that died
         self.supervisor = Supervisor(
@@ -287,40 +281,57 @@ class ProbePool:
         return sum(w.restarts for w in self.supervisor.workers)
 
     def _greeting(self, index: int) -> list[object]:
-        return [
-            Setup(
-                index,
-                self.count,
-                self.probe_settings,
-                self.scheduler_settings,
-                self.observe_every,
-                self.failure_log.rate,
-            ),
-            World(list(self._world.values())),
-            Assign(self._paths, self.states(self._paths)),
-        ]
+        """A worker (started again): its settings, then its whole shard."""
+        self._sent[index] = {}
+        me, names = self._names[index], self._names
+        shard = []
+        for t in self.targets():
+            path = endpoint_path(t.backend_service, t.ip, t.port)
+            if rendezvous(path, names) == me:
+                shard.append((path, t))
+        setup = Setup(
+            index,
+            self.probe_settings,
+            self.scheduler_settings,
+            self.observe_every,
+            self.failure_log.rate,
+        )
+        return [setup, self._probe(index, shard, [])]
+
+    def _probe(self, index: int, put: Sequence[tuple[str, ProbeTarget]], gone: list[str]) -> Probe:
+        sent = self._sent.setdefault(index, {})
+        checks: dict[str, tuple[HealthCheck, dict[str, str]]] = {}
+        items = []
+        state_of = self.state_of
+        for path, t in put:
+            known = sent.get(t.backend_service)
+            if known is None or known[0] is not t.check or known[1] is not t.secrets:
+                sent[t.backend_service] = (t.check, t.secrets)
+                secrets = {p.text: v for p, v in t.secrets.items()}
+                checks[t.backend_service.text] = (t.check, secrets)
+            state, since = state_of(t.slot)
+            items.append((path, int(state), since))
+        return Probe(checks, items, gone)
+
+    def change(self, put: Iterable[ProbeTarget], gone: Iterable[str]) -> None:
+        """Probe these targets (new to the pool, or their check changed) and
+        stop probing these endpoint paths: each worker is told its part."""
+        names = self._names
+        index = {name: i for i, name in enumerate(names)}
+        parts: dict[int, tuple[list[tuple[str, ProbeTarget]], list[str]]] = {}
+        for path in gone:
+            i = index[rendezvous(path, names) or names[0]]
+            parts.setdefault(i, ([], []))[1].append(path)
+        for t in put:
+            path = endpoint_path(t.backend_service, t.ip, t.port)
+            i = index[rendezvous(path, names) or names[0]]
+            parts.setdefault(i, ([], []))[0].append((path, t))
+        for i, (shard, stopped) in sorted(parts.items()):
+            if i < self.count:  # (else it is being started: its greeting has it)
+                self.supervisor.send(i, self._probe(i, shard, stopped))
 
     async def start(self) -> None:
         await self.supervisor.start()
-
-    def change(self, change: WorldChange) -> None:
-        """A commit: every worker is told what it changed (a worker started
-        later gets the world as it is then)."""
-        self._world = change.world
-        if change.whole:
-            self.supervisor.broadcast(World(list(change.world.values())))
-        else:
-            self.supervisor.broadcast(Changes(list(change.put.values()), list(change.deleted)))
-
-    def assign(self, paths: Iterable[str] | None) -> None:
-        """Probe these endpoint paths (None: every endpoint of the world). A
-        path new to the pool resumes from the owner's state of it."""
-        chosen = None if paths is None else frozenset(paths)
-        if chosen == self._paths and chosen is not None:
-            return
-        new = None if chosen is None or self._paths is None else chosen - self._paths
-        self._paths = chosen
-        self.supervisor.broadcast(Assign(chosen, self.states(new)))
 
     def hold(self, held: int, base: int) -> None:
         """``held`` endpoints keep a connection open between probes: grow the
@@ -341,10 +352,20 @@ class ProbePool:
         self._growing = asyncio.get_running_loop().create_task(self._grow(wanted))
 
     async def _grow(self, count: int) -> None:
+        """Shards over ``count`` workers: what moves to a new worker is
+        taken from its old one first (the new one is given it, resumed from
+        the owner's states, in its greeting)."""
+        old = self._names
+        self._names = [worker_name(i) for i in range(count)]
+        gone: dict[int, list[str]] = {}
+        for t in self.targets():
+            path = endpoint_path(t.backend_service, t.ip, t.port)
+            before = rendezvous(path, old)
+            if before != rendezvous(path, self._names) and before is not None:
+                gone.setdefault(old.index(before), []).append(path)
+        for i, paths in sorted(gone.items()):
+            self.supervisor.send(i, self._probe(i, [], paths))
         await self.supervisor.grow(count)
-        # every worker re-places its shard over the new count; what moves
-        # resumes from the owner's states
-        self.supervisor.broadcast(Shards(self.count, self.states(self._paths)))
 
     def _lost(self, index: int) -> None:
         last = self._totals.pop(index, None)
@@ -431,24 +452,28 @@ class WorkerProbing:
             self.probe_settings,
             scheduler_settings or SchedulerSettings(),
             feed.states,
-            self._states,
+            self._targets,
+            self._state_of,
             feed.observed,
             failure_log=failure_log,
         )
 
-    def _states(self, paths: Iterable[str] | None) -> dict[str, tuple[int, float]]:
-        """The current states of every endpoint that has one (the pool
-        probes every endpoint: a new path starts from UNKNOWN anyway)."""
-        out: dict[str, tuple[int, float]] = {}
-        engine = self.feed.engine
-        for bs in engine.backend_services():
-            for ep in engine.endpoints(bs):
-                if ep.state is not HealthState.UNKNOWN:
-                    out[endpoint_path(bs, ep.ip, ep.port)] = (int(ep.state), ep.since)
-        return out
+    def _targets(self) -> Iterable[ProbeTarget]:
+        return self.feed.engine.targets()
+
+    def _state_of(self, slot: int) -> tuple[HealthState, float]:
+        table = self.feed.engine.table
+        return table.state(slot), table.since(slot)
 
     def apply(self, change: WorldChange, result: ApplyResult) -> None:
-        self.pool.change(change)
+        """The serving engine's probe work moved: the pool is told what."""
+        table = self.feed.engine.table
+        gone = dict.fromkeys(result.removed_paths)
+        for slot in result.removed:  # (probed no more, and still there: its check changed kind)
+            path = table.path_of(slot)
+            if path is not None:
+                gone[path] = None
+        self.pool.change((*result.added, *result.changed), gone)
         settings = self.probe_settings
         holding = self._holding  # slots whose endpoint keeps a connection open
         for slot in result.removed:
@@ -483,22 +508,18 @@ class WorkerProbing:
 
 
 class _Worker:
-    """A probe worker's state: its shard of the world, probed in-process."""
+    """A probe worker's state: its shard of the endpoints, probed in-process."""
 
     def __init__(self, setup: Setup, writer: asyncio.StreamWriter) -> None:
         self.setup = setup
         self.writer = writer
-        self.names = [worker_name(i) for i in range(setup.count)]
-        self.me = worker_name(setup.index)
-        self.engine = HealthEngine()
-        self.resources: dict[ResourcePath, Resource] = {}  # this worker's mirror of the world
-        self.mine: dict[int, str] = {}  # slot -> endpoint path
-        self.given: list[frozenset[str] | None] = []  # what to probe, once told
+        self.table = ProbedTable()
+        self.mine: set[int] = set()  # the slots it probes (their paths: the table's)
         self.failures: list[tuple[str, str]] = []
         self.left_out = 0  # failures not sent (the limiter's count when last sent)
         self.local = LocalProber(
             self._results,
-            self.engine.endpoint_path,
+            self.table.endpoint_path,
             setup.probe,
             setup.scheduler,
             FailureLogLimiter(0.0),  # (failures are sent to the owner, who logs them)
@@ -507,6 +528,7 @@ class _Worker:
 
     def _results(self, now: float, results: Sequence[tuple[int, ProbeResult]]) -> None:
         failure_log = self.failure_log
+        table = self.table.table
         if failure_log.rate:
             for key, result in results:
                 if (
@@ -514,112 +536,52 @@ class _Worker:
                     and result.outcome is not Outcome.DEGRADED
                     and failure_log.allow()
                 ):
-                    self.failures.append((self.engine.endpoint_path(key), result.describe()))
+                    self.failures.append((table.endpoint_path(key), result.describe()))
             if self.failures:
                 self._send(Failures(list(self.failures), failure_log.suppressed - self.left_out))
                 self.left_out = failure_log.suppressed
                 self.failures.clear()
-        records = self.engine.on_results(now, results)
-        table = self.engine.table
-        flips = []
-        for r in records:
-            if isinstance(r, Transition) and r.kind is RecordKind.ENDPOINT:
-                slot = table.slot_of_path(r.path)
-                if slot is not None:
-                    flips.append(Decided(r.path, r.current, r.time, r.reason, table.observed(slot)))
-        if flips:
-            self._send(Flips(flips))
+        decided = []
+        for r in flips(table.on_results(now, results)):
+            slot = table.slot_of_path(r.path)
+            if slot is not None:
+                decided.append(Decided(r.path, r.current, r.time, r.reason, table.observed(slot)))
+        if decided:
+            self._send(Flips(decided))
 
     def _send(self, message: FromWorker) -> None:
         write(self.writer, message)
 
-    def place(self, states: dict[str, tuple[int, float]], changed: set[int]) -> None:
-        """Probe the given endpoints of this worker's shard; stop the rest."""
-        if not self.given:
-            return  # (the first Assign follows the world at once)
-        paths = self.given[0]
-        scheduler = self.local.scheduler
-        table = self.engine.table
-        seen = set()
-        for t in self.engine.targets():
-            path = endpoint_path(t.backend_service, t.ip, t.port)
-            if (paths is not None and path not in paths) or rendezvous(path, self.names) != self.me:
-                continue
-            seen.add(t.slot)
-            if t.slot not in self.mine:
-                resumed = states.get(path)
-                if resumed is not None:  # a worker started again, a share moved: go on from there
-                    table.set_state(resumed[1], t.slot, HealthState(resumed[0]), "resumed")
-                else:  # not a state left from an earlier time this worker probed it
-                    table.set_state(time.time(), t.slot, HealthState.UNKNOWN, "assigned")
-                self.mine[t.slot] = path
-                scheduler.upsert(t.slot, spec_of(t))
-            elif t.slot in changed:
-                scheduler.upsert(t.slot, spec_of(t))
-        for slot in [s for s in self.mine if s not in seen]:
-            del self.mine[slot]
-            self.local.remove(slot)
-
-    def world(self, resources: list[Resource]) -> None:
-        """The whole world (at the start): placed whole."""
-        self.resources = {r.path: r for r in resources}
-        result = self.engine.apply_change(self.resources, set(self.resources), time.time())
-        for slot in result.removed:
-            self.local.remove(slot)
-            self.mine.pop(slot, None)
-        self.place({}, {t.slot for t in result.changed})
-        self._freeze()
-
-    def changes(self, put: list[Resource], deleted: list[ResourcePath]) -> None:
-        """One commit: only what it added, changed or removed is placed."""
-        world = self.resources
-        for path in deleted:
-            world.pop(path, None)
-        for res in put:
-            world[res.path] = res
-        changed = {r.path for r in put} | set(deleted)
-        result = self.engine.apply_change(world, changed, time.time())
-        scheduler = self.local.scheduler
-        for slot in result.removed:
-            if self.mine.pop(slot, None) is not None:
-                self.local.remove(slot)
-        if not self.given:
-            return  # (the first Assign places everything)
-        for target in result.added:
-            self._place_one(target, {})
-        for target in result.changed:
-            if target.slot in self.mine:
-                scheduler.upsert(target.slot, spec_of(target))
-
-    def _place_one(self, target: ProbeTarget, states: dict[str, tuple[int, float]]) -> None:
-        paths = self.given[0]
-        path = endpoint_path(target.backend_service, target.ip, target.port)
-        if (paths is not None and path not in paths) or rendezvous(path, self.names) != self.me:
+    def probe(self, m: Probe) -> None:
+        """Probe what the owner put, stop what it took away (module doc)."""
+        now = time.time()
+        try:
+            checks = {ResourcePath.parse(p): (c, _secrets(s)) for p, (c, s) in m.checks.items()}
+            result = self.table.change(now, checks, (p for p, _, _ in m.put), m.gone)
+        except ValueError as exc:  # (the owner is this program: a bug, not a peer's error)
+            log.error("a Probe message refused: %s", exc)
             return
-        resumed = states.get(path)
-        table = self.engine.table
-        if resumed is not None:  # a worker started again, a share moved: go on from there
-            table.set_state(resumed[1], target.slot, HealthState(resumed[0]), "resumed")
-        else:  # not a state left from an earlier time this worker probed it
-            table.set_state(time.time(), target.slot, HealthState.UNKNOWN, "assigned")
-        self.mine[target.slot] = path
-        self.local.scheduler.upsert(target.slot, spec_of(target))
-
-    def _freeze(self) -> None:
-        # the world's objects live as long as it does: out of the collector's
-        # sight, a full collection of a large one would stall probes by tens of
-        # ms (unfrozen first, so that the last world's cycles are collected)
-        gc.unfreeze()
-        gc.collect()
-        gc.freeze()
-
-    def assign(self, paths: frozenset[str] | None, states: dict[str, tuple[int, float]]) -> None:
-        self.given[:] = [paths]
-        self.place(states, set())
-
-    def shards(self, count: int, states: dict[str, tuple[int, float]]) -> None:
-        self.names = [worker_name(i) for i in range(count)]
-        self.place(states, set())
+        scheduler = self.local.scheduler
+        for slot in result.removed:
+            if slot in self.mine:
+                self.mine.discard(slot)
+                self.local.remove(slot)
+        resume = {p: (state, since) for p, state, since in m.put}
+        for t in result.added:
+            path = endpoint_path(t.backend_service, t.ip, t.port)
+            state, since = resume.get(path, (0, now))
+            self.table.resume(now, t.slot, HealthState(state), since)
+            self.mine.add(t.slot)
+            scheduler.upsert(t.slot, spec_of(t))
+        for t in result.changed:
+            scheduler.upsert(t.slot, spec_of(t))
+        if len(m.put) > FREEZE_AFTER:
+            # a shard's objects live as long as it does: out of the collector's
+            # sight, a full collection of a large one would stall probes by
+            # tens of ms (unfrozen first, so that the last ones' cycles go)
+            gc.unfreeze()
+            gc.collect()
+            gc.freeze()
 
     async def report(self) -> None:
         """Totals every second; observations of (part of) the shard too."""
@@ -638,12 +600,20 @@ class _Worker:
                 # (say) of it a second, not all at once
                 every = every_seconds if len(self.mine) > OBSERVE_WHOLE else 1
                 part = seconds % every
-                table = self.engine.table
+                table = self.table.table
                 self._send(
                     Observations(
-                        [(p, table.observed(s)) for s, p in self.mine.items() if s % every == part]
+                        [
+                            (table.endpoint_path(s), table.observed(s))
+                            for s in self.mine
+                            if s % every == part
+                        ]
                     )
                 )
+
+
+def _secrets(values: dict[str, str]) -> Mapping[ResourcePath, str]:
+    return {ResourcePath.parse(p): v for p, v in values.items()} if values else NO_SECRETS
 
 
 async def run_worker() -> None:
@@ -657,18 +627,12 @@ async def run_worker() -> None:
     reporter = asyncio.create_task(worker.report())
     try:
         while (message := await read_frame(reader)) is not None:
-            m = expect(message, World, Changes, Assign, Shards, HistoryWanted)
+            m = expect(message, Probe, HistoryWanted)
             if isinstance(m, HistoryWanted):
                 items, cut = history_export(worker.local.history, HISTORY_FRAME)
                 write(writer, Histories(m.request, items, cut))
-            elif isinstance(m, World):
-                worker.world(m.resources)
-            elif isinstance(m, Changes):
-                worker.changes(m.put, m.deleted)
-            elif isinstance(m, Assign):
-                worker.assign(m.paths, m.states)
-            elif isinstance(m, Shards):
-                worker.shards(m.count, m.states)
+            elif isinstance(m, Probe):
+                worker.probe(m)
     finally:
         reporter.cancel()
         await asyncio.gather(reporter, return_exceptions=True)

@@ -422,9 +422,7 @@ class EndpointTable:
                     if secrets
                     else NO_SECRETS
                 )
-                self._rebuild_aggregate(
-                    now, res, check, values, self._endpoints_of(res, resources), result
-                )
+                self.place(now, path, check, values, self._endpoints_of(res, resources), result)
                 rebuilt.append(path)
             elif path in self._agg_ids:  # gone (or no longer a regional one)
                 self._use(path, ())
@@ -461,16 +459,21 @@ class EndpointTable:
                     keys[(inst.ip_address, group.serving_port)] = None
         return keys
 
-    def _rebuild_aggregate(
+    def place(
         self,
         now: float,
-        bs: BackendService,
+        path: ResourcePath,
         check: HealthCheck,
         secrets: Mapping[ResourcePath, str],
-        desired: dict[EndpointKey, None],
+        desired: Mapping[EndpointKey, None],
         result: ApplyResult,
     ) -> None:
-        path = bs.path
+        """A backend service's endpoints are ``desired``, under ``check``
+        (with these secrets' values) from now on: what came is added, what
+        went is freed, what stayed keeps its state (and is probed anew when
+        how it is probed changed) - into ``result``. :meth:`sync` calls it
+        for the backend services a change touches; a prober given endpoints
+        rather than the world (health/probed.py) calls it directly."""
         agg_id = self._agg_ids.get(path)
         if agg_id is None:
             agg_id = self._free_aggs.pop() if self._free_aggs else len(self._aggs)
@@ -574,6 +577,17 @@ class EndpointTable:
         self._endpoints_changed(agg)
         return _STATES[old]
 
+    def drop(self, path: ResourcePath, result: ApplyResult) -> None:
+        """A backend service's endpoints are no more (if it had any here)."""
+        if path in self._agg_ids:
+            self._drop_aggregate(path, result)
+
+    def keys(self, path: ResourcePath) -> Iterable[EndpointKey]:
+        """A backend service's endpoints (none: no such backend service here)."""
+        agg_id = self._agg_ids.get(path)
+        agg = self._aggs[agg_id] if agg_id is not None else None
+        return agg.slots.keys() if agg is not None else ()
+
     def _drop_aggregate(self, path: ResourcePath, result: ApplyResult) -> None:
         agg_id = self._agg_ids.pop(path)
         agg = self._aggs[agg_id]
@@ -668,11 +682,13 @@ class EndpointTable:
             return None
 
     def endpoint_path(self, slot: int) -> str:
-        key = self._key[slot]
-        agg = self._aggs[self._agg[slot]]
-        if key is None or agg is None:
-            return f"(free slot {slot})"
-        return endpoint_path(agg.path, *key)
+        return self.path_of(slot) or f"(free slot {slot})"
+
+    def path_of(self, slot: int) -> str | None:
+        """A slot's endpoint path (None: a free slot)."""
+        key = self._key[slot] if 0 <= slot < len(self._key) else None
+        agg = self._aggs[self._agg[slot]] if key is not None else None
+        return endpoint_path(agg.path, *key) if key is not None and agg is not None else None
 
     def last_probe_ok(self, backend_service: ResourcePath) -> list[tuple[EndpointKey, bool]]:
         """(endpoint, did its last probe succeed) for every endpoint probed at
