@@ -552,15 +552,16 @@ class _Worker:
     def _send(self, message: FromWorker) -> None:
         write(self.writer, message)
 
-    def probe(self, m: Probe) -> None:
-        """Probe what the owner put, stop what it took away (module doc)."""
+    def probe(self, m: Probe) -> bool:
+        """Probe what the owner put, stop what it took away (module doc);
+        False: the message is refused (and nothing changed)."""
         now = time.time()
         try:
             checks = {ResourcePath.parse(p): (c, _secrets(s)) for p, (c, s) in m.checks.items()}
             result = self.table.change(now, checks, (p for p, _, _ in m.put), m.gone)
         except ValueError as exc:  # (the owner is this program: a bug, not a peer's error)
             log.error("a Probe message refused: %s", exc)
-            return
+            return False
         scheduler = self.local.scheduler
         for slot in result.removed:
             if slot in self.mine:
@@ -582,6 +583,7 @@ class _Worker:
             gc.unfreeze()
             gc.collect()
             gc.freeze()
+        return True
 
     async def report(self) -> None:
         """Totals every second; observations of (part of) the shard too."""
@@ -631,8 +633,12 @@ async def run_worker() -> None:
             if isinstance(m, HistoryWanted):
                 items, cut = history_export(worker.local.history, HISTORY_FRAME)
                 write(writer, Histories(m.request, items, cut))
-            elif isinstance(m, Probe):
-                worker.probe(m)
+            elif not isinstance(m, Probe) or not worker.probe(m):
+                # the owner and this worker no longer agree on what it holds
+                # (the owner sends a backend service's check once): it ends,
+                # and is started again with its whole shard
+                log.error("probe worker %d: a message it cannot take; starting afresh", setup.index)
+                break
     finally:
         reporter.cancel()
         await asyncio.gather(reporter, return_exceptions=True)
