@@ -3,10 +3,12 @@
 How a node's endpoints get their states (SPEC §4; docs/cluster.md has the
 picture), as a probe source (controlplane/probing.py):
 
-* the node probes only the endpoints that rendezvous hashing gives it
-  (health/placement.py) - in this process or in probe workers - into a
-  *prober* engine of its own, whose threshold machine flips them;
-* a flip of the prober engine is this node's **opinion** for the vantages
+* the node places the serving engine's endpoints (every node knows every
+  endpoint: it serves the whole world) and probes only those that
+  rendezvous hashing gives it (health/placement.py) - in this process or in
+  probe workers - into a *prober table* holding that share alone
+  (health/probed.py), whose threshold machine flips them;
+* a flip of the prober table is this node's **opinion** for the vantages
   it probes the endpoint for (cluster/opinions.py), written to etcd;
 * every node watches every opinion and decides each endpoint by the vantage
   quorum (health/vantage.py) - the decision goes into the serving engine
@@ -17,7 +19,7 @@ picture), as a probe source (controlplane/probing.py):
 
 When a node takes an endpoint over (its prober died, the membership
 changed, or this node's own session was lost and it joined again), its
-prober engine resumes from the stored opinion for that vantage - what the
+prober table resumes from the stored opinion for that vantage - what the
 live probers said - never from UNKNOWN and never from what this node
 itself believed while it was not a member.
 """
@@ -41,9 +43,10 @@ from healthgate.controlplane.probing import (
     set_states,
     spec_of,
 )
-from healthgate.health.engine import ApplyResult, HealthEngine, ProbeTarget
+from healthgate.health.engine import ApplyResult, ProbeTarget
 from healthgate.health.history import history_export
 from healthgate.health.placement import Moves, by_region, probers
+from healthgate.health.probed import ProbedTable
 from healthgate.health.states import (
     HealthState,
     ProbeResult,
@@ -104,7 +107,10 @@ class ClusterProbing:
         self.feed = feed
         self.cluster = cluster
         self.clock = clock
-        self.prober = HealthEngine()  # this node's own probes and their threshold states
+        # this node's share - its own probes and their threshold states - in
+        # a prober table of its own (health/probed.py; the world is the
+        # serving engine's, never held twice)
+        self.prober = ProbedTable()
         self.writer: OpinionWriter | None = None  # (the node sets it: it needs the session)
         self.members: dict[str, str] = {}  # live node -> region
         self.regions: dict[str, list[str]] = {}
@@ -130,16 +136,18 @@ class ClusterProbing:
         self._borrowed: set[int] = set()
         self.route_lags: deque[float] = deque(maxlen=1000)
         self.shares: dict[str, int] = {}  # node -> endpoints it probes (by placement)
-        # prober slot -> (its endpoint path, the nodes that probe it): kept
+        # serving slot -> (its endpoint path, the nodes that probe it): kept
         # as endpoints come and go, so that a change places only its own
         self._placed: dict[int, tuple[str, frozenset[str]]] = {}
-        self._placed_mine: set[int] = set()
+        self._placed_mine: set[str] = set()  # the paths the last placement gave this node
+        # what a placement gives this node (path -> its serving target and
+        # vantages) and takes away, until it is done (:meth:`_flush`)
+        self._put: dict[str, tuple[ProbeTarget, frozenset[str]]] = {}
+        self._gone: set[str] = set()
         failure_log = failure_log or FailureLogLimiter(0.0)
         # worker processes probe this node's share, or (None) this process's scheduler does
         self.pool: ProbePool | None = None
         self.local: LocalProber | None = None
-        self._put: list[ProbeTarget] = []  # for the workers, until placement is done
-        self._gone: list[str] = []
         if cluster.probe_workers > 0:
             self.pool = ProbePool(
                 cluster.probe_workers,
@@ -190,32 +198,26 @@ class ClusterProbing:
         return history_export(history, HISTORY_BUDGET)
 
     def apply(self, change: WorldChange, result: ApplyResult) -> None:
-        """A commit: this node's prober table takes the change, and only the
-        endpoints it added, changed or removed are placed and decided (the
-        whole of it when the change is a new world)."""
-        probing = self.prober.apply_change(change.world, change.changed, self.clock())
-        for slot in probing.removed:
+        """A commit, as the serving engine took it (``result``: the probe
+        work it added, changed and removed): only those endpoints are placed
+        and decided (all of them when the change is a new world)."""
+        for slot in result.removed:
             self._unplace(slot)
         if change.whole:
-            self._place({t.slot for t in probing.changed})
+            self._place({t.slot for t in result.changed})
             self._decide_all()
             return
-        targets = [*probing.added, *probing.changed]
-        self._place_targets(targets, {t.slot for t in probing.changed})
+        targets = [*result.added, *result.changed]
+        self._place_targets(targets, {t.slot for t in result.changed})
         self._flush()
         self._decide([endpoint_path(t.backend_service, t.ip, t.port) for t in targets])
 
     def _unplace(self, slot: int) -> None:
-        """A prober slot gone: not probed, not counted, not decided."""
-        gone = self.mine.pop(slot, None)
-        if gone is not None:
-            self._mine_by_path.pop(gone[0], None)
-            self._stop(slot, gone[0])
-        elif self.local is not None:
-            self.local.remove(slot)
+        """A serving slot probed no more: not probed, not counted, not decided."""
         placed = self._placed.get(slot)
         if placed is not None:
             self.endpoints.pop(placed[0], None)
+            self._give_up(placed[0])
         self._unplace_count(slot)
 
     # ------------------------------------------------------------------ membership
@@ -248,7 +250,7 @@ class ClusterProbing:
             if ep is None or moves.moves(path, ep.region, ep.vantages, owners):
                 moved.add(slot)
         if moved:
-            self._place_targets(self.prober.targets(moved), set())
+            self._place_targets(self.feed.engine.targets(moved), set())
             self._flush()
         # (a node that left probes nothing any more: every endpoint it had moved)
         self.shares = {n: self.shares.get(n, 0) for n in self.members}
@@ -310,32 +312,27 @@ class ClusterProbing:
         self.endpoints = {}
         self._placed = {}
         self.shares = dict.fromkeys(self.members, 0)
-        targets = list(self.prober.targets())
-        orphans = self._place_targets(targets, changed)
-        seen = {t.slot for t in targets}
-        for slot in [s for s in self.mine if s not in seen or s not in self._placed_mine]:
-            path, _ = self.mine.pop(slot)
-            self._mine_by_path.pop(path, None)
-            self._stop(slot, path)
+        orphans = self._place_targets(self.feed.engine.targets(), changed)
+        for path in self._mine_by_path:
+            if path not in self._placed_mine:
+                self._give_up(path)
         self._flush()
         self._report_orphans(orphans)
 
     def _place_targets(self, targets: Iterable[ProbeTarget], changed: set[int]) -> set[str]:
-        """Place these prober targets (rendezvous over the live members of
+        """Place these serving targets (rendezvous over the live members of
         each vantage region): this node probes its own, counts everyone's,
-        knows each endpoint's vantages. The regions without a live node."""
+        knows each endpoint's vantages. The regions without a live node.
+        (What this node is to probe from now on waits for :meth:`_flush`.)"""
         me = self.cluster.node
         orphans: set[str] = set()
-        engine = self.feed.engine
         self._placed_mine = set()
         for t in targets:
             self._unplace_count(t.slot)
             path = endpoint_path(t.backend_service, t.ip, t.port)
             region = t.backend_service.region
             vantages = vantages_of(region, t.check.vantage_regions)
-            main = engine.slot_of(t.backend_service, t.ip, t.port)
-            if main is not None:
-                self.endpoints[path] = _Endpoint(main, region, vantages, confirm_window(t.check))
+            self.endpoints[path] = _Endpoint(t.slot, region, vantages, confirm_window(t.check))
             if self.members and region not in self.regions:
                 orphans.add(region)
             owners = probers(path, region, vantages, self.regions) if self.members else {}
@@ -345,40 +342,65 @@ class ClusterProbing:
             self._placed[t.slot] = (path, distinct)
             mine = frozenset(v for v, n in owners.items() if n == me)
             if not mine:
-                before = self.mine.pop(t.slot, None)
-                if before is not None:
-                    self._mine_by_path.pop(before[0], None)
-                    self._stop(t.slot, before[0])
+                self._give_up(path)
                 continue
-            self._placed_mine.add(t.slot)
-            before = self.mine.get(t.slot)
+            self._placed_mine.add(path)
+            before = self._mine_by_path.get(path)
+            if before is None or t.slot in changed:
+                self._put[path] = (t, mine)
+                self._gone.discard(path)
+            elif before[1] != mine:  # (probed already, for other vantages now)
+                self._take_over(before[0], path, mine)
+                self.mine[before[0]] = (path, mine)
+                self._mine_by_path[path] = (before[0], mine)
+        return orphans
+
+    def _give_up(self, path: str) -> None:
+        """This node probes ``path`` no more (when placement is done)."""
+        self._put.pop(path, None)
+        if path in self._mine_by_path:
+            self._gone.add(path)
+
+    def _flush(self) -> None:
+        """What placement gave this node and took away: into its prober
+        table - what is new to it resumes from the stored opinions
+        (:meth:`_take_over`) - and to the probes (this process's scheduler,
+        or the workers)."""
+        put, gone = self._put, self._gone
+        self._put, self._gone = {}, set()
+        if not put and not gone:
+            return
+        checks = {t.backend_service: (t.check, t.secrets) for t, _ in put.values()}
+        result = self.prober.change(self.clock(), checks, put, gone)
+        stopped: list[str] = []
+        for slot in result.removed:
+            path, _ = self.mine.pop(slot)
+            del self._mine_by_path[path]
+            self._borrowed.discard(slot)
+            stopped.append(path)
+            if self.local is not None:
+                self.local.remove(slot)
+        probe: list[ProbeTarget] = []
+        for t in (*result.added, *result.changed):
+            path = endpoint_path(t.backend_service, t.ip, t.port)
+            before = self._mine_by_path.get(path)
+            mine = put[path][1]
             if before is None or before[1] != mine:
                 self._take_over(t.slot, path, mine)
             self.mine[t.slot] = (path, mine)
             self._mine_by_path[path] = (t.slot, mine)
-            if before is None or t.slot in changed:
-                self._probe(t)
-        return orphans
-
-    def _probe(self, target: ProbeTarget) -> None:
-        """Probe one of this node's share (new to it, or its check changed)."""
+            probe.append(t)
+        for path, (_, mine) in put.items():  # (kept, its check as it was: its vantages may move)
+            before = self._mine_by_path.get(path)
+            if before is not None and before[1] != mine:
+                self._take_over(before[0], path, mine)
+                self.mine[before[0]] = (path, mine)
+                self._mine_by_path[path] = (before[0], mine)
         if self.local is not None:
-            self.local.scheduler.upsert(target.slot, spec_of(target))
-        else:
-            self._put.append(target)
-
-    def _stop(self, slot: int, path: str) -> None:
-        """Stop probing one that is no longer this node's."""
-        if self.local is not None:
-            self.local.remove(slot)
-        else:
-            self._gone.append(path)
-
-    def _flush(self) -> None:
-        """The workers are told what placement moved (:meth:`_probe`, :meth:`_stop`)."""
-        if self.pool is not None and (self._put or self._gone):
-            self.pool.change(self._put, self._gone)
-        self._put, self._gone = [], []
+            for t in probe:
+                self.local.scheduler.upsert(t.slot, spec_of(t))
+        elif self.pool is not None:
+            self.pool.change(probe, stopped)
 
     def _unplace_count(self, slot: int) -> None:
         """Take a slot's last placement out of the shares (it is placed again)."""
@@ -419,16 +441,16 @@ class ClusterProbing:
     # ------------------------------------------------------------------ probing
 
     def _on_results(self, now: float, results: Sequence[tuple[int, ProbeResult]]) -> None:
-        self._flipped(self.prober.on_results(now, results))
+        self._flipped(self.prober.table.on_results(now, results))
 
     def _worker_flips(self, flips: Sequence[Decided]) -> None:
-        """Probe workers' flips of this node's share: into the prober engine,
+        """Probe workers' flips of this node's share: into the prober table,
         and opinions, as this process's own probes' flips are."""
-        self._flipped(set_states(self.prober, flips))
+        self._flipped(set_states(self.prober.table, flips))
 
     def _mine_targets(self) -> Iterable[ProbeTarget]:
         """This node's share (a worker started again is given its part)."""
-        return self.prober.targets(self.mine)
+        return self.prober.table.targets()
 
     def _prober_state(self, slot: int) -> tuple[HealthState, float]:
         """Where a worker that starts probing a prober slot resumes."""

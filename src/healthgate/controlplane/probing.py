@@ -10,7 +10,7 @@ Three *probe sources* (docs/architecture.md has the picture), one interface
   worker processes probe shards of the endpoints, run the threshold machine
   there, and send the endpoints' *flips*; a flip sets the endpoint's state.
 * :class:`~healthgate.cluster.probing.ClusterProbing` - a cluster node
-  probes its share into a prober engine of its own; its flips become
+  probes its share into a prober table of its own; its flips become
   opinions in etcd; every node decides each endpoint from the watched
   opinions by the vantage quorum and sets its state.
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import NamedTuple, Protocol, cast
 
-from healthgate.health.endpoints import Observed
+from healthgate.health.endpoints import EndpointTable, Observed
 from healthgate.health.engine import ApplyResult, HealthEngine, ProbeTarget
 from healthgate.health.history import OutcomeHistory, history_export
 from healthgate.health.states import HealthState, Outcome, ProbeResult, Record
@@ -73,7 +73,7 @@ class Feed:
     def states(self, decided: Iterable[Decided]) -> list[Record]:
         """States decided elsewhere, set as they are (unknown paths are
         skipped); the records they caused, emitted."""
-        records = set_states(self.engine, decided)
+        records = set_states(self.engine.table, decided)
         self.emit(records)
         return records
 
@@ -93,11 +93,10 @@ class Feed:
                 table.set_observed(slot, seen)
 
 
-def set_states(engine: HealthEngine, decided: Iterable[Decided]) -> list[Record]:
-    """Decided states into an engine's endpoint table: the records they cause.
-    (Used for the serving engine by :class:`Feed`, and for a cluster node's
-    prober engine by the probe workers that probe its share.)"""
-    table = engine.table
+def set_states(table: EndpointTable, decided: Iterable[Decided]) -> list[Record]:
+    """Decided states into an endpoint table: the records they cause. (Used
+    for the serving engine's by :class:`Feed`, and for a cluster node's
+    prober table by the probe workers that probe its share.)"""
     records: list[Record] = []
     # in the order they happened, not the order they arrived: a record of a
     # source, NEG or route carries the time of the endpoint state that made
@@ -147,7 +146,7 @@ def spec_of(target: ProbeTarget) -> ProbeSpec:
 
 class LocalProber:
     """A scheduler probing in this process, its results to ``sink`` (the
-    serving engine's feed, or a cluster node's prober engine), its
+    serving engine's feed, or a cluster node's prober table), its
     failures logged at ``failure_log``'s rate and its durations counted."""
 
     def __init__(
