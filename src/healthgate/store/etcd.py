@@ -201,9 +201,9 @@ class EtcdStore:
 
     def snapshot(self, prefix: str) -> Snapshot:
         start = self.client.key("r/" + prefix)
-        resp = self.client.range(start, prefix_end(start))
-        docs = [d for d in map(self._document, resp.kvs) if d is not None]
-        return Snapshot(int(resp.header.revision), docs)
+        revision, kvs = self.client.range_all(start, prefix_end(start))
+        docs = [d for d in map(self._document, kvs) if d is not None]
+        return Snapshot(revision, docs)
 
     def _read_many(self, keys: Iterable[str]) -> tuple[int, dict[str, Any], int]:
         """Several resource keys and the resources guard, as of one revision

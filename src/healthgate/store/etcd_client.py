@@ -60,6 +60,17 @@ from healthgate.store.base import Compacted, StoreError, TooLarge, Unavailable
 log = logging.getLogger("healthgate.store.etcd")
 
 MAX_OPS = 100  # etcd refuses a transaction of more than 128 operations (--max-txn-ops)
+# the largest answer this client takes from etcd (gRPC's default is 4 MiB, less
+# than one range of a large world): a watch answer comes in fragments of about
+# etcd's --max-request-bytes (docs/cluster.md suggests up to 32 MiB) plus one
+# event, and ranges in pages (EtcdClient.range_all)
+RECEIVE_LIMIT = 80 << 20
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", RECEIVE_LIMIT)]
+PAGE = 1000  # keys per page of a range (fewer when a page is larger than RECEIVE_LIMIT)
+
+
+class AnswerTooLarge(StoreError):
+    """etcd's answer is larger than RECEIVE_LIMIT (a range is read in smaller pages)."""
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE}
 _EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # the end of a stream
 _CLOSING: set[asyncio.Task[None]] = set()
@@ -163,9 +174,9 @@ class Members:
             ch = self._channels.get(endpoint)
             if ch is None:
                 if self.credentials is not None:
-                    ch = grpc.secure_channel(endpoint, self.credentials)
+                    ch = grpc.secure_channel(endpoint, self.credentials, CHANNEL_OPTIONS)
                 else:
-                    ch = grpc.insecure_channel(endpoint)
+                    ch = grpc.insecure_channel(endpoint, CHANNEL_OPTIONS)
                 self._channels[endpoint] = ch
             return ch
 
@@ -302,6 +313,10 @@ class EtcdClient:
                     ) from None
                 if code == grpc.StatusCode.INVALID_ARGUMENT:
                     raise _refusal(exc) from None  # etcd refused the request itself
+                if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in str(
+                    exc.details()
+                ):
+                    raise AnswerTooLarge(str(exc.details())) from None  # (any member's would be)
                 self.members.skip(endpoint)
                 if code in _RETRYABLE or (not write and code == grpc.StatusCode.DEADLINE_EXCEEDED):
                     continue
@@ -317,18 +332,40 @@ class EtcdClient:
         req = pb.TxnRequest(compare=compare, success=success, failure=list(failure))
         return self.call("KV.Txn", req, write=True)
 
+    def range_all(self, key: bytes, end: bytes) -> tuple[int, list[Any]]:
+        """Every key in [key, end) and the revision they were read at - in
+        pages, all read at that one revision: one answer for a large prefix
+        (a world of 100,000 endpoints, as many opinions) would be larger
+        than a client takes (RECEIVE_LIMIT). A page too large for it is
+        asked again in smaller pages."""
+        revision, limit, out = 0, PAGE, []
+        while True:
+            try:
+                resp = self.range(key, end, limit=limit, revision=revision)
+            except AnswerTooLarge:
+                if limit == 1:
+                    raise
+                limit = max(1, limit // 8)
+                continue
+            revision = revision or int(resp.header.revision)
+            out.extend(resp.kvs)
+            if not resp.more or not resp.kvs:
+                return revision, out
+            key = resp.kvs[-1].key + b"\0"
+            limit = PAGE
+
     def list_prefix(self, prefix: str) -> tuple[int, list[KeyValue]]:
         """Every key under ``prefix`` (keys that are not UTF-8 are skipped and
         logged), and the revision they were read at."""
         start = self.key(prefix)
-        resp = self.range(start, prefix_end(start))
+        revision, kvs = self.range_all(start, prefix_end(start))
         out = []
-        for kv in resp.kvs:
+        for kv in kvs:
             try:
                 out.append(self.keyvalue(kv))
             except ValueError:
                 log.warning("skipping an etcd key that is not UTF-8 under %s", prefix)
-        return int(resp.header.revision), out
+        return revision, out
 
     def put(
         self, items: Iterable[tuple[str, bytes]], lease: int = 0, guard: Sequence[Any] = ()
@@ -424,8 +461,13 @@ class EtcdClient:
 
     def create_request(self, prefix: bytes, start: int) -> Any:
         return pb.WatchRequest(
+            # fragment: a revision larger than etcd's --max-request-bytes comes
+            # in parts (reassembled in _watch_once), so that no answer is
+            # larger than this client takes (RECEIVE_LIMIT): a watch catching
+            # up after a burst of large writes used to break on its first
+            # answer and resume at the same revision, for ever
             create_request=pb.WatchCreateRequest(
-                key=prefix, range_end=prefix_end(prefix), start_revision=start
+                key=prefix, range_end=prefix_end(prefix), start_revision=start, fragment=True
             )
         )
 
@@ -434,9 +476,9 @@ class EtcdClient:
         if ch is None:
             credentials = self.members.credentials
             if credentials is not None:
-                ch = grpc.aio.secure_channel(endpoint, credentials)
+                ch = grpc.aio.secure_channel(endpoint, credentials, CHANNEL_OPTIONS)
             else:
-                ch = grpc.aio.insecure_channel(endpoint)
+                ch = grpc.aio.insecure_channel(endpoint, CHANNEL_OPTIONS)
             self._aio[endpoint] = ch
         return ch
 
@@ -491,6 +533,7 @@ class EtcdClient:
                     await call.write(pb.WatchRequest(progress_request=pb.WatchProgressRequest()))
 
         dog = asyncio.create_task(watchdog())
+        parts: list[Any] = []  # the events of a fragmented answer, until its last part
         try:
             while True:
                 resp = await call.read()
@@ -501,8 +544,13 @@ class EtcdClient:
                     raise Compacted(start - 1, int(resp.compact_revision))
                 if resp.canceled:
                     raise _WatchEnded(resp.cancel_reason or "canceled")
+                if resp.fragment:
+                    parts.extend(resp.events)
+                    continue
+                raw = [*parts, *resp.events] if parts else resp.events
+                parts = []
                 events = []
-                for ev in resp.events:
+                for ev in raw:
                     try:
                         events.append(self.event(ev))
                     except ValueError:
