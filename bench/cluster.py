@@ -128,7 +128,10 @@ def probing_run(
     etcd = EtcdCluster(work, 3, ("--quota-backend-bytes", str(4 << 30)))
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("0.0.0.0", 0))  # every 127.x.y.z of it (loopback is all local)
+    # every 127.x.y.z of the port, and only from loopback: the wildcard
+    # address, tied to the loopback device (nothing from outside reaches it)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b"lo")
+    listener.bind(("0.0.0.0", 0))
     listener.listen(4096)
     port = listener.getsockname()[1]
     threading.Thread(target=_accept_forever, args=(listener,), daemon=True).start()
