@@ -3,20 +3,16 @@ button, watch the front end's route change and the transition reach the timeline
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import httpx
 from playwright.sync_api import expect, sync_playwright
 
+from tests.browser.demo import running_demo
 from tests.helpers import ROOT
 from tests.integration.serve_proc import wait_for
-from tests.integration.servers import free_port
 
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
@@ -35,30 +31,9 @@ def test_dashboard_shows_a_failover(tmp_path: Path) -> None:
     assert Path(CHROMIUM).exists(), (
         "Debian's chromium is needed: make test installs it (apt-get install chromium)"
     )
-    api, front = free_port(), free_port()
-    log = open(tmp_path / "demo.log", "wb")  # noqa: SIM115
-    demo = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "healthgate",
-            "demo",
-            "--listen",
-            f"127.0.0.1:{api}",
-            "--front-port",
-            str(front),
-            "--backend-port",
-            str(free_port("127.0.1.1")),
-            "--producer-port",
-            str(free_port("127.0.1.100")),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
     ARTIFACTS.mkdir(exist_ok=True)
-    try:
-        wait_for(lambda: _ready(f"http://127.0.0.1:{api}/readyz"), 30, 0.2, "demo ready")
+    with running_demo(tmp_path) as demo:
+        api, front = demo.url.rsplit(":", 1)[1], demo.front
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
             page = browser.new_page(viewport={"width": 1400, "height": 900})
@@ -170,14 +145,3 @@ def test_dashboard_shows_a_failover(tmp_path: Path) -> None:
             assert times == sorted(times, reverse=True)
             browser.close()
         assert httpx.get(f"http://127.0.0.1:{front}/", timeout=5).text.startswith("region=us-east1")
-    finally:
-        demo.send_signal(signal.SIGINT)
-        demo.wait(30)
-        log.close()
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False

@@ -7,10 +7,6 @@ ends and 50,000 endpoints opens within 2 s, its strips counted."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,30 +17,17 @@ import pytest
 import yaml
 from playwright.sync_api import Page, expect, sync_playwright
 
-from tests.browser.test_dashboard import ARTIFACTS, CHROMIUM, FLAGS, _ready
+from tests.browser.demo import running_demo
+from tests.browser.test_dashboard import ARTIFACTS, CHROMIUM, FLAGS
 from tests.integration.serve_proc import ServeProcess, wait_for
-from tests.integration.servers import free_port
 
 FRONT = "projects/web/global/forwardingRules/shop-frontend"
 
 
 @pytest.fixture
 def demo(tmp_path: Path) -> Iterator[str]:
-    api, front = free_port(), free_port()
-    log = open(tmp_path / "demo.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "healthgate", "demo", "--listen", f"127.0.0.1:{api}",
-         "--front-port", str(front), "--backend-port", str(free_port("127.0.1.1")),
-         "--producer-port", str(free_port("127.0.1.100"))],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
-    try:
-        wait_for(lambda: _ready(f"http://127.0.0.1:{api}/readyz"), 30, 0.2, "demo ready")
-        yield f"http://127.0.0.1:{api}"
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(30)
-        log.close()
+    with running_demo(tmp_path) as demo:
+        yield demo.url
 
 
 def chart(page: Page) -> dict[str, Any]:

@@ -17,23 +17,13 @@ import yaml
 
 from healthgate.fixtures.etcd_local import EtcdCluster
 from tests.e2e.harness import Backends, e2e_world, ports
-from tests.integration.serve_proc import wait_for
+from tests.integration.serve_proc import wait_for, wait_ready
 from tests.integration.servers import free_port
 
 NODES = (("a", "us-east1"), ("b", "us-east1"), ("c", "europe-west1"))
 # each node's probes leave from its own address, so that a backend can treat
 # one prober differently (a broken path from one vantage)
 SOURCES = {"a": "127.0.0.11", "b": "127.0.0.12", "c": "127.0.0.13"}
-
-
-def describe_exit(code: int) -> str:
-    """A return code as a person reads it: a signal by name."""
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit status {code}"
 
 
 class Node:
@@ -62,19 +52,9 @@ class Node:
         return self
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"node {self.name} exited ({describe_exit(self.proc.returncode)}):\n"
-                    f"{self.log.read_text()[-3000:]}"
-                )
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
-                    return
-            time.sleep(0.05)
-        raise TimeoutError(f"node {self.name} not ready:\n{self.log.read_text()[-3000:]}")
+        assert self.proc is not None
+        tail = lambda: self.log.read_text()[-3000:]  # noqa: E731
+        wait_ready(self.proc, self.url, f"node {self.name}", tail, timeout)
 
     def get(self, path: str) -> Any:
         return httpx.get(self.url + path, timeout=3).json()

@@ -18,7 +18,7 @@ from healthgate.fixtures.etcd_local import EtcdCluster, TlsFiles
 from healthgate.store.base import StoreError
 from healthgate.store.etcd import EtcdStore
 from healthgate.store.etcd_client import EtcdAuth, EtcdClient, EtcdTls
-from tests.integration.serve_proc import wait_for
+from tests.integration.serve_proc import wait_for, wait_ready
 from tests.integration.servers import free_port
 
 pytestmark = pytest.mark.cluster
@@ -66,15 +66,9 @@ class Node:
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
 
-    def ready(self) -> bool:
-        import httpx
-
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"the node exited:\n{self.log.read_text()[-3000:]}")
-        try:
-            return httpx.get(f"http://127.0.0.1:{self.port}/readyz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
+    def wait_ready(self, what: str) -> None:
+        url = f"http://127.0.0.1:{self.port}"
+        wait_ready(self.proc, url, what, lambda: self.log.read_text()[-3000:])
 
     def cluster(self) -> dict[str, object]:
         import httpx
@@ -110,7 +104,7 @@ def test_a_node_runs_over_tls_with_a_client_certificate(
         "--etcd-key", str(files.client_key),
     )  # fmt: skip
     try:
-        wait_for(node.ready, 30, what="the node ready over TLS")
+        node.wait_ready("the node (over TLS)")
         wait_for(lambda: node.cluster()["leading"], 10, what="the node leading")
     finally:
         node.stop()
@@ -160,7 +154,7 @@ def test_a_node_runs_as_an_etcd_user_whose_role_is_its_prefix(
         tmp_path, with_users, "--etcd-user", "healthgate", "--etcd-password-file", str(secret)
     )
     try:
-        wait_for(node.ready, 30, what="the node ready as an etcd user")
+        node.wait_ready("the node (as an etcd user)")
         wait_for(lambda: node.cluster()["leading"], 10, what="the node leading")
     finally:
         node.stop()

@@ -35,7 +35,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EtcdCluster
     etcd = EtcdCluster(tmp, 1)
     n = Node(tmp, etcd)
     try:
-        wait_for(n.ready, 30, what="the node ready")
+        n.wait_ready("the node")
         yield etcd, n
     finally:
         n.stop()

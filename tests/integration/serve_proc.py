@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,20 +54,8 @@ class ServeProcess:
         return self
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"serve exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}"
-                )
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"serve not ready after {timeout} s:\n{self.log.read_text()[-3000:]}")
+        assert self.proc is not None
+        wait_ready(self.proc, self.url, "serve", lambda: self.log.read_text()[-3000:], timeout)
 
     def kill(self, sig: int = signal.SIGKILL) -> int:
         assert self.proc is not None
@@ -91,6 +80,43 @@ class ServeProcess:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def describe_exit(code: int) -> str:
+    """A return code as a person reads it: a signal by name."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+def wait_ready(
+    proc: subprocess.Popen[bytes],
+    url: str,
+    what: str,
+    tail: Callable[[], str],
+    timeout: float = 30.0,
+    get: Callable[[str], httpx.Response] | None = None,
+) -> None:
+    """Until a healthgate process's ``/readyz`` at ``url`` answers 200 - the
+    one wait every test that starts one uses. A process that exits first,
+    or one not ready in ``timeout`` seconds, fails with its log's ``tail``.
+    (``get``: how to ask, for a process in a network namespace.)"""
+    ask = get or (lambda u: httpx.get(u, timeout=1.0))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        code = proc.poll()
+        if code is not None:
+            raise RuntimeError(f"{what} exited ({describe_exit(code)}):\n{tail()}")
+        try:
+            if ask(f"{url}/readyz").status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{what} not ready after {timeout} s:\n{tail()}")
 
 
 def wait_for(predicate: Any, timeout: float, interval: float = 0.1, what: str = "condition") -> Any:

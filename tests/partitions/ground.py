@@ -35,7 +35,7 @@ from typing import Any
 
 import httpx
 import yaml
-from tests.integration.serve_proc import wait_for
+from tests.integration.serve_proc import wait_for, wait_ready
 from tests.partitions.netns import SUBNET, Lab
 
 from healthgate.fixtures.etcd_local import EtcdCluster
@@ -262,18 +262,8 @@ class Node:
         self.proc = self.ground.lab.spawn(self.place, argv, self.log)
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        def ready() -> bool:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"node {self.name} exited:\n{self.tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                return self.http.get("/readyz").status_code == 200
-            return False
-
-        try:
-            wait_for(ready, timeout, what=f"node {self.name} ready")
-        except TimeoutError:
-            raise TimeoutError(f"node {self.name} not ready:\n{self.tail()}") from None
+        assert self.proc is not None
+        wait_ready(self.proc, "", f"node {self.name}", self.tail, timeout, get=self.http.get)
 
     def tail(self, chars: int = 3000) -> str:
         return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""

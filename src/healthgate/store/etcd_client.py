@@ -71,6 +71,8 @@ PAGE = 1000  # keys per page of a range (fewer when a page is larger than RECEIV
 
 class AnswerTooLarge(StoreError):
     """etcd's answer is larger than RECEIVE_LIMIT (a range is read in smaller pages)."""
+
+
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE}
 _EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # the end of a stream
 _CLOSING: set[asyncio.Task[None]] = set()
