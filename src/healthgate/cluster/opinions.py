@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +91,9 @@ def parse_opinion(kv: KeyValue) -> tuple[str, str, Opinion | None]:
         reason = d["reason"]
         if not isinstance(reason, str):
             raise ValueError("reason is not text")
+        # (a node's and a region's name, one copy each: a node holds an
+        # opinion of every endpoint, 100,000 of them and more)
+        node, vantage = sys.intern(node), sys.intern(vantage)
         return endpoint, vantage, Opinion(state, sane_time(d["since"]), reason[:MAX_REASON], node)
     except (ValueError, KeyError, TypeError) as exc:
         _bad(kv.key, str(exc))
