@@ -149,18 +149,18 @@ def test_shards_move_without_a_flip_and_changes_reach_their_workers() -> None:
                 await owner.until("each probed by one, again", once_each(3), 15)
                 assert len(owner.flips) == flips, owner.flips[flips:]
 
-                # four endpoints stopped: probed no more (their listeners may
-                # go; no flip); one listener closed: it flips UNHEALTHY
+                # four endpoints stopped: probed no more (so their listeners
+                # may go, and nothing flips); one listener closed: it flips
                 stopped = targets[:4]
                 for t in stopped:
                     del owner.targets[t.slot]
                 gone = [endpoint_path(t.backend_service, t.ip, t.port) for t in stopped]
                 pool.change([], gone)
-                for s in servers[:5]:
-                    await s.__aexit__(None, None, None)
                 paths -= set(gone)
                 owner.seen.clear()
                 await owner.until("the stopped ones probed no more", once_each(3), 10)
+                for s in servers[:5]:
+                    await s.__aexit__(None, None, None)
                 down = endpoint_path(service, "127.0.0.1", servers[4].port)
                 await owner.until(
                     "the closed one UNHEALTHY",
