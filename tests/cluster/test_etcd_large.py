@@ -9,16 +9,19 @@ broke, resumed at the same revision and broke again, for ever: the node
 saw nothing more (found with bench/cluster.py: three nodes of four
 stopped deciding at about 55,000 of 100,000 endpoints). Now ranges come in
 pages at one revision, watch answers in fragments, and the client takes
-answers up to RECEIVE_LIMIT."""
+answers up to RECEIVE_LIMIT; and a watch that keeps breaking at one
+revision is warned of."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 
 import pytest
 
 from healthgate.fixtures.etcd_local import EtcdCluster
+from healthgate.store import etcd_client
 from healthgate.store.etcd import EtcdStore
 from healthgate.store.etcd_client import PAGE, RECEIVE_LIMIT, EtcdClient
 from tests.helpers import run_async
@@ -92,3 +95,40 @@ def test_a_watch_catches_up_through_a_burst_larger_than_one_answer(client: EtcdC
         return got
 
     assert run_async(follow(), timeout=90) == WRITES * KEYS
+
+
+def test_a_watch_that_keeps_breaking_at_one_revision_is_warned_of(
+    etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A watch that cannot get past a revision (here: a client that takes
+    at most 16 KiB, and a revision of 40 KB) says so at WARNING, naming the
+    prefix and the revision - it used to say it once at INFO, then nothing."""
+    monkeypatch.setattr(
+        etcd_client, "CHANNEL_OPTIONS", [("grpc.max_receive_message_length", 16 << 10)]
+    )
+    store = EtcdStore(etcd.endpoints, namespace="/stuck/")
+    try:
+        client = store.client
+        before, last = write(client, "s/", writes=1)  # 100 keys of 400 B, one revision
+        wanted = f"has broken {etcd_client.STUCK_AFTER} times in a row at revision {last}"
+
+        async def follow() -> None:
+            async for _batch in client.watch_prefix("s/", before + 1):
+                raise AssertionError("the revision was larger than the client takes")
+
+        async def until_warned() -> None:
+            task = asyncio.create_task(follow())
+            try:
+                async with asyncio.timeout(30):
+                    while not any(wanted in r.getMessage() for r in caplog.records):
+                        await asyncio.sleep(0.1)
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+        with caplog.at_level(logging.INFO, logger="healthgate"):
+            run_async(until_warned(), timeout=60)
+        warned = [r for r in caplog.records if wanted in r.getMessage()]
+        assert warned[0].levelno == logging.WARNING and "s/" in warned[0].getMessage()
+    finally:
+        store.close()

@@ -66,6 +66,8 @@ MAX_OPS = 100  # etcd refuses a transaction of more than 128 operations (--max-t
 # event, and ranges in pages (EtcdClient.range_all)
 RECEIVE_LIMIT = 80 << 20
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", RECEIVE_LIMIT)]
+STUCK_AFTER = 5  # a watch that broke this many times in a row at one revision is warned of
+STUCK_WARN_EVERY = 60.0  # seconds between such warnings (of one watch)
 PAGE = 1000  # keys per page of a range (fewer when a page is larger than RECEIVE_LIMIT)
 
 
@@ -491,6 +493,8 @@ class EtcdClient:
         full = self.key(prefix)
         next_rev = start
         failures = 0
+        warned = -STUCK_WARN_EVERY  # (loop time of the last warning)
+        loop = asyncio.get_running_loop()
         while True:
             endpoint = self.members.current()
             try:
@@ -505,14 +509,29 @@ class EtcdClient:
                     self._token_expired(exc)
                 failures += 1
                 self.members.skip(endpoint)
-                level = logging.INFO if failures == 1 else logging.DEBUG
-                log.log(
-                    level,
-                    "etcd watch on %s broke (%s); resuming at %d",
-                    endpoint,
-                    _why(exc),
-                    next_rev,
-                )
+                if failures >= STUCK_AFTER and loop.time() - warned >= STUCK_WARN_EVERY:
+                    # nothing after next_rev reaches this node until it succeeds:
+                    # a person must hear of it (a node that stopped deciding
+                    # once logged nothing here at serve's usual level)
+                    warned = loop.time()
+                    log.warning(
+                        "etcd watch of %s has broken %d times in a row at revision %d, "
+                        "last on %s (%s): this node sees no change there until it resumes",
+                        prefix,
+                        failures,
+                        next_rev,
+                        endpoint,
+                        _why(exc),
+                    )
+                else:
+                    level = logging.INFO if failures == 1 else logging.DEBUG
+                    log.log(
+                        level,
+                        "etcd watch on %s broke (%s); resuming at %d",
+                        endpoint,
+                        _why(exc),
+                        next_rev,
+                    )
                 await asyncio.sleep(min(0.05 * 2**failures, 1.0))
 
     async def _watch_once(
