@@ -350,10 +350,15 @@ class ClusterProbing:
                 self._put[path] = (t, mine)
                 self._gone.discard(path)
             elif before[1] != mine:  # (probed already, for other vantages now)
-                self._take_over(before[0], path, mine)
-                self.mine[before[0]] = (path, mine)
-                self._mine_by_path[path] = (before[0], mine)
+                self._revantage(before[0], path, mine)
         return orphans
+
+    def _revantage(self, slot: int, path: str, vantages: frozenset[str]) -> None:
+        """A prober slot this node probes for other vantages from now on:
+        resumed from their stored opinions (:meth:`_take_over`)."""
+        self._take_over(slot, path, vantages)
+        self.mine[slot] = (path, vantages)
+        self._mine_by_path[path] = (slot, vantages)
 
     def _give_up(self, path: str) -> None:
         """This node probes ``path`` no more (when placement is done)."""
@@ -393,9 +398,7 @@ class ClusterProbing:
         for path, (_, mine) in put.items():  # (kept, its check as it was: its vantages may move)
             before = self._mine_by_path.get(path)
             if before is not None and before[1] != mine:
-                self._take_over(before[0], path, mine)
-                self.mine[before[0]] = (path, mine)
-                self._mine_by_path[path] = (before[0], mine)
+                self._revantage(before[0], path, mine)
         if self.local is not None:
             for t in probe:
                 self.local.scheduler.upsert(t.slot, spec_of(t))

@@ -79,10 +79,10 @@ from healthgate.process.supervisor import Supervisor
 log = logging.getLogger("healthgate.probe_workers")
 
 # a Probe putting this many endpoints or more is followed by a collection and a
-# freeze (_Worker.probe): a worker's first, its whole shard, always is (at 10,000
-# it was not, and 20,000 kept-alive endpoints over two workers cost 7-9 % more
-# CPU per check and 1 % of the starts came late: the collector went over the
-# shard's objects again and again)
+# freeze (_Worker.probe), so a worker's first - its whole shard - is unless the
+# shard is small. (The bound was "more than 10,000": a shard of 10,000 never
+# froze, the collector went over its objects again and again, and 20,000
+# kept-alive endpoints over two workers cost 7-9 % more CPU per check.)
 FREEZE_AFTER = 1_000
 
 # a shard up to this size sends what it observed of every endpoint every second
