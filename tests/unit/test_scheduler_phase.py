@@ -83,7 +83,7 @@ def test_a_tick_on_a_slot_boundary_arms_the_next_one_a_tick_later() -> None:
         # (a tick of an even number of slots wakes up to one slot early: the
         # half tick it may start early is not a whole number of slots)
         nxt = loop.timers[-1]
-        assert now + sched.tick - sched._res - 1e-9 <= nxt <= now + sched.tick + 1e-9, now
+        assert now + sched.tick - sched._wheel.res - 1e-9 <= nxt <= now + sched.tick + 1e-9, now
 
 
 def scheduler_on(loop: _FakeLoop, batch: object, seed: int = 0) -> ProbeScheduler:

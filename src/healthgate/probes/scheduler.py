@@ -7,9 +7,10 @@ its result goes to the sink and the next probe is due ``interval`` seconds
 *after the end*. So probes of one key never overlap, and the interval is
 exactly the spec's.
 
-* **The tick.** Due times sit on a wheel of short slots. A single timer, the
-  tick, starts every probe due within half a tick of now (so a probe starts
-  at most half a tick early or late) and polls the batch prober
+* **The tick.** Due times sit on a wheel of short slots
+  (:mod:`healthgate.probes.wheel`). A single timer, the tick, starts every
+  probe due within half a tick of now (so a probe starts at most half a
+  tick early or late) and polls the batch prober
   (:mod:`healthgate.probes.batch`, plain TCP and HTTP), which finishes every
   probe whose socket is ready or whose deadline has passed. While anything
   is in flight the tick runs every tick; otherwise it sleeps until the next
@@ -65,9 +66,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import heapq
 import logging
-import math
 import random
 import time
 from collections import deque
@@ -81,6 +80,7 @@ from healthgate.probes.prober import Prober
 from healthgate.probes.spec import ProbeSpec
 from healthgate.probes.stats import LAG_BUCKETS, ProbeStats, ProbeTotals
 from healthgate.probes.timetable import Timetable
+from healthgate.probes.wheel import TimerWheel
 from healthgate.process.limits import open_file_limit
 
 log = logging.getLogger("healthgate.probes")
@@ -158,18 +158,12 @@ class ProbeScheduler:
         self.durations = ProbeStats()  # each result's duration by outcome, counted as it ends
         self._rng = rng or random.Random()
         self._entries: dict[Hashable, _Entry] = {}
-        # Due times on a wheel of slots ``res`` wide (min_tick, or a little less
-        # so that slots divide the tick): slot b holds the keys due within half a
-        # slot of b * res. A tick of k slots wakes half a tick before its last
-        # slot's time and starts the slots up to it. Appending and taking a slot
-        # are O(1); a heap of the occupied slot numbers finds the next one.
-        tick = self.settings.tick
-        self._res = tick / math.ceil(tick / min(self.settings.min_tick, tick) - 1e-9)
-        self._max_k = max(1, round(tick / self._res))
-        self._k = self._max_k  # the tick, in slots (see _retune)
+        # due times on a wheel of short slots (probes/wheel.py): each item is
+        # (key, its generation, its due time) - stale once either moved on
+        self._wheel: TimerWheel[tuple[Hashable, int, float]] = TimerWheel(
+            self.settings.tick, self.settings.min_tick, self.settings.starts_per_tick
+        )
         self._rate = 0.0  # probes per second: the sum of 1 / interval over the keys
-        self._wheel: dict[int, list[tuple[Hashable, int, float]]] = {}
-        self._slots: list[int] = []
         self._waiting: deque[tuple[Hashable, int]] = deque()
         self._in_flight = 0
         # results the batch prober knew as it started the probes (a loopback
@@ -251,7 +245,6 @@ class ProbeScheduler:
             self._tick_handle.cancel()
         self._entries.clear()
         self._wheel.clear()
-        self._slots.clear()
         self._waiting.clear()
         for task in list(self._tasks):
             task.cancel()
@@ -269,32 +262,20 @@ class ProbeScheduler:
         return self._loop
 
     def _retune(self, rate_change: float) -> None:
-        """The probe rate changed: the tick is the longest (up to
-        ``settings.tick``) with about ``starts_per_tick`` starts or fewer."""
+        """The probe rate changed: the tick follows it (probes/wheel.py)."""
         self._rate = rate = max(0.0, self._rate + rate_change) if self._entries else 0.0
-        fit = self.settings.starts_per_tick / (rate * self._res) if rate else self._max_k
-        self._k = max(1, min(self._max_k, int(fit + 1e-9)))
+        self._wheel.fit(rate)
 
     @property
     def tick(self) -> float:
         """The tick now, in seconds."""
-        return self._k * self._res
-
-    def _wake_for(self, slot: int) -> float:
-        """When a tick must run to start ``slot`` (half a tick early at most)."""
-        return slot * self._res - (self._k - 1) * self._res / 2
+        return self._wheel.tick
 
     def _arm(self, key: Hashable, entry: _Entry, due: float) -> None:
         entry.due = due
-        slot = int(due / self._res + 0.5)
-        keys = self._wheel.get(slot)
-        if keys is None:
-            keys = self._wheel[slot] = []
-            heapq.heappush(self._slots, slot)
-            wake = self._wake_for(slot)
-            if wake < self._tick_at and not self._ticking:  # (a tick sets the next one as it ends)
-                self._schedule_tick(wake)
-        keys.append((key, entry.generation, due))
+        wake = self._wheel.add((key, entry.generation, due), due)
+        if wake is not None and wake < self._tick_at and not self._ticking:
+            self._schedule_tick(wake)  # (a tick sets the next one as it ends)
 
     def _schedule_tick(self, at: float) -> None:
         loop = self._require_loop()
@@ -322,14 +303,9 @@ class ProbeScheduler:
         # prober overloaded - the rest waits for the next tick, due at once,
         # and the loop serves the API and the listeners in between instead of
         # stalling for seconds.
-        res, k = self._res, self._k
-        budget_end = time.perf_counter() + k * res
-        # the last slot this tick starts: due within half a tick of now
-        # (+1e-6: now / res of a time on a slot boundary can come out just
-        # below the whole number - 12.35 / 0.01 is 1234.99.. - and then the
-        # next tick would be due at once, again and again until the clock
-        # moves on: uvloop's clock moves in whole milliseconds)
-        last = int((now + (k - 1) * res / 2) / res + 1e-6)
+        wheel = self._wheel
+        budget_end = time.perf_counter() + wheel.tick
+        last = wheel.last_due(now)
         deferred = self._start_due(loop, last, budget_end)
         batch = self.batch
         if batch is not None and batch.in_flight:
@@ -340,14 +316,13 @@ class ProbeScheduler:
             deferred = deferred or batch.backlog
         if not deferred:
             self._start_waiting(loop)
-        slots = self._slots
         if deferred:
             self.stats.deferred_ticks += 1
             nxt = now  # due now: after whatever else the loop has ready
         elif self._in_flight or self._waiting:
-            nxt = self._wake_for(last + k)
-        elif slots:  # (a tick's worth of slots at once, as when busy)
-            nxt = self._wake_for(max(slots[0], last + k))
+            nxt = wheel.wake_for(last + wheel.k)
+        elif (first := wheel.first()) is not None:  # (a tick's worth at once, as when busy)
+            nxt = wheel.wake_for(max(first, last + wheel.k))
         else:
             return
         self._schedule_tick(nxt)  # (nothing arms a tick while this one runs)
@@ -369,12 +344,10 @@ class ProbeScheduler:
         """Start every probe due up to slot ``last``, within the CPU budget;
         True when the budget ran out first (the rest is put back)."""
         launched = 0
-        slots = self._slots
         wheel = self._wheel
         entries = self._entries
-        while slots and slots[0] <= last:
-            slot = heapq.heappop(slots)
-            keys = wheel.pop(slot)
+        while (taken := wheel.take(last)) is not None:
+            slot, keys = taken
             for i, (key, generation, at) in enumerate(keys):
                 entry = entries.get(key)
                 if entry is None or entry.generation != generation or entry.due != at:
@@ -389,14 +362,7 @@ class ProbeScheduler:
                 self._launch(loop, key, entry, loop.time())
                 launched += 1
                 if not launched % 32 and time.perf_counter() > budget_end:
-                    rest = keys[i + 1 :]
-                    if rest:
-                        again = wheel.get(slot)
-                        if again is None:
-                            wheel[slot] = rest
-                            heapq.heappush(slots, slot)
-                        else:
-                            again[:0] = rest
+                    wheel.put_back(slot, keys[i + 1 :])
                     self._end_started(loop)
                     return True
         self._end_started(loop)
