@@ -19,6 +19,9 @@ import operator
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
+import pytest
+
+from healthgate.cluster.ledger import LeaderLedger
 from healthgate.cluster.opinions import OpinionWriter, opinion_key
 from healthgate.cluster.probing import ClusterProbing, ClusterSettings
 from healthgate.controlplane.health_service import HealthService
@@ -26,7 +29,7 @@ from healthgate.controlplane.probing import Feed
 from healthgate.controlplane.recorder import TransitionRecorder
 from healthgate.health.states import HealthState, Outcome, ProbeResult
 from healthgate.probes.stats import FailureLogLimiter
-from healthgate.store.base import LogQuery
+from healthgate.store.base import Guard, LogQuery, NotLeader
 from healthgate.store.etcd_client import Event, KeyValue
 from healthgate.store.memory import MemoryStore
 from tests.e2e.harness import e2e_world
@@ -181,17 +184,24 @@ def test_every_node_times_a_records_alike_however_its_opinions_arrived() -> None
 
 
 @contextlib.asynccontextmanager
-async def follower(store: MemoryStore) -> AsyncIterator[TransitionRecorder]:
-    """A cluster node's recorder while it is not the leader (it persists
-    nothing, and reads the log back), running until the block ends."""
+async def follower(store: MemoryStore) -> AsyncIterator[tuple[TransitionRecorder, LeaderLedger]]:
+    """A cluster node's recorder and its ledger while it is not the leader
+    (it persists nothing, and reads the log back), running until the block
+    ends. Its election's guard is always there (the memory store takes any)."""
     recorder = TransitionRecorder(store)
-    recorder.persist = False
-    recorder.broadcast_writes = False
+    ledger = LeaderLedger(store, lambda: Guard("election/me", 1))
+    recorder.attach(ledger)
     task = asyncio.create_task(recorder.run())
     try:
-        yield recorder
+        yield recorder, ledger
     finally:
         task.cancel()
+
+
+def take_over(recorder: TransitionRecorder, ledger: LeaderLedger, horizon: float) -> None:
+    """What cluster/node.py does when elected."""
+    ledger.take_over(horizon)
+    recorder.kick()
 
 
 def record(path: str, to: str, when: float) -> dict[str, Any]:
@@ -201,16 +211,14 @@ def record(path: str, to: str, when: float) -> dict[str, Any]:
 def test_a_new_leader_writes_what_no_leader_wrote_and_nothing_twice() -> None:
     async def go() -> None:
         store = MemoryStore()
-        async with follower(store) as recorder:
+        async with follower(store) as (recorder, ledger):
             a, b = record("x/endpoints/1", "UNHEALTHY", 100.0), record("x/endpoints/2", "U", 101.0)
             # this node computed both; the previous leader wrote the first,
             # and this node's watch has not delivered it yet
-            recorder._unconfirmed = {("x/endpoints/1", "UNHEALTHY", 100.0): a}
-            recorder._unconfirmed[("x/endpoints/2", "U", 101.0)] = b
+            ledger.computed([a, b])
             store.append_log([a])
-            assert recorder.unwritten(0.0) == 2
-            recorder.take_over(guard=None, horizon=50.0)  # type: ignore[arg-type]
-            await asyncio.sleep(0.05)
+            assert ledger.unwritten(0.0) == 2
+            take_over(recorder, ledger, 50.0)
             await recorder.flush()
             logged = [dict(e.record) for e in store.query_log(LogQuery())]
             assert [(r["path"], r["time"]) for r in logged] == [
@@ -219,7 +227,7 @@ def test_a_new_leader_writes_what_no_leader_wrote_and_nothing_twice() -> None:
             ]
             for i, r in enumerate(logged, 1):  # the watch delivers both
                 recorder.publish((i, r))
-            assert recorder.unwritten(0.0) == 0
+            assert ledger.unwritten(0.0) == 0
 
     run_async(go(), timeout=10)
 
@@ -230,24 +238,49 @@ def test_a_new_leader_does_not_write_what_the_log_went_past() -> None:
     # recovered): neither the watch nor the take-over take it for unwritten
     async def go() -> None:
         store = MemoryStore()
-        async with follower(store) as recorder:
+        async with follower(store) as (recorder, ledger):
             mine = record("x/negs/1", "UNHEALTHY", 100.0)
-            recorder._unconfirmed = {("x/negs/1", "UNHEALTHY", 100.0): mine}
+            ledger.computed([mine])
             theirs = [record("x/negs/1", "UNHEALTHY", 100.1), record("x/negs/1", "HEALTHY", 104.0)]
             ids = store.append_log(theirs)
-            assert recorder.unwritten(0.0) == 1
+            assert ledger.unwritten(0.0) == 1
             recorder.publish((ids[0], theirs[0]))  # its twin: logged later than it
-            assert recorder.unwritten(0.0) == 0
+            assert ledger.unwritten(0.0) == 0
             recorder.publish((ids[1], theirs[1]))
-            assert recorder.unwritten(0.0) == 0
+            assert ledger.unwritten(0.0) == 0
             # the same when the watch has not delivered the log yet: read there
-            recorder._logged_at.clear()
-            late = record("x/negs/2", "UNHEALTHY", 200.0)
-            recorder._unconfirmed[("x/negs/2", "UNHEALTHY", 200.0)] = late
+            ledger.computed([record("x/negs/2", "UNHEALTHY", 200.0)])
             store.append_log([record("x/negs/2", "HEALTHY", 201.0)])
-            recorder.take_over(guard=None, horizon=50.0)  # type: ignore[arg-type]
-            await asyncio.sleep(0.05)
+            take_over(recorder, ledger, 50.0)
             await recorder.flush()
             assert len(store.query_log(LogQuery())) == 3  # nothing written
+
+    run_async(go(), timeout=10)
+
+
+def test_a_node_whose_election_ended_writes_nothing() -> None:
+    # the guard is the election's alone: once it is gone, a batch the writer
+    # had taken is not written unguarded, and the ledger stops writing
+    async def go() -> None:
+        store = MemoryStore()
+        recorder = TransitionRecorder(store)
+        guards: list[Guard] = [Guard("election/me", 1)]
+        ledger = LeaderLedger(store, lambda: guards[0] if guards else None)
+        recorder.attach(ledger)
+        take_over(recorder, ledger, 0.0)
+        assert recorder.persist and recorder.guard == Guard("election/me", 1)
+        guards.clear()  # deposed: the election dropped its guard
+        with pytest.raises(NotLeader):
+            recorder._write([record("x/endpoints/1", "UNHEALTHY", 100.0)], {}, [])
+        assert not recorder.persist and recorder.guard is None
+        task = asyncio.create_task(recorder.run())
+        try:
+            ledger.computed([record("x/endpoints/2", "UNHEALTHY", 101.0)])
+            recorder.kick()
+            await recorder.flush()
+        finally:
+            task.cancel()
+        assert store.query_log(LogQuery()) == []
+        assert ledger.unwritten(0.0) == 1  # kept for the next leader
 
     run_async(go(), timeout=10)

@@ -29,6 +29,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from healthgate.cluster.election import Election
+from healthgate.cluster.ledger import LeaderLedger
 from healthgate.cluster.membership import MEMBERS, api_of, join, member_of, members_of
 from healthgate.cluster.opinions import OPINIONS, OpinionWriter
 from healthgate.cluster.probing import ClusterProbing, ClusterSettings
@@ -80,9 +81,9 @@ class ClusterNode:
         self._campaign: asyncio.Task[None] | None = None
         self._members: dict[str, str] = {}  # as the member watch has them (placed per batch)
         self.apis: dict[str, str] = {}  # node -> its API's address (from its member key)
-        recorder.persist = False
-        recorder.broadcast_writes = False
-        recorder.idempotent = True  # (an append that timed out is never made twice)
+        # the recorder writes only while this node leads, under the election's guard
+        self.ledger = LeaderLedger(store, lambda: self.election.guard)
+        recorder.attach(self.ledger)
 
     @property
     def leader(self) -> str | None:
@@ -253,12 +254,13 @@ class ClusterNode:
 
     # ------------------------------------------------------------------ leading
 
-    def _elected(self, guard: Guard) -> None:
+    def _elected(self, _guard: Guard) -> None:
         # what fell between two leaders is written now: the transitions
         # this node computed that no leader wrote (the last minute's),
-        # and the stored states made whole
+        # and the stored states made whole (the ledger's writes carry the
+        # election's guard: cluster/ledger.py)
         clock = self.probing.clock
-        self.recorder.take_over(guard, clock() - TAKE_OVER_HORIZON)
+        self.ledger.take_over(clock() - TAKE_OVER_HORIZON)
         self.recorder.save(engine_states(self.probing.feed.engine))
         log.warning("this node (%s) leads: it writes the decisions", self.settings.node)
 
@@ -283,7 +285,7 @@ class ClusterNode:
             "trafficVerdictWrites": self.traffic.writes,
             "opinionsDropped": self.writer.dropped,
             # transitions this node decided in the last minute that the log does not hold yet
-            "unwrittenRecords": self.recorder.unwritten(self.probing.clock() - TAKE_OVER_HORIZON),
+            "unwrittenRecords": self.ledger.unwritten(self.probing.clock() - TAKE_OVER_HORIZON),
             # seconds from a prober's flip to this node's route change, the last ones
             "routeLags": [round(x, 6) for x in probing.route_lags],
         }

@@ -21,20 +21,19 @@ import json
 import logging
 import secrets
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from healthgate.controlplane.health_service import HealthListener
 from healthgate.controlplane.saved_states import encode_record_states
 from healthgate.health.states import Record, timestamp
-from healthgate.store.base import WRITE_ID, Guard, LogQuery, NotLeader, Store, StoreError
+from healthgate.store.base import WRITE_ID, Guard, NotLeader, Store, StoreError
 
 log = logging.getLogger("healthgate.recorder")
 transition_log = logging.getLogger("healthgate.transitions")
 audit_log = logging.getLogger("healthgate.changes")  # who changed what (controlplane/changes.py)
 
 Event = tuple[int, dict[str, Any]]
-CLOSING: Event = (-1, {})
-CATCH_UP_SCAN = 10_000  # log entries a new leader reads back to find what was not written  # sent to every subscriber when the server stops
+CLOSING: Event = (-1, {})  # sent to every subscriber when the server stops
 
 
 iso = timestamp  # (kept under its old name for the API's renderings)
@@ -44,6 +43,28 @@ def log_line(record: dict[str, Any]) -> str:
     """A transition as one JSON line: the record itself, the same shape the
     API's events have (without the id, which the store gives it later)."""
     return json.dumps(record, separators=(",", ":"))
+
+
+class Ledger(Protocol):
+    """A cluster node's part of the recorder (cluster/ledger.py): whether
+    this node writes now and under which guard, the records it computed but
+    has not seen in the log, and a new leader's catch-up."""
+
+    @property
+    def writing(self) -> bool: ...
+
+    @property
+    def catching_up(self) -> bool: ...
+
+    def guard(self) -> Guard | None: ...
+
+    def stop(self) -> None: ...
+
+    def computed(self, dicts: list[dict[str, Any]]) -> None: ...
+
+    def logged(self, record: dict[str, Any]) -> None: ...
+
+    async def catch_up(self, queued: list[dict[str, Any]]) -> list[dict[str, Any]] | None: ...
 
 
 class TransitionRecorder(HealthListener):
@@ -74,12 +95,11 @@ class TransitionRecorder(HealthListener):
         self.counts: dict[tuple[str, str], int] = {}
         self.last_id = 0
         self._since_trim = 0
-        # cluster mode: only the elected leader persists (persist), each of
-        # its writes guarded by its election (guard: cluster/election.py),
-        # and every node's subscribers are fed from the stored log instead
-        # of from the writes (broadcast_writes off; cluster/node.py calls publish)
-        self.persist = True
-        self.guard: Guard | None = None
+        # cluster mode (attach): only the elected leader persists, each of
+        # its writes guarded by its election, and every node's subscribers
+        # are fed from the stored log instead of from the writes
+        # (broadcast_writes off; cluster/node.py calls publish)
+        self.ledger: Ledger | None = None
         self.broadcast_writes = True
         # cluster mode: every record written carries a write id (store/base.py,
         # WRITE_ID), and after an append whose outcome was not known (etcd
@@ -90,21 +110,24 @@ class TransitionRecorder(HealthListener):
         self._write_prefix = secrets.token_hex(6)
         self._write_count = 0
         self._uncertain = False
-        # records a non-leader computed and has not seen in the stored log
-        # yet: written by this node if it is elected before they appear
-        # (every node computes the same records, with the same times) - and
-        # the records seen in the log lately, so that one this node computes
-        # only after seeing it there is not taken for unwritten
-        self._unconfirmed: dict[tuple[str, str, float], dict[str, Any]] = {}
-        self._confirmed: dict[tuple[str, str, float], None] = {}
-        # the time of the newest logged record of each path: an unconfirmed
-        # record older than it was overtaken (the log went on past it; the
-        # writer's twin of it may carry a slightly different time) and is
-        # never written by a new leader - it would be a duplicate or out of order
-        self._logged_at: dict[str, float] = {}
-        self._catch_up: float | None = None  # a new leader's horizon, until it has caught up
         # Change records waiting for the writer (embedded mode: one writer, ids in order)
         self._changes: list[tuple[list[dict[str, Any]], asyncio.Future[None]]] = []
+
+    def attach(self, ledger: Ledger) -> None:
+        """A cluster node's recorder: it writes only while ``ledger`` says so."""
+        self.ledger = ledger
+        self.broadcast_writes = False
+        self.idempotent = True  # (an append that timed out is never made twice)
+
+    @property
+    def persist(self) -> bool:
+        """This recorder writes the log now (always, embedded)."""
+        return self.ledger is None or self.ledger.writing
+
+    @property
+    def guard(self) -> Guard | None:
+        """What guards its writes (None embedded): the ledger's."""
+        return None if self.ledger is None else self.ledger.guard()
 
     # -- inputs (called on the event loop, never block)
 
@@ -116,14 +139,8 @@ class TransitionRecorder(HealthListener):
             # counted by their new mode: a label holds one kind of value
             key = (d["kind"], str(d["mode"] if d["kind"] == "Route" else d["to"]))
             self.counts[key] = self.counts.get(key, 0) + 1
-        if not self.broadcast_writes:  # a cluster node: unconfirmed until read in the log
-            for d in dicts:
-                identity = _identity(d)
-                # (a record of this node's own - its data plane's error gate
-                # - is not one every node computes: only a writer writes it)
-                if identity not in self._confirmed and not d.get("local"):
-                    self._unconfirmed[identity] = d
-            _bound(self._unconfirmed)
+        if self.ledger is not None:  # a cluster node: unconfirmed until read in the log
+            self.ledger.computed(dicts)
         if not self.persist:
             return
         self._pending.extend(dicts)
@@ -178,77 +195,18 @@ class TransitionRecorder(HealthListener):
             log.exception("could not append %d records of this node's own", len(dicts))
 
     def stop_persisting(self) -> None:
-        """This node is no longer the leader: what is pending is not its to write."""
-        self.persist = False
-        self.guard = None
-        self._catch_up = None
-        self._pending.clear()  # (a cluster node keeps them among the unconfirmed)
+        """This node is no longer the leader: what is pending is not its to
+        write. (A cluster node keeps its records among the ledger's
+        unconfirmed.)"""
+        if self.ledger is not None:
+            self.ledger.stop()
+        self._pending.clear()
         self._pending_states.clear()
         self._pending_deletes.clear()
 
-    def take_over(self, guard: Guard, horizon: float) -> None:
-        """This node was elected (``guard`` goes with each of its writes):
-        before anything else it writes what it computed since ``horizon`` (a
-        time) and has not seen in the log - checked against the log itself
-        first, so that a record the previous leader wrote is never written
-        twice, whether or not this node's watch has delivered it yet."""
-        self.persist = True
-        self.guard = guard
-        self._catch_up = horizon
+    def kick(self) -> None:
+        """Look for work now (a ledger that took over has some)."""
         self._kick()
-
-    def unwritten(self, horizon: float) -> int:
-        """Cluster mode: records this node computed since ``horizon`` and has
-        not seen in the log yet (0 once the log holds everything it decided)."""
-        return sum(1 for d in self._unconfirmed.values() if self._open(d, horizon, self._logged_at))
-
-    @staticmethod
-    def _open(d: dict[str, Any], horizon: float, logged_at: dict[str, float]) -> bool:
-        """An unconfirmed record that may still need writing: since
-        ``horizon`` and not older than the newest logged record of its path."""
-        when = float(d["time"])
-        return when >= horizon and when >= logged_at.get(_identity(d)[0], when)
-
-    def _missed(self, horizon: float) -> list[dict[str, Any]]:
-        """(In a worker thread.) The unconfirmed records since ``horizon`` that
-        the log does not hold, oldest first."""
-        logged_at = dict(self._logged_at)
-        candidates = [
-            d for d in list(self._unconfirmed.values()) if self._open(d, horizon, logged_at)
-        ]
-        if not candidates:
-            return []
-        last = self.store.last_log_id()
-        query = LogQuery(since=horizon, after_id=max(0, last - CATCH_UP_SCAN), limit=CATCH_UP_SCAN)
-        logged: set[tuple[str, str, float]] = set()
-        for e in self.store.query_log(query):
-            path, to, when = _identity(dict(e.record))
-            logged.add((path, to, when))
-            logged_at[path] = max(when, logged_at.get(path, when))
-        missed = [
-            d
-            for d in candidates
-            if _identity(d) not in logged and self._open(d, horizon, logged_at)
-        ]
-        return sorted(missed, key=lambda d: float(d["time"]))
-
-    async def _catch_up_now(self) -> bool:
-        """A new leader's first write: what no leader wrote (False: retry later)."""
-        horizon = self._catch_up
-        if horizon is None:
-            return True
-        try:
-            missed = await asyncio.to_thread(self._missed, horizon)
-        except StoreError as exc:
-            log.warning("cannot read the log to catch up (%s); retrying in 1 s", exc)
-            return False
-        self._catch_up = None
-        queued = {_identity(d) for d in self._pending}
-        missed = [d for d in missed if _identity(d) not in queued]
-        if missed:
-            log.warning("writing %d transitions that no leader wrote", len(missed))
-        self._pending[:0] = missed
-        return True
 
     def save(self, states: dict[str, Any]) -> None:
         """Persist these states with the next batch (a new leader's full picture)."""
@@ -280,8 +238,11 @@ class TransitionRecorder(HealthListener):
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self._catch_up is not None and self.persist:
-                if await self._catch_up_now():
+            ledger = self.ledger
+            while ledger is not None and ledger.catching_up and self.persist:
+                missed = await ledger.catch_up(self._pending)
+                if missed is not None:
+                    self._pending[:0] = missed
                     break
                 await asyncio.sleep(1.0)
             while self._pending or self._pending_states or self._pending_deletes or self._changes:
@@ -347,6 +308,9 @@ class TransitionRecorder(HealthListener):
     ) -> list[int]:
         """(In a worker thread.) The batch's log ids, in its order."""
         guard = self.guard
+        if guard is None and self.ledger is not None:
+            # deposed between taking the batch and writing it: never unguarded
+            raise NotLeader("this node no longer leads")
         written = self._stamp(batch) if self.idempotent and batch else {}
         fresh = [d for d in batch if d.get(WRITE_ID) not in written] if written else batch
         try:
@@ -393,14 +357,8 @@ class TransitionRecorder(HealthListener):
     def publish(self, event: Event) -> None:
         """A stored transition, read back from the log (cluster mode), to every subscriber."""
         self.last_id = max(self.last_id, event[0])
-        identity = _identity(event[1])
-        self._unconfirmed.pop(identity, None)
-        self._confirmed[identity] = None
-        _bound(self._confirmed)
-        path, _, when = identity
-        newest = max(when, self._logged_at.pop(path, when))
-        self._logged_at[path] = newest  # (re-inserted: the bound drops the stalest paths)
-        _bound(self._logged_at)
+        if self.ledger is not None:
+            self.ledger.logged(event[1])
         self._broadcast(event)
 
     def _broadcast(self, event: Event) -> None:
@@ -417,13 +375,13 @@ class TransitionRecorder(HealthListener):
                 queue.put_nowait(None)
 
 
-def _bound(d: dict[Any, Any], most: int = 10_000) -> None:
+def bound_dict(d: dict[Any, Any], most: int) -> None:
     """Keep the newest ``most`` entries of an insertion-ordered dict."""
     while len(d) > most:
         del d[next(iter(d))]
 
 
-def _identity(record: dict[str, Any]) -> tuple[str, str, float]:
+def identity(record: dict[str, Any]) -> tuple[str, str, float]:
     """What makes a record the same on every node: what, to what, when."""
     return (
         str(record.get("path") or record.get("frontend")),
