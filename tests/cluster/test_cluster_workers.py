@@ -45,12 +45,14 @@ def test_workers_probe_the_nodes_share_and_a_killed_worker_resumes(stack: Cluste
     node = next(n for n in stack.live() if n.cluster()["probing"])
     pids = wait_for(lambda: len(_worker_pids(node.log)) == 2 and _worker_pids(node.log), 10)
     # the workers' probes are the node's: counted in its metrics
-    started = [
-        float(line.split()[1])
-        for line in node.get_text("/metrics").splitlines()
-        if line.startswith("healthgate_probes_started_total ")
-    ]
-    assert started and started[0] > 0
+    metrics = dict(
+        line.split(" ", 1) for line in node.get_text("/metrics").splitlines() if line[:1] != "#"
+    )
+    assert float(metrics["healthgate_probes_started_total"]) > 0
+    # ... and its etcd watches' health: none stuck (a break or two is a member restarting)
+    assert float(metrics["healthgate_etcd_watches_stuck"]) == 0
+    assert float(metrics["healthgate_etcd_watch_breaks_total"]) >= 0
+    assert node.cluster()["etcdWatchesStuck"] == 0
     after = stack.last_event_id(node)
     for name, pid in pids.items():
         os.kill(pid, signal.SIGKILL)

@@ -116,19 +116,26 @@ def test_a_watch_that_keeps_breaking_at_one_revision_is_warned_of(
             async for _batch in client.watch_prefix("s/", before + 1):
                 raise AssertionError("the revision was larger than the client takes")
 
+        stuck: list[tuple[int, int]] = []  # (breaks, stuck) when warned, and after
+
         async def until_warned() -> None:
             task = asyncio.create_task(follow())
             try:
                 async with asyncio.timeout(30):
                     while not any(wanted in r.getMessage() for r in caplog.records):
                         await asyncio.sleep(0.1)
+                stuck.append((client.watch_breaks, client.watches_stuck))
             finally:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+            stuck.append((client.watch_breaks, client.watches_stuck))
 
         with caplog.at_level(logging.INFO, logger="healthgate"):
             run_async(until_warned(), timeout=60)
         warned = [r for r in caplog.records if wanted in r.getMessage()]
         assert warned[0].levelno == logging.WARNING and "s/" in warned[0].getMessage()
+        # counted for the metrics while stuck; a watch that ends is not stuck
+        (breaks, now_stuck), (_, after) = stuck
+        assert breaks >= etcd_client.STUCK_AFTER and now_stuck == 1 and after == 0
     finally:
         store.close()

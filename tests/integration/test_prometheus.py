@@ -43,7 +43,7 @@ def promtool(*args: str, stdin: str | None = None, cwd: Path | None = None) -> s
 
 
 def test_the_shipped_rules_check_and_pass_their_unit_tests() -> None:
-    assert "SUCCESS: 10 rules found" in promtool(
+    assert "SUCCESS: 11 rules found" in promtool(
         "check", "rules", "healthgate-alerts.yml", cwd=DEPLOY
     )
     assert "SUCCESS" in promtool("test", "rules", "healthgate-alerts.test.yml", cwd=DEPLOY)
@@ -128,7 +128,7 @@ def test_a_real_prometheus_scrapes_serve_and_loads_the_alerts(tmp_path: Path) ->
             routes = wait_for(lambda: query("healthgate_route_info"), 10, what="a route")
             assert str(routes[0]["metric"]).find("/shop-frontend") > 0
             rules = httpx.get(f"{api}/rules", timeout=5).json()["data"]["groups"]
-            assert sum(len(g["rules"]) for g in rules) == 10  # (docs/operations.md lists them)
+            assert sum(len(g["rules"]) for g in rules) == 11  # (docs/operations.md lists them)
             # the example's endpoints refuse: its composites turn UNHEALTHY,
             # and the region alert is pending within seconds (it fires after a minute)
             wait_for(

@@ -104,9 +104,7 @@ def test_slots_are_taken_in_order_and_put_back_first() -> None:
         taken.extend(items)
     assert slots == sorted(slots) and len(set(slots)) == len(slots)
     assert sorted(taken) == list(range(500))
-    assert [int(dues[i] / 0.002 + 0.5) for i in taken] == sorted(
-        int(d / 0.002 + 0.5) for d in dues
-    )
+    assert [int(dues[i] / 0.002 + 0.5) for i in taken] == sorted(int(d / 0.002 + 0.5) for d in dues)
     # a tick that ran out of time puts the rest back, before what came since
     wheel.add(1, 0.1)
     got = wheel.take(10**9)

@@ -281,6 +281,18 @@ class ClusterCollector(Collector):
             "Transitions this node decided in the last minute that the log does not hold yet",
             value=unwritten if isinstance(unwritten, int) else 0,
         )
+        breaks, stuck = s.get("etcdWatchBreaks"), s.get("etcdWatchesStuck")
+        yield CounterMetricFamily(
+            "healthgate_etcd_watch_breaks",
+            "etcd watches of this node that broke and were resumed",
+            value=breaks if isinstance(breaks, int) else 0,
+        )
+        yield GaugeMetricFamily(
+            "healthgate_etcd_watches_stuck",
+            "etcd watches of this node broken 5 times or more in a row at one revision: "
+            "it sees no change past that revision there",
+            value=stuck if isinstance(stuck, int) else 0,
+        )
 
 
 class WebhookCollector(Collector):

@@ -284,6 +284,10 @@ class ClusterNode:
             "opinionWrites": self.writer.writes,
             "trafficVerdictWrites": self.traffic.writes,
             "opinionsDropped": self.writer.dropped,
+            # etcd watches that broke, and those broken again and again at one
+            # revision (this node sees nothing past it there: docs/cluster.md)
+            "etcdWatchBreaks": self.client.watch_breaks,
+            "etcdWatchesStuck": self.client.watches_stuck,
             # transitions this node decided in the last minute that the log does not hold yet
             "unwrittenRecords": self.ledger.unwritten(self.probing.clock() - TAKE_OVER_HORIZON),
             # seconds from a prober's flip to this node's route change, the last ones

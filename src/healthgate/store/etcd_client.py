@@ -68,6 +68,10 @@ RECEIVE_LIMIT = 80 << 20
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", RECEIVE_LIMIT)]
 STUCK_AFTER = 5  # a watch that broke this many times in a row at one revision is warned of
 STUCK_WARN_EVERY = 60.0  # seconds between such warnings (of one watch)
+# ... where a break counts in a row only if the watch it ended was open less
+# than this long (one that answered for longer - members restarted now and
+# then over a quiet prefix - starts a new run)
+STUCK_WITHIN = 10.0
 PAGE = 1000  # keys per page of a range (fewer when a page is larger than RECEIVE_LIMIT)
 
 
@@ -225,6 +229,10 @@ class EtcdClient:
         self._token: str | None = None
         self._token_lock = threading.Lock()
         self._aio: dict[str, grpc.aio.Channel] = {}
+        # watches: how often any broke, and each one's breaks in a row at
+        # one revision (the metrics: api/metrics.py's ClusterCollector)
+        self.watch_breaks = 0
+        self._watch_runs: dict[object, int] = {}
 
     # ------------------------------------------------------------------ etcd's users
 
@@ -494,45 +502,70 @@ class EtcdClient:
         next_rev = start
         failures = 0
         warned = -STUCK_WARN_EVERY  # (loop time of the last warning)
+        me = object()  # (this watch, among the client's runs)
+        runs = self._watch_runs
         loop = asyncio.get_running_loop()
-        while True:
-            endpoint = self.members.current()
-            try:
-                async for batch in self._watch_once(endpoint, full, next_rev):
-                    failures = 0
-                    next_rev = batch[-1].revision + 1
-                    yield batch
-            except Compacted:
-                raise
-            except (grpc.RpcError, TimeoutError, _WatchEnded) as exc:
-                if isinstance(exc, grpc.RpcError):
-                    self._token_expired(exc)
-                failures += 1
-                self.members.skip(endpoint)
-                if failures >= STUCK_AFTER and loop.time() - warned >= STUCK_WARN_EVERY:
-                    # nothing after next_rev reaches this node until it succeeds:
-                    # a person must hear of it (a node that stopped deciding
-                    # once logged nothing here at serve's usual level)
-                    warned = loop.time()
-                    log.warning(
-                        "etcd watch of %s has broken %d times in a row at revision %d, "
-                        "last on %s (%s): this node sees no change there until it resumes",
-                        prefix,
-                        failures,
-                        next_rev,
-                        endpoint,
-                        _why(exc),
-                    )
-                else:
-                    level = logging.INFO if failures == 1 else logging.DEBUG
-                    log.log(
-                        level,
-                        "etcd watch on %s broke (%s); resuming at %d",
-                        endpoint,
-                        _why(exc),
-                        next_rev,
-                    )
-                await asyncio.sleep(min(0.05 * 2**failures, 1.0))
+        try:
+            while True:
+                endpoint = self.members.current()
+                opened = loop.time()
+                try:
+                    async for batch in self._watch_once(endpoint, full, next_rev):
+                        if failures:
+                            failures = 0
+                            runs.pop(me, None)
+                        next_rev = batch[-1].revision + 1
+                        yield batch
+                except Compacted:
+                    raise
+                except (grpc.RpcError, TimeoutError, _WatchEnded) as exc:
+                    failures = failures + 1 if loop.time() - opened < STUCK_WITHIN else 1
+                    self.watch_breaks += 1
+                    runs[me] = failures
+                    warned = self._watch_broke(prefix, endpoint, next_rev, failures, warned, exc)
+                    await asyncio.sleep(min(0.05 * 2**failures, 1.0))
+        finally:
+            runs.pop(me, None)
+
+    @property
+    def watches_stuck(self) -> int:
+        """Watches that have broken STUCK_AFTER times or more in a row at one
+        revision (and see nothing past it until one succeeds)."""
+        return sum(1 for n in list(self._watch_runs.values()) if n >= STUCK_AFTER)
+
+    def _watch_broke(
+        self,
+        prefix: str,
+        endpoint: str,
+        next_rev: int,
+        failures: int,
+        warned: float,
+        exc: grpc.RpcError | TimeoutError | _WatchEnded,
+    ) -> float:
+        """A watch broke (``failures`` times in a row): the next member is
+        tried, and a person hears of a watch stuck at one revision. The loop
+        time of its last warning."""
+        if isinstance(exc, grpc.RpcError):
+            self._token_expired(exc)
+        self.members.skip(endpoint)
+        now = asyncio.get_running_loop().time()
+        if failures >= STUCK_AFTER and now - warned >= STUCK_WARN_EVERY:
+            # nothing after next_rev reaches this node until it succeeds: a
+            # person must hear of it (a node that stopped deciding once
+            # logged nothing here at serve's usual level)
+            log.warning(
+                "etcd watch of %s has broken %d times in a row at revision %d, "
+                "last on %s (%s): this node sees no change there until it resumes",
+                prefix,
+                failures,
+                next_rev,
+                endpoint,
+                _why(exc),
+            )
+            return now
+        level = logging.INFO if failures == 1 else logging.DEBUG
+        log.log(level, "etcd watch on %s broke (%s); resuming at %d", endpoint, _why(exc), next_rev)
+        return warned
 
     async def _watch_once(
         self, endpoint: str, prefix: bytes, start: int
