@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import operator
 from collections.abc import AsyncIterator
 from typing import Any, cast
@@ -70,6 +71,15 @@ def kv(path: str, state: HealthState, since: float, revision: int, node: str = "
 
 def event(path: str, state: HealthState, since: float, revision: int) -> Event:
     return Event(revision, kv(path, state, since, revision), False)
+
+
+def deleted(path: str, revision: int) -> Event:
+    """etcd's deletion event: the key alone, no value."""
+    return Event(revision, KeyValue(opinion_key(path, US), b"", 0, 0, 0), True)
+
+
+def garbled(path: str, revision: int) -> Event:
+    return Event(revision, KeyValue(opinion_key(path, US), b"{not json", 1, revision, 0), False)
 
 
 def us_paths(probing: ClusterProbing) -> list[str]:
@@ -284,3 +294,57 @@ def test_a_node_whose_election_ended_writes_nothing() -> None:
         assert ledger.unwritten(0.0) == 1  # kept for the next leader
 
     run_async(go(), timeout=10)
+
+
+@pytest.mark.parametrize(
+    ("events", "held"),
+    [
+        # (kind, revision) in the order the watch delivers them -> the revision held (0: none)
+        ([("put", 11)], 11),
+        ([("put", 11), ("put", 12)], 12),
+        ([("put", 12), ("put", 11)], 12),  # older news: dropped
+        ([("put", 11), ("del", 12)], 0),
+        ([("put", 11), ("del", 12), ("put", 12)], 0),  # no older than the deletion
+        ([("put", 11), ("del", 12), ("put", 13)], 13),
+        ([("del", 12), ("put", 11)], 0),  # a deletion of nothing held is remembered too
+        ([("put", 11), ("garbled", 12)], 11),  # a value that cannot be trusted: the held stands
+        ([("put", 11), ("put", 9)], 11),
+        ([("put", 25)], 0),  # at or below the floor (joined at 30): older than the list
+    ],
+)
+def test_opinion_events_apply_in_revision_order(events: list[tuple[str, int]], held: int) -> None:
+    _, probing, _ = node(Clock())
+    path = us_paths(probing)[0]
+    if events == [("put", 25)]:
+        probing.left()
+        probing.joined([], revision=30)
+    make = {
+        "put": lambda r: event(path, U if r % 2 else H, 990.0 + r, r),
+        "del": lambda r: deleted(path, r),
+        "garbled": lambda r: garbled(path, r),
+    }
+    for kind, revision in events:
+        probing.opinion_changed(make[kind](revision))
+    probing.opinions_settled()
+    got = probing.opinions.get(path, {}).get(US)
+    assert (got.revision if got is not None else 0) == held
+    if got is not None:
+        assert got.state is (U if held % 2 else H)
+
+
+def test_a_deleted_opinion_is_no_opinion_and_no_warning(caplog: pytest.LogCaptureFixture) -> None:
+    # (a deletion's event has no value: it was read as a garbled opinion and
+    # logged as one, once for every key deleted)
+    _, probing, _ = node(Clock())
+    path = us_paths(probing)[0]
+    probing.opinion_changed(event(path, U, 990.0, 11))
+    with caplog.at_level(logging.INFO, logger="healthgate"):
+        probing.opinion_changed(deleted(path, 12))
+        probing.opinions_settled()
+    assert path not in probing.opinions
+    assert not [r for r in caplog.records if "ignoring the opinion" in r.getMessage()]
+    # the same reason, read from many opinions, is one string
+    probing.opinion_changed(event(path, H, 991.0, 13))
+    other = us_paths(probing)[1]
+    probing.opinion_changed(event(other, H, 991.0, 14))
+    assert probing.opinions[path][US].reason is probing.opinions[other][US].reason

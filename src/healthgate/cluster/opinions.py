@@ -39,6 +39,21 @@ log = logging.getLogger("healthgate.cluster")
 
 OPINIONS = "o/"
 MAX_REASON = 1000  # characters of a reason kept from an opinion
+# reasons repeat ("2 consecutive successful probes ...; last: HTTP 200 in 0
+# ms"): one copy of each, among the last REASONS_KEPT distinct ones (a node
+# holds an opinion of every endpoint)
+REASONS_KEPT = 4096
+_reasons: dict[str, str] = {}
+
+
+def _one_copy(reason: str) -> str:
+    kept = _reasons.get(reason)
+    if kept is not None:
+        return kept
+    if len(_reasons) >= REASONS_KEPT:
+        _reasons.clear()
+    _reasons[reason] = reason
+    return reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +62,7 @@ class Opinion:
     since: float
     reason: str
     node: str
+    revision: int = 0  # the etcd revision its key was written at (its mod revision)
 
 
 def opinion_key(endpoint: str, vantage: str) -> str:
@@ -94,7 +110,10 @@ def parse_opinion(kv: KeyValue) -> tuple[str, str, Opinion | None]:
         # (a node's and a region's name, one copy each: a node holds an
         # opinion of every endpoint, 100,000 of them and more)
         node, vantage = sys.intern(node), sys.intern(vantage)
-        return endpoint, vantage, Opinion(state, sane_time(d["since"]), reason[:MAX_REASON], node)
+        opinion = Opinion(
+            state, sane_time(d["since"]), _one_copy(reason[:MAX_REASON]), node, kv.mod_revision
+        )
+        return endpoint, vantage, opinion
     except (ValueError, KeyError, TypeError) as exc:
         _bad(kv.key, str(exc))
         return endpoint, vantage, None

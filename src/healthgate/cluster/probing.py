@@ -27,13 +27,14 @@ itself believed while it was not a member.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from healthgate.cluster.opinions import Opinion, OpinionWriter, parse_opinion
+from healthgate.cluster.opinions import Opinion, OpinionWriter, parse_opinion, split_opinion_key
 from healthgate.controlplane.probe_workers import ProbePool
 from healthgate.controlplane.probing import (
     HISTORY_BUDGET,
@@ -65,6 +66,10 @@ from healthgate.probes.stats import FailureLogLimiter, ProbeTotals
 from healthgate.store.etcd_client import Event, KeyValue
 
 log = logging.getLogger("healthgate.cluster")
+
+# deleted opinions whose revisions are kept (older news of them is dropped;
+# the watch delivers in order, so this guards only a list and a watch that overlap)
+DELETIONS_KEPT = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,9 +127,11 @@ class ClusterProbing:
         # while this node is not a member (its session lost): it says nothing
         # and corrects nothing; on joining again it resumes from the opinions
         self.member = True
-        # opinions are applied in etcd's order: key -> the revision held (a
-        # deletion's too), and a floor below which nothing is older news
-        self._revisions: dict[str, int] = {}
+        # opinions are applied in etcd's order: each held opinion carries its
+        # key's revision; a deletion's (or an untrusted value's) revision is
+        # kept here, the newest DELETIONS_KEPT of them; and a floor below
+        # which nothing is older news
+        self._deleted: dict[str, int] = {}
         self._floor = 0
         self._dirty: set[str] = set()  # endpoints whose opinions changed in this watch batch
         # after joining again: endpoints whose stored opinions would change
@@ -498,12 +505,11 @@ class ClusterProbing:
 
     def _load(self, kvs: Iterable[KeyValue]) -> None:
         self.opinions = {}
-        self._revisions = {}
+        self._deleted = {}
         for kv in kvs:
             path, vantage, op = parse_opinion(kv)
             if op is not None:
                 self.opinions.setdefault(path, {})[vantage] = op
-                self._revisions[kv.key] = kv.mod_revision
         for slot, (path, vantages) in self.mine.items():
             self._take_over(slot, path, vantages)
 
@@ -512,17 +518,34 @@ class ClusterProbing:
         batch: :meth:`opinions_settled`)."""
         key = ev.kv.key
         revision = ev.revision if ev.deleted else ev.kv.mod_revision
-        if revision <= max(self._floor, self._revisions.get(key, 0)):
+        if revision <= self._floor:
             return  # older than what this node holds (listed on joining)
-        path, vantage, op = parse_opinion(ev.kv)
-        if not path:
-            return
-        self._revisions[key] = revision
-        if ev.deleted:
-            self.opinions.get(path, {}).pop(vantage, None)
-        else:
-            if op is None:
+        op: Opinion | None = None
+        if ev.deleted:  # (a deletion has no value to read: its key says whose)
+            where = split_opinion_key(key)
+            if where is None:
                 return
+            path, vantage = where
+        else:
+            path, vantage, op = parse_opinion(ev.kv)
+            if op is None:
+                return  # (a value that cannot be trusted is no opinion: the one held stands)
+        ops = self.opinions.get(path)
+        held = ops.get(vantage) if ops is not None else None
+        if revision <= (held.revision if held is not None else self._deleted.get(key, 0)):
+            return  # older than what this node holds
+        if op is None:  # deleted
+            if held is not None:
+                assert ops is not None
+                del ops[vantage]
+                if not ops:
+                    del self.opinions[path]
+            deleted = self._deleted
+            deleted[key] = revision
+            if len(deleted) > DELETIONS_KEPT:  # (the older half forgotten at once)
+                self._deleted = dict(itertools.islice(deleted.items(), len(deleted) // 2, None))
+        else:
+            self._deleted.pop(key, None)
             self.opinions.setdefault(path, {})[vantage] = op
             self._correct(path, vantage, op)
         self._held.pop(path, None)  # (a fresh opinion: held no longer)
