@@ -20,6 +20,7 @@ from aetcd.rpc import rpc_pb2 as pb
 from aetcd.rpc import rpc_pb2_grpc as stubs
 
 from healthgate.health.placement import by_region, probers
+from healthgate.store.etcd import EtcdStore
 from tests.cluster.stack import SOURCES, ClusterStack, Node, TcpTraffic, Traffic
 from tests.integration.receiver import receiver
 from tests.integration.serve_proc import wait_for
@@ -32,7 +33,11 @@ WINDOW = 1 * 2 + 1 * 1  # timeout x threshold + interval x (threshold - 1), the 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterStack]:
-    s = ClusterStack(tmp_path_factory.mktemp("cluster"), lease_ttl=2)
+    # (the leader looks for opinions of endpoints gone every second: the
+    # sweep's test; nothing else here removes an endpoint)
+    s = ClusterStack(
+        tmp_path_factory.mktemp("cluster"), lease_ttl=2, node_args=("--opinion-sweep-sec", "1")
+    )
     try:
         s.start()
         yield s
@@ -678,3 +683,40 @@ def test_a_replay_on_any_node_reads_each_endpoints_history_from_its_prober(
     routes = [r for r in report["rows"] if r["kind"] == "Route"]
     assert len(routes) == 2 and all(r["same"] for r in routes), routes
     assert report["firstDifference"] is None, report["firstDifference"]
+
+
+def test_the_opinions_of_an_endpoint_gone_are_deleted_and_it_comes_back_clean(
+    fresh: ClusterStack,
+) -> None:
+    """An endpoint removed from the world leaves no opinion behind in etcd
+    (cluster/sweeper.py: the leader deletes it at its second look); added
+    again, it is probed and decided as a new one, and nothing else moves."""
+    a = fresh.nodes["a"]
+    neg = next(
+        d for d in fresh.world if d["kind"] == "NetworkEndpointGroup" and d.get("endpoints")
+        and d["region"] == US
+    )  # fmt: skip
+    gone = neg["endpoints"][-1]
+    body = a.get(f"/v1/projects/shop/regions/{US}/backendServices/web/health")
+    key = f"o/{body['backendService']}/endpoints/{gone['ipAddress']}:{gone['port']}/{US}"
+    store = EtcdStore(fresh.etcd.endpoints)
+    try:
+
+        def opinion() -> bool:
+            return bool(store.client.list_prefix(key)[1])
+
+        assert opinion()
+        after = fresh.last_event_id(a)
+        fresh.apply([{**neg, "endpoints": neg["endpoints"][:-1]}], node=a)
+        wait_for(lambda: not opinion(), 15, what="its opinion deleted")
+        swept = sum(n.cluster()["opinionsSwept"] for n in fresh.live())
+        assert swept >= 1
+        fresh.apply([neg], node=a)
+        wait_for(opinion, 15, what="a new opinion of it")
+        wait_for(lambda: all(fresh.all_endpoints_healthy(US, n) for n in fresh.live()), 15,
+                 what="every us-east1 endpoint HEALTHY again")  # fmt: skip
+        moved = [e for e in transitions_since(fresh, a, after) if e["kind"] != "Change"]
+        assert moved == [], moved
+        assert all(fresh.route_target(n) == US for n in fresh.live())
+    finally:
+        store.close()

@@ -281,6 +281,12 @@ class ClusterCollector(Collector):
             "Transitions this node decided in the last minute that the log does not hold yet",
             value=unwritten if isinstance(unwritten, int) else 0,
         )
+        swept = s.get("opinionsSwept")
+        yield CounterMetricFamily(
+            "healthgate_cluster_opinions_swept",
+            "Opinions of endpoints gone from the world that this node deleted as the leader",
+            value=swept if isinstance(swept, int) else 0,
+        )
         breaks, stuck = s.get("etcdWatchBreaks"), s.get("etcdWatchesStuck")
         yield CounterMetricFamily(
             "healthgate_etcd_watch_breaks",

@@ -151,6 +151,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         node=args.node,
         region=args.region,
         lease_ttl=args.lease_ttl,
+        opinion_sweep=args.opinion_sweep_sec,
         advertise_url=args.advertise_url,
         probe_workers=args.probe_workers,
         listen=args.listen,
@@ -365,6 +366,14 @@ def _store_options(p: argparse.ArgumentParser) -> None:
         default=5,
         metavar="SECONDS",
         help="cluster mode: a dead node's endpoints move after this (default 5)",
+    )
+    g.add_argument(
+        "--opinion-sweep-sec",
+        type=positive_float,
+        default=300.0,
+        metavar="SECONDS",
+        help="cluster mode: how often the leader looks for opinions of endpoints gone from the "
+        "world; one is deleted at the second look that finds it (default 300)",
     )
     g.add_argument(
         "--advertise-url",

@@ -34,6 +34,7 @@ from healthgate.cluster.membership import MEMBERS, api_of, join, member_of, memb
 from healthgate.cluster.opinions import OPINIONS, OpinionWriter
 from healthgate.cluster.probing import ClusterProbing, ClusterSettings
 from healthgate.cluster.session import Session
+from healthgate.cluster.sweeper import OpinionSweeper
 from healthgate.cluster.traffic import TRAFFIC, ClusterTraffic
 from healthgate.controlplane.recorder import TransitionRecorder
 from healthgate.controlplane.saved_states import engine_states
@@ -77,6 +78,14 @@ class ClusterNode:
             probing.clock,
         )  # fmt: skip
         self.election = Election(self.client, ELECTION, settings.node, self._elected, self._deposed)
+        # the leader deletes the opinions of endpoints that left the world
+        self.sweeper = OpinionSweeper(
+            self.client,
+            lambda: probing.opinions,
+            lambda path: path in probing.endpoints,  # (a new dict at each placement)
+            lambda: self.election.guard if self.leading else None,
+            settings.sweep_every,
+        )
         self._tasks: list[asyncio.Task[Any]] = []
         self._campaign: asyncio.Task[None] | None = None
         self._members: dict[str, str] = {}  # as the member watch has them (placed per batch)
@@ -141,6 +150,7 @@ class ClusterNode:
         spawn(self.traffic.run(), "traffic-writer")
         spawn(self._keep_session(), "session")
         spawn(self._resync(), "resync")
+        spawn(self.sweeper.run(), "opinion-sweeper")
         spawn(self._compact(), "compaction")
         self._campaign = spawn(self.election.campaign(self.session), "election")
 
@@ -284,6 +294,7 @@ class ClusterNode:
             "opinionWrites": self.writer.writes,
             "trafficVerdictWrites": self.traffic.writes,
             "opinionsDropped": self.writer.dropped,
+            "opinionsSwept": self.sweeper.swept,  # of endpoints gone from the world
             # etcd watches that broke, and those broken again and again at one
             # revision (this node sees nothing past it there: docs/cluster.md)
             "etcdWatchBreaks": self.client.watch_breaks,

@@ -79,6 +79,7 @@ class ClusterSettings:
     lease_ttl: int = 5
     probe_workers: int = 0  # probe this node's share in N worker processes
     resync_every: float = 300.0  # anti-entropy: rewrite opinions that differ from the store
+    sweep_every: float = 300.0  # the leader deletes opinions of endpoints gone (cluster/sweeper.py)
     api_url: str = ""  # where this node's API answers (in its member key: the others ask it)
 
 

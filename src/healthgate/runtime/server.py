@@ -121,6 +121,7 @@ class ServeSettings:
     node: str | None = None
     region: str | None = None
     lease_ttl: int = 5
+    opinion_sweep: float = 300.0  # seconds between the leader's looks for stale opinions
     # where the other nodes reach this node's API (default: http://--listen)
     advertise_url: str | None = None
     etcd_tls: EtcdTls | None = None  # TLS to etcd's members (SPEC §7)
@@ -270,7 +271,12 @@ class Server:
         if s.clustered:
             assert s.node and s.region, "checked by the CLI"
             cluster = ClusterSettings(
-                s.node, s.region, s.lease_ttl, workers, api_url=s.advertise_url or self.url
+                s.node,
+                s.region,
+                s.lease_ttl,
+                workers,
+                api_url=s.advertise_url or self.url,
+                sweep_every=s.opinion_sweep,
             )
 
             def in_cluster(feed: Feed, failure_log: FailureLogLimiter) -> ProbeSource:

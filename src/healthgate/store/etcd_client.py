@@ -401,6 +401,20 @@ class EtcdClient:
     def delete(self, key: str) -> None:
         self.call("KV.DeleteRange", pb.DeleteRangeRequest(key=self.key(key)), write=True)
 
+    def delete_unchanged(self, keys: Sequence[tuple[str, int]], guard: Sequence[Any] = ()) -> bool:
+        """Delete these keys, each only if it is still at its revision (its
+        mod revision), in one transaction with the ``guard`` compares: all
+        or nothing (False: one of them changed, or the guard is gone).
+        At most MAX_OPS keys."""
+        if len(keys) > MAX_OPS:
+            raise ValueError(f"at most {MAX_OPS} keys in one transaction (got {len(keys)})")
+        compares = [*guard, *(self.mod_is(k, r) for k, r in keys)]
+        ops = [
+            pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=self.key(k)))
+            for k, _ in keys
+        ]
+        return bool(self.txn(compares, ops).succeeded)
+
     def create(self, key: str, value: bytes, lease: int) -> tuple[bool, int]:
         """Create ``key`` under ``lease`` if absent: (created, its create
         revision - an existing key's, if it was there)."""
@@ -431,6 +445,12 @@ class EtcdClient:
             result=pb.Compare.EQUAL,
             target=pb.Compare.CREATE,
             create_revision=revision,
+        )
+
+    def mod_is(self, key: str, revision: int) -> Any:
+        """A compare: ``key`` was last written at ``revision``."""
+        return pb.Compare(
+            key=self.key(key), result=pb.Compare.EQUAL, target=pb.Compare.MOD, mod_revision=revision
         )
 
     def under_lease(self, key: str, lease: int) -> Any:

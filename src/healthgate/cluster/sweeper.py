@@ -1,0 +1,120 @@
+"""Opinions of endpoints that left the world, deleted by the leader.
+
+An opinion (``o/<endpoint path>/<vantage region>``: cluster/opinions.py)
+is written by the endpoint's prober, and by no one else. When an endpoint
+leaves the world (its NEG, its instance or its backend service removed),
+nobody probes it and nobody would ever delete its opinions: they would stay
+in etcd for ever - listed by every node when it starts or joins again, held
+in every node's memory, in etcd's space - and a world whose endpoints come
+and go (autoscaled groups) would grow them without end.
+
+The elected node sweeps them (:class:`OpinionSweeper`), every ``every``
+seconds (``--opinion-sweep-sec``, 300 by default):
+
+* it looks for opinions whose endpoint is in no backend service of the
+  world as the serving engine has it now;
+* it deletes only those it found at its previous look too, at the same
+  revision: an endpoint gone for a whole sweep interval, never one that a
+  reload or a quick remove-and-add hid for a moment (so an opinion goes
+  one to two intervals after its endpoint);
+* each delete compares, inside its transaction, every key's revision and
+  the leader's election key: an opinion written meanwhile (the endpoint is
+  back and probed), or a leader that was deposed, deletes nothing. A batch
+  whose compare fails is tried again key by key.
+
+Every node's opinion watch then drops them (cluster/probing.py). A node that
+does not lead forgets what it suspected: a new leader looks twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+
+from healthgate.cluster.opinions import Opinion, opinion_key
+from healthgate.store.base import Guard, StoreError
+from healthgate.store.etcd_client import MAX_OPS, EtcdClient
+
+log = logging.getLogger("healthgate.cluster")
+
+SWEEP_EVERY = 300.0
+
+
+class OpinionSweeper:
+    def __init__(
+        self,
+        client: EtcdClient,
+        opinions: Callable[[], Mapping[str, Mapping[str, Opinion]]],
+        in_world: Callable[[str], bool],
+        guard: Callable[[], Guard | None],
+        every: float = SWEEP_EVERY,
+    ) -> None:
+        self.client = client
+        self.opinions = opinions  # endpoint path -> vantage -> opinion, as this node holds them
+        self.in_world = in_world  # is this endpoint path in the world now?
+        self.guard = guard  # the election's, while this node leads
+        self.every = every
+        self.swept = 0  # opinions deleted by this node
+        self._suspects: dict[str, int] = {}  # opinion key -> revision, found at the last look
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.every)
+            await self.sweep()
+
+    async def sweep(self) -> int:
+        """One look, and the deletes it makes due; how many were deleted."""
+        guard = self.guard()
+        if guard is None:
+            self._suspects = {}
+            return 0
+        due = self.due(self.look())
+        if not due:
+            return 0
+        try:
+            deleted = await asyncio.to_thread(self.delete, due, guard)
+        except StoreError as exc:
+            log.warning("could not delete the opinions of endpoints gone from the world: %s", exc)
+            return 0
+        if deleted:
+            log.info("deleted %d opinions of endpoints gone from the world", deleted)
+        self.swept += deleted
+        return deleted
+
+    def look(self) -> dict[str, int]:
+        """(On the event loop: it reads this node's opinions.) The opinions
+        whose endpoint is not in the world: key -> revision."""
+        in_world = self.in_world
+        return {
+            opinion_key(path, vantage): op.revision
+            for path, ops in list(self.opinions().items())
+            if not in_world(path)
+            for vantage, op in ops.items()
+        }
+
+    def due(self, found: dict[str, int]) -> dict[str, int]:
+        """Of the opinions found now, those found at the last look too, at
+        the same revision; the others are remembered for the next."""
+        suspects = self._suspects
+        due = {k: r for k, r in found.items() if suspects.get(k) == r}
+        self._suspects = {k: r for k, r in found.items() if k not in due}
+        return due
+
+    def delete(self, due: dict[str, int], guard: Guard) -> int:
+        """(In a worker thread.) Delete what is due, in transactions of
+        MAX_OPS keys under the guard; a batch whose compare fails key by key.
+        How many were deleted."""
+        client = self.client
+        held = [client.created_at(guard.key, guard.revision)]
+        keys = sorted(due.items())
+        deleted = 0
+        for i in range(0, len(keys), MAX_OPS):
+            batch = keys[i : i + MAX_OPS]
+            if client.delete_unchanged(batch, held):
+                deleted += len(batch)
+                continue
+            if self.guard() is None:
+                break  # deposed meanwhile: the next leader looks again
+            deleted += sum(client.delete_unchanged([one], held) for one in batch)
+        return deleted
