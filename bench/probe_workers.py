@@ -121,12 +121,16 @@ def run(
         b0 = sum(cpu_seconds(b.p.pid) for b in backends)
         s0 = metric(url, "healthgate_probes_started_total")
         l0 = metric(url, "healthgate_probes_late_total")
+        k0 = metric(url, "healthgate_prober_lag_seconds_count")  # (one per tick)
+        d0 = metric(url, "healthgate_prober_deferred_ticks")
         t0 = time.monotonic()
         time.sleep(duration)
         c1 = cpu_seconds(proc.p.pid, children=True)
         b1 = sum(cpu_seconds(b.p.pid) for b in backends)
         s1 = metric(url, "healthgate_probes_started_total")
         l1 = metric(url, "healthgate_probes_late_total")
+        k1 = metric(url, "healthgate_prober_lag_seconds_count")
+        d1 = metric(url, "healthgate_prober_deferred_ticks")
         elapsed = time.monotonic() - t0
         rss = rss_mb(proc.p.pid, children=True)
         healthy = _healthy(url)
@@ -140,6 +144,8 @@ def run(
         "on_time": 1 - (l1 - l0) / max(started, 1),
         "us_per_check": (c1 - c0) / max(started, 1) * 1e6,
         "cores": (c1 - c0) / elapsed,
+        "ticks_per_s": (k1 - k0) / elapsed,  # of every prober together
+        "deferred_per_s": (d1 - d0) / elapsed,
         "backend_cores": (b1 - b0) / elapsed,
         "healthy": healthy,
         "ready_s": ready,
@@ -209,6 +215,7 @@ def main() -> None:
                 f"{row['checks_per_s']:,.0f} checks/s, {row['on_time'] * 100:.2f} % on time "
                 f"(goal >= 99 %), {row['us_per_check']:.1f} us/check, {row['cores']:.2f} cores "
                 f"(backends {row['backend_cores']:.2f}, nice {args.backend_nice}), "
+                f"{row['ticks_per_s']:,.0f} ticks/s ({row['deferred_per_s']:,.0f} deferred), "
                 f"{row['healthy']:,} HEALTHY; API ready after {row['ready_s']:.1f} s, every "
                 f"endpoint HEALTHY after {row['decided_s']:.1f} s; {row['rss_mb']:.0f} MB "
                 "resident (with the workers)",
