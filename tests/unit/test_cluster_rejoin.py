@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import pytest
 
-from healthgate.cluster.ledger import LeaderLedger
+from healthgate.cluster.ledger import LeaderLedger, bound_dict
 from healthgate.cluster.opinions import OpinionWriter, opinion_key
 from healthgate.cluster.probing import ClusterProbing, ClusterSettings
 from healthgate.controlplane.health_service import HealthService
@@ -348,3 +348,24 @@ def test_a_deleted_opinion_is_no_opinion_and_no_warning(caplog: pytest.LogCaptur
     other = us_paths(probing)[1]
     probing.opinion_changed(event(other, H, 991.0, 14))
     assert probing.opinions[path][US].reason is probing.opinions[other][US].reason
+
+
+@pytest.mark.parametrize(("inserted", "at_once"), [(25_000, True), (25_000, False), (9_000, True)])
+def test_the_ledgers_memories_keep_their_newest(inserted: int, at_once: bool) -> None:
+    # (bounded by rebuilding in one pass: deleting the oldest one at a time
+    # was quadratic, seconds on the event loop in a failover of 100,000)
+    d: dict[int, None] = {}
+    if at_once:
+        d.update(dict.fromkeys(range(inserted)))
+        bound_dict(d, 10_000)
+    else:
+        for i in range(inserted):
+            d[i] = None
+            bound_dict(d, 10_000)
+    assert 7_500 <= len(d) <= 10_000 or len(d) == inserted
+    assert list(d) == list(range(inserted - len(d), inserted))  # the newest, in order
+    ledger = LeaderLedger(MemoryStore(), lambda: None)
+    ledger.computed([record(f"x/endpoints/{i}", "U", float(i)) for i in range(inserted)])
+    assert ledger.unwritten(0.0) == min(
+        inserted, 10_000 * 3 // 4 if inserted > 10_000 else inserted
+    )

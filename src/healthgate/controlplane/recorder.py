@@ -373,18 +373,3 @@ class TransitionRecorder(HealthListener):
                 while not queue.empty():
                     queue.get_nowait()
                 queue.put_nowait(None)
-
-
-def bound_dict(d: dict[Any, Any], most: int) -> None:
-    """Keep the newest ``most`` entries of an insertion-ordered dict."""
-    while len(d) > most:
-        del d[next(iter(d))]
-
-
-def identity(record: dict[str, Any]) -> tuple[str, str, float]:
-    """What makes a record the same on every node: what, to what, when."""
-    return (
-        str(record.get("path") or record.get("frontend")),
-        str(record.get("to")),
-        float(record.get("time", 0.0)),
-    )
