@@ -72,6 +72,7 @@ class ClusterNode:
             self.client, self.session, MEMBERS + settings.node, settings.node
         )
         probing.writer = self.writer
+        probing.beat = self.session.beat  # (long placements keep the session alive)
         # TRAFFIC health sources: this node's verdicts out, the nodes' quorum in
         self.traffic = ClusterTraffic(
             self.client, self.session, MEMBERS + settings.node, settings.node, probing.feed,

@@ -70,6 +70,7 @@ log = logging.getLogger("healthgate.cluster")
 # deleted opinions whose revisions are kept (older news of them is dropped;
 # the watch delivers in order, so this guards only a list and a watch that overlap)
 DELETIONS_KEPT = 100_000
+BEAT_EVERY = 8192  # endpoints of long synchronous work between two calls of beat
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +119,10 @@ class ClusterProbing:
         # serving engine's, never held twice)
         self.prober = ProbedTable()
         self.writer: OpinionWriter | None = None  # (the node sets it: it needs the session)
+        # called every BEAT_EVERY endpoints of long synchronous work (a
+        # placement of a large world): the node's session refreshed in place
+        # (cluster/session.py's beat; the node sets it)
+        self.beat: Callable[[], None] = lambda: None
         self.members: dict[str, str] = {}  # live node -> region
         self.regions: dict[str, list[str]] = {}
         self.opinions: dict[str, dict[str, Opinion]] = {}  # endpoint path -> vantage -> opinion
@@ -253,7 +258,10 @@ class ClusterProbing:
         """Place again only the endpoints a membership change moves."""
         endpoints = self.endpoints
         moved: set[int] = set()
-        for slot, (path, owners) in self._placed.items():
+        beat = self.beat
+        for i, (slot, (path, owners)) in enumerate(self._placed.items()):
+            if not i % BEAT_EVERY:
+                beat()
             ep = endpoints.get(path)
             if ep is None or moves.moves(path, ep.region, ep.vantages, owners):
                 moved.add(slot)
@@ -335,7 +343,10 @@ class ClusterProbing:
         me = self.cluster.node
         orphans: set[str] = set()
         self._placed_mine = set()
-        for t in targets:
+        beat = self.beat
+        for i, t in enumerate(targets):
+            if not i % BEAT_EVERY:
+                beat()
             self._unplace_count(t.slot)
             path = endpoint_path(t.backend_service, t.ip, t.port)
             region = t.backend_service.region
@@ -384,7 +395,9 @@ class ClusterProbing:
         if not put and not gone:
             return
         checks = {t.backend_service: (t.check, t.secrets) for t, _ in put.values()}
+        self.beat()
         result = self.prober.change(self.clock(), checks, put, gone)
+        self.beat()
         stopped: list[str] = []
         for slot in result.removed:
             path, _ = self.mine.pop(slot)
@@ -394,7 +407,9 @@ class ClusterProbing:
             if self.local is not None:
                 self.local.remove(slot)
         probe: list[ProbeTarget] = []
-        for t in (*result.added, *result.changed):
+        for i, t in enumerate((*result.added, *result.changed)):
+            if not i % BEAT_EVERY:
+                self.beat()
             path = endpoint_path(t.backend_service, t.ip, t.port)
             before = self._mine_by_path.get(path)
             mine = put[path][1]
@@ -408,7 +423,9 @@ class ClusterProbing:
             if before is not None and before[1] != mine:
                 self._revantage(before[0], path, mine)
         if self.local is not None:
-            for t in probe:
+            for i, t in enumerate(probe):
+                if not i % BEAT_EVERY:
+                    self.beat()
                 self.local.scheduler.upsert(t.slot, spec_of(t))
         elif self.pool is not None:
             self.pool.change(probe, stopped)
@@ -507,7 +524,10 @@ class ClusterProbing:
     def _load(self, kvs: Iterable[KeyValue]) -> None:
         self.opinions = {}
         self._deleted = {}
-        for kv in kvs:
+        beat = self.beat
+        for i, kv in enumerate(kvs):
+            if not i % BEAT_EVERY:
+                beat()
             path, vantage, op = parse_opinion(kv)
             if op is not None:
                 self.opinions.setdefault(path, {})[vantage] = op
@@ -615,7 +635,14 @@ class ClusterProbing:
     def _decide(self, paths: Iterable[str]) -> None:
         if not self.member:
             return  # (fail static: decided all at once on joining again)
-        decided = [d for d in map(self._decision, paths) if d is not None]
+        decided: list[Decided] = []
+        beat = self.beat
+        for i, path in enumerate(paths):
+            if not i % BEAT_EVERY:
+                beat()
+            d = self._decision(path)
+            if d is not None:
+                decided.append(d)
         if not decided:
             return
         records = self.feed.states(decided)
