@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
 
 import pytest
 
@@ -29,24 +28,6 @@ from tests.helpers import run_async
 pytestmark = pytest.mark.cluster
 
 WRITES, KEYS, SIZE = 160, 100, 400  # 6.4 MB: more than gRPC's 4 MiB default
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
-    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd-large"), 1)
-    try:
-        yield cluster
-    finally:
-        cluster.close()
-
-
-@pytest.fixture()
-def client(etcd: EtcdCluster, request: pytest.FixtureRequest) -> Iterator[EtcdClient]:
-    store = EtcdStore(etcd.endpoints, namespace=f"/{request.node.name[:40]}/")
-    try:
-        yield store.client
-    finally:
-        store.close()
 
 
 def write(client: EtcdClient, prefix: str, writes: int = WRITES) -> tuple[int, int]:

@@ -6,37 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from healthgate.cluster.session import Session
-from healthgate.fixtures.etcd_local import EtcdCluster
-from healthgate.store.etcd import EtcdStore
 from healthgate.store.etcd_client import EtcdClient
 from tests.helpers import run_async
 
 pytestmark = pytest.mark.cluster
 
 TTL = 2
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
-    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd-session"), 1)
-    try:
-        yield cluster
-    finally:
-        cluster.close()
-
-
-@pytest.fixture()
-def client(etcd: EtcdCluster) -> Iterator[EtcdClient]:
-    store = EtcdStore(etcd.endpoints, namespace="/session/")
-    try:
-        yield store.client
-    finally:
-        store.close()
 
 
 def busy(seconds: float, beat: Session | None) -> None:

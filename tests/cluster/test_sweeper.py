@@ -6,15 +6,12 @@ leader's election key."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
 from healthgate.cluster.opinions import OPINIONS, Opinion, opinion_key, parse_opinion
 from healthgate.cluster.sweeper import OpinionSweeper
-from healthgate.fixtures.etcd_local import EtcdCluster
 from healthgate.store.base import Guard
-from healthgate.store.etcd import EtcdStore
 from healthgate.store.etcd_client import MAX_OPS, EtcdClient
 from tests.helpers import run_async
 
@@ -25,24 +22,6 @@ ENDPOINTS = [
     f"projects/p/regions/r1/backendServices/b/endpoints/10.0.{i // 250}.{i % 250}:80"
     for i in range(260)  # more than two transactions' worth of keys
 ]
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
-    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd-sweeper"), 1)
-    try:
-        yield cluster
-    finally:
-        cluster.close()
-
-
-@pytest.fixture()
-def client(etcd: EtcdCluster, request: pytest.FixtureRequest) -> Iterator[EtcdClient]:
-    store = EtcdStore(etcd.endpoints, namespace=f"/{request.node.name[:40]}/")
-    try:
-        yield store.client
-    finally:
-        store.close()
 
 
 def say(client: EtcdClient, paths: list[str], state: str = "HEALTHY") -> None:
