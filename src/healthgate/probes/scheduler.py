@@ -164,6 +164,7 @@ class ProbeScheduler:
             self.settings.tick, self.settings.min_tick, self.settings.starts_per_tick
         )
         self._rate = 0.0  # probes per second: the sum of 1 / interval over the keys
+        self._wheel_add = self._wheel.add  # (bound once: called for every probe)
         self._waiting: deque[tuple[Hashable, int]] = deque()
         self._in_flight = 0
         # results the batch prober knew as it started the probes (a loopback
@@ -273,7 +274,7 @@ class ProbeScheduler:
 
     def _arm(self, key: Hashable, entry: _Entry, due: float) -> None:
         entry.due = due
-        wake = self._wheel.add((key, entry.generation, due), due)
+        wake = self._wheel_add((key, entry.generation, due), due)
         if wake is not None and wake < self._tick_at and not self._ticking:
             self._schedule_tick(wake)  # (a tick sets the next one as it ends)
 

@@ -84,14 +84,16 @@ class TimerWheel(Generic[T]):
         """Put ``item`` on the slot of ``due``. When that slot was empty,
         the time a tick must run to start it (the caller's timer may need
         to move earlier); otherwise None."""
-        slot = int(due / self._res + 0.5)
-        items = self._wheel.get(slot)
-        if items is None:
-            self._wheel[slot] = [item]
-            heapq.heappush(self._slots, slot)
-            return self.wake_for(slot)
-        items.append(item)
-        return None
+        res = self._res
+        slot = int(due / res + 0.5)
+        wheel = self._wheel
+        items = wheel.get(slot)
+        if items is not None:  # (the usual case, once probes are many: no call made)
+            items.append(item)
+            return None
+        wheel[slot] = [item]
+        heapq.heappush(self._slots, slot)
+        return slot * res - (self._k - 1) * res / 2  # (wake_for, inline)
 
     def take(self, last: int) -> tuple[int, list[T]] | None:
         """The earliest slot and its items, taken off the wheel, if it is
