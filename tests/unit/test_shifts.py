@@ -6,15 +6,17 @@ their own expireTime."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
+from healthgate.controlplane.health_service import HealthService, RecordsTo
 from healthgate.health.routing import Candidate, choose
 from healthgate.health.shifts import affected
-from healthgate.health.states import HealthState, RouteChange, ShiftEnded
+from healthgate.health.states import HealthState, Record, RouteChange, ShiftEnded
 from healthgate.model.resources import Shift
-from tests.helpers import OK, example_dicts, feed, resources
+from tests.helpers import OK, example_dicts, feed, resources, run_async
 from tests.unit.test_engine import EU, FRONT, US, fail, route, settled
 
 H, X = HealthState.HEALTHY, HealthState.UNHEALTHY
@@ -25,6 +27,15 @@ def shift(project: str, away: str, until: float, name: str = "s1", **kw: Any) ->
         "kind": "Shift", "project": project, "name": name, "awayFrom": away,
         "expireTime": until, "created": 1.0, "actor": "alice", "comment": "deploy 42", **kw,
     }  # fmt: skip
+
+
+# a resource that moves nothing: a world change that is not a shift's
+SPARE = {
+    "kind": "HealthAggregationPolicy",
+    "project": "shop",
+    "region": "us-east1",
+    "name": "spare",
+}
 
 
 def with_shifts(*shifts: dict[str, Any]) -> list[Any]:
@@ -74,6 +85,62 @@ def test_a_shift_ends_by_itself_recorded_at_its_expire_time() -> None:
     assert "failing back" in back[0].reason
     assert route(engine) == US and engine.next_shift_expiry(130.0) is None
     assert engine.expire_shifts(200.0) == []  # (once)
+
+
+def test_a_shift_whose_end_is_past_but_not_recorded_is_still_due() -> None:
+    """A world change between a shift's end and its timer's run sets the
+    timer again: the end must still be due then (it once was not - the
+    route stayed shifted on that node until the next shift came)."""
+    engine = settled()
+    engine.apply(with_shifts(shift("web", "us-east1", 100.0)), 10.0)
+    # an unrelated change at 100.5: the shift's end (100.0) is not recorded yet
+    engine.apply(with_shifts(shift("web", "us-east1", 100.0), SPARE), 100.5)
+    assert engine.next_shift_expiry(100.5) == 100.0
+    records = engine.expire_shifts(100.5)
+    assert [(r.time, r.name) for r in records if isinstance(r, ShiftEnded)] == [(100.0, "s1")]
+    assert route(engine) == US and engine.next_shift_expiry(100.5) is None
+
+
+def test_a_shift_change_after_another_shifts_end_records_that_end_once() -> None:
+    """A change of the shifts themselves landing between s1's end and its
+    timer: s1's end is recorded then, at its own time, and never again."""
+    engine = settled()
+    engine.apply(with_shifts(shift("web", "us-east1", 100.0)), 10.0)
+    later = shift("other", "us-east1", 500.0, "later")  # (another project's: reaches nothing)
+    records = engine.apply(with_shifts(shift("web", "us-east1", 100.0), later), 100.5).records
+    assert [(r.time, r.name) for r in records if isinstance(r, ShiftEnded)] == [(100.0, "s1")]
+    assert route(engine) == US and engine.next_shift_expiry(100.5) == 500.0
+    assert not [r for r in engine.expire_shifts(101.0) if isinstance(r, ShiftEnded)]
+    # ... and a shift extended after its end but before its timer did not end
+    engine.apply(with_shifts(shift("web", "us-east1", 200.0), later), 150.0)
+    records = engine.apply(with_shifts(shift("web", "us-east1", 900.0), later), 201.0).records
+    assert not [r for r in records if isinstance(r, ShiftEnded)] and route(engine) == EU
+
+
+def test_the_timer_set_again_after_a_shifts_end_still_ends_it() -> None:
+    run_async(_timer_set_again())
+
+
+async def _timer_set_again() -> None:
+    """The same on a running loop (HealthService's one timer): a change
+    lands after the end, before the timer ran; the end comes at once."""
+    now = [99.999]
+    health = HealthService(clock=lambda: now[0])
+    got: list[Record] = []
+    health.listen(RecordsTo(got.extend))
+    health.apply(resources(example_dicts()), 0.0)
+    feed(health.engine, 1.0, OK, times=3)
+    health.apply(with_shifts(shift("web", "us-east1", 100.0)), 10.0)
+    assert route(health.engine) == EU
+    now[0] = 100.5  # the end has passed; its timer has not run yet
+    health.apply(with_shifts(shift("web", "us-east1", 100.0), SPARE))
+    for _ in range(100):  # (a timer due now: the loop runs it within a few turns)
+        await asyncio.sleep(0.001)
+        if route(health.engine) == US:
+            break
+    assert route(health.engine) == US
+    assert [r.name for r in got if isinstance(r, ShiftEnded)] == ["s1"]
+    await health.close()
 
 
 def test_a_longer_shift_outlives_a_shorter_one() -> None:

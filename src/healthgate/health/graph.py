@@ -34,7 +34,7 @@ from healthgate.health.routing import (
     order,
     split_text,
 )
-from healthgate.health.shifts import ShiftEffect, active_effects, ended, next_expiry
+from healthgate.health.shifts import ShiftEffect, active_effects, ended
 from healthgate.health.states import (
     ERROR_WINDOW,
     HealthState,
@@ -707,7 +707,7 @@ class HealthGraph:
         for p in rebuilt:
             for n in self._sources_by_bs.get(p, ()):
                 dirty_sources[n.path] = n
-        now = self._sync_shifts(now, new, changed, shifts_changed, dirty_routes)
+        now = self._sync_shifts(now, new, changed, shifts_changed, dirty_routes, records)
         # attachments whose target's composite changed are reached through the
         # composites; a newly created attachment or NEG is evaluated directly.
         self._propagate(
@@ -757,6 +757,7 @@ class HealthGraph:
         changed: Collection[ResourcePath],
         shifts_changed: bool,
         dirty_routes: dict[str, _Node],
+        records: list[Record],
     ) -> float:
         """What the shifts cover depends on the shifts and on the PSC NEGs
         and attachments there are: looked at again only when one of those
@@ -767,10 +768,19 @@ class HealthGraph:
         )
         if not shifts_changed and not negs_moved:
             return now
-        known = {str(s.path) for s in self._shifts}
+        before = self._shifts
+        known = {str(s.path) for s in before}
         self._shifts = sorted(self._shift_map.values(), key=lambda s: str(s.path))
         if shifts_changed:
-            self._active = {str(s.path) for s in self._shifts if s.active(now)}
+            active = {str(s.path) for s in self._shifts if s.active(now)}
+            # a shift that ended before this change and whose end the timer
+            # has not recorded yet (and that the change did not extend) is
+            # recorded now, at its own time - never lost to the change
+            for shift in sorted(before, key=lambda s: s.expire_time):
+                path = str(shift.path)
+                if path in self._active and path not in active and not shift.active(now):
+                    records.append(ended(shift))
+            self._active = active
         shifted = active_effects(new, now) if self._shifts else {}
         if shifted != self._shifted:  # (a shift came, went or moved: every route may change)
             self._shifted = shifted
@@ -781,7 +791,15 @@ class HealthGraph:
     # ------------------------------------------------------------------ shifts
 
     def next_shift_expiry(self, now: float) -> float | None:
-        return next_expiry(self._shifts, now)
+        """When the next shift in effect runs out - one whose end is past
+        ``now`` but not recorded yet included (its timer is due at once).
+        Shifts in effect, not shifts active at ``now``: a timer set again
+        between a shift's end and the timer's run (any world change does)
+        would otherwise no longer see it - its end never recorded, its
+        route left where the shift put it."""
+        active = self._active
+        ends = [s.expire_time for s in self._shifts if str(s.path) in active]
+        return min(ends) if ends else None
 
     def expire_shifts(self, now: float, records: list[Record]) -> None:
         """Shifts that ran out by ``now``: recorded, each at its own

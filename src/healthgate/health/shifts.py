@@ -17,7 +17,7 @@ when several cover one NEG, the one that lasts longest gives the reason.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from healthgate.health.states import ShiftEnded, timestamp
@@ -84,12 +84,6 @@ def active_effects(
             if held is None or held.until < effect.until:
                 out[neg] = effect
     return out
-
-
-def next_expiry(shifts: Iterable[Shift], now: float) -> float | None:
-    """The earliest end of an active shift (None: none is active)."""
-    ends = [s.expire_time for s in shifts if s.active(now)]
-    return min(ends) if ends else None
 
 
 def ended(shift: Shift) -> ShiftEnded:
