@@ -4,6 +4,7 @@ real etcd members, real region backends, real ``healthgate serve`` nodes."""
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import subprocess
 import sys
@@ -177,6 +178,27 @@ class ClusterStack:
         # and the leader has written all of it: the log is quiet
         leader = wait_for(self._leader_or_none, 10, what="a leader")
         wait_for(lambda: self._log_quiet(leader), 10, interval=0.5, what="a quiet log")
+
+    def post_mortem(self, lines: int = 40) -> str:
+        """Each node's route, cluster status and health as it answers now,
+        and the tail of its log (a failed test's report: tests/cluster/conftest.py)."""
+        out = []
+        for n in self.nodes.values():
+            out.append(f"--- node {n.name} ({'alive' if n.alive else 'stopped'})")
+            if n.alive:
+                try:
+                    route = n.get("/v1/projects/web/global/forwardingRules/shop-frontend")
+                    out.append(f"route: {json.dumps(route['status']['route'])[:1500]}")
+                    out.append(f"cluster: {json.dumps(n.cluster())[:1500]}")
+                except Exception as exc:
+                    out.append(f"(no answer: {exc!r})")
+            try:
+                tail = n.log.read_text(errors="replace").splitlines()[-lines:]
+            except OSError as exc:
+                tail = [f"(no log: {exc!r})"]
+            out += [line[:400] for line in tail]
+        out.append(f"--- health: {self.describe()}")
+        return "\n".join(out)
 
     def describe(self) -> str:
         """Every node's view, for a failure's message."""

@@ -475,9 +475,13 @@ def test_a_ramp_is_the_same_on_every_node_and_outlives_its_writer(fresh: Cluster
         )
         after = fresh.last_event_id(a)
         fresh.backends.set_mode(US, "ok")
-        wait_for(lambda: len(ramp_starts()) == 1, 30, what="a ramp on every node")
-        [start] = ramp_starts()
-        assert all(n.get(front)["status"]["route"]["ramps"] for n in fresh.live())
+        # (each node starts it when its own decision moves: moments apart)
+        wait_for(
+            lambda: all(n.get(front)["status"]["route"]["ramps"] for n in fresh.live()),
+            30,
+            what="a ramp on every node",
+        )
+        [start] = ramp_starts()  # (and at the same time: the NEG's transition)
         leader = fresh.leader()
         leader.kill()
         leader.start()
