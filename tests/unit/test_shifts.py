@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from healthgate.controlplane import health_service
 from healthgate.controlplane.health_service import HealthService, RecordsTo
 from healthgate.health.routing import Candidate, choose
 from healthgate.health.shifts import affected
@@ -140,6 +141,42 @@ async def _timer_set_again() -> None:
             break
     assert route(health.engine) == US
     assert [r.name for r in got if isinstance(r, ShiftEnded)] == ["s1"]
+    await health.close()
+
+
+def test_the_timer_outlives_an_error(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An error while ending a shift is logged and tried again (a timer that
+    died with it would end nothing of this process again)."""
+    monkeypatch.setattr(health_service, "RETRY_EXPIRY", 0.01)
+    run_async(_timer_after_an_error(monkeypatch))
+    assert "could not move on" in caplog.text
+
+
+async def _timer_after_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [99.999]
+    health = HealthService(clock=lambda: now[0])
+    health.apply(resources(example_dicts()), 0.0)
+    feed(health.engine, 1.0, OK, times=3)
+    health.apply(with_shifts(shift("web", "us-east1", 100.0)), 10.0)
+    real = health.engine.expire_shifts
+    calls = []
+
+    def once_broken(at: float) -> list[Record]:
+        calls.append(at)
+        if len(calls) == 1:
+            raise RuntimeError("broken once")
+        return real(at)
+
+    monkeypatch.setattr(health.engine, "expire_shifts", once_broken)
+    now[0] = 100.5
+    health.schedule_timers()
+    for _ in range(200):
+        await asyncio.sleep(0.005)
+        if route(health.engine) == US:
+            break
+    assert route(health.engine) == US and len(calls) >= 2
     await health.close()
 
 

@@ -27,6 +27,8 @@ from healthgate.probes.stats import FailureLogLimiter, ProbeTotals
 
 log = logging.getLogger("healthgate.health")
 
+RETRY_EXPIRY = 1.0  # s before the timer of shifts, ramps and TTLs tries again after an error
+
 # a probe source, given the feed and the service's failure-log limiter
 SourceFactory = Callable[[Feed, FailureLogLimiter], ProbeSource]
 
@@ -149,15 +151,24 @@ class HealthService:
         self._expiry = loop.call_later(max(0.0, when - self.clock()) + 0.001, self._expire)
 
     def _expire(self) -> None:
-        """Shifts that ran out, and ramped failbacks' next step (SPEC §6)."""
+        """Shifts that ran out, and ramped failbacks' next step (SPEC §6).
+        The timer goes on whatever happens here: one that died with an
+        error would end no shift, ramp or TTL of this process again (an
+        error is logged, and the next try is a second later at the soonest)."""
         self._expiry = None
         generation = self.engine.generation
         now = self.clock()
-        self.emit(self.engine.expire_shifts(now))
-        self.emit(self.engine.step_ramps(now))
-        self.emit(self.engine.expire_reports(now))
-        if self.engine.generation != generation:
-            self._tell("routes", lambda listener: listener.routes_moved())
+        try:
+            self.emit(self.engine.expire_shifts(now))
+            self.emit(self.engine.step_ramps(now))
+            self.emit(self.engine.expire_reports(now))
+        except Exception:
+            log.exception("shifts, ramps and reported TTLs could not move on to %s", now)
+            self._expiry = asyncio.get_running_loop().call_later(RETRY_EXPIRY, self._expire)
+            return
+        finally:
+            if self.engine.generation != generation:
+                self._tell("routes", lambda listener: listener.routes_moved())
         self.schedule_timers()
 
     def route_table(self) -> RouteTable:
