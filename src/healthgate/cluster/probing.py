@@ -31,8 +31,9 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from healthgate.cluster.opinions import Opinion, OpinionWriter, parse_opinion, split_opinion_key
 from healthgate.controlplane.probe_workers import ProbePool
@@ -71,6 +72,8 @@ log = logging.getLogger("healthgate.cluster")
 # the watch delivers in order, so this guards only a list and a watch that overlap)
 DELETIONS_KEPT = 100_000
 BEAT_EVERY = 8192  # endpoints of long synchronous work between two calls of beat
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,10 +261,7 @@ class ClusterProbing:
         """Place again only the endpoints a membership change moves."""
         endpoints = self.endpoints
         moved: set[int] = set()
-        beat = self.beat
-        for i, (slot, (path, owners)) in enumerate(self._placed.items()):
-            if not i % BEAT_EVERY:
-                beat()
+        for slot, (path, owners) in self._beating(self._placed.items()):
             ep = endpoints.get(path)
             if ep is None or moves.moves(path, ep.region, ep.vantages, owners):
                 moved.add(slot)
@@ -343,10 +343,7 @@ class ClusterProbing:
         me = self.cluster.node
         orphans: set[str] = set()
         self._placed_mine = set()
-        beat = self.beat
-        for i, t in enumerate(targets):
-            if not i % BEAT_EVERY:
-                beat()
+        for t in self._beating(targets):
             self._unplace_count(t.slot)
             path = endpoint_path(t.backend_service, t.ip, t.port)
             region = t.backend_service.region
@@ -379,6 +376,16 @@ class ClusterProbing:
         self.mine[slot] = (path, vantages)
         self._mine_by_path[path] = (slot, vantages)
 
+    def _beating(self, items: Iterable[T]) -> Iterator[T]:
+        """``items``, with the node's session refreshed in place (:attr:`beat`)
+        at the first and every BEAT_EVERY-th: long synchronous work never
+        starves the lease."""
+        beat = self.beat
+        for i, item in enumerate(items):
+            if not i % BEAT_EVERY:
+                beat()
+            yield item
+
     def _give_up(self, path: str) -> None:
         """This node probes ``path`` no more (when placement is done)."""
         self._put.pop(path, None)
@@ -407,9 +414,7 @@ class ClusterProbing:
             if self.local is not None:
                 self.local.remove(slot)
         probe: list[ProbeTarget] = []
-        for i, t in enumerate((*result.added, *result.changed)):
-            if not i % BEAT_EVERY:
-                self.beat()
+        for t in self._beating((*result.added, *result.changed)):
             path = endpoint_path(t.backend_service, t.ip, t.port)
             before = self._mine_by_path.get(path)
             mine = put[path][1]
@@ -423,9 +428,7 @@ class ClusterProbing:
             if before is not None and before[1] != mine:
                 self._revantage(before[0], path, mine)
         if self.local is not None:
-            for i, t in enumerate(probe):
-                if not i % BEAT_EVERY:
-                    self.beat()
+            for t in self._beating(probe):
                 self.local.scheduler.upsert(t.slot, spec_of(t))
         elif self.pool is not None:
             self.pool.change(probe, stopped)
@@ -524,10 +527,7 @@ class ClusterProbing:
     def _load(self, kvs: Iterable[KeyValue]) -> None:
         self.opinions = {}
         self._deleted = {}
-        beat = self.beat
-        for i, kv in enumerate(kvs):
-            if not i % BEAT_EVERY:
-                beat()
+        for kv in self._beating(kvs):
             path, vantage, op = parse_opinion(kv)
             if op is not None:
                 self.opinions.setdefault(path, {})[vantage] = op
@@ -636,10 +636,7 @@ class ClusterProbing:
         if not self.member:
             return  # (fail static: decided all at once on joining again)
         decided: list[Decided] = []
-        beat = self.beat
-        for i, path in enumerate(paths):
-            if not i % BEAT_EVERY:
-                beat()
+        for path in self._beating(paths):
             d = self._decision(path)
             if d is not None:
                 decided.append(d)
