@@ -21,7 +21,7 @@ $(BIN)/python:
 # (hatch_build.py) when the machine has a C compiler and Python's headers -
 # else the Python path runs; the tests install both (compiler), so that the
 # suite runs the C path (and `pure` the Python one).
-BUILD := pyproject.toml hatch_build.py src/healthgate/_speedups.c
+BUILD := pyproject.toml hatch_build.py src/healthgate/_speedups.c src/healthgate/_kept.c
 $(RUNTIME): $(BUILD) | $(BIN)/python
 	$(BIN)/python -m pip install -q -e .
 	@touch $(RUNTIME)
@@ -69,7 +69,8 @@ fast: $(STAMP)
 PURE_TESTS := tests/unit/test_http_scan.py tests/unit/test_fast_protocols.py tests/integration/test_proxies.py \
               tests/integration/test_front_end_limits.py tests/integration/test_front_end_buffers.py \
               tests/integration/test_probes.py tests/integration/test_probe_body.py \
-              tests/integration/test_trust_http.py tests/integration/test_counters.py
+              tests/integration/test_trust_http.py tests/integration/test_counters.py \
+              tests/unit/test_kept_lane.py tests/integration/test_kept_lane.py
 pure: $(STAMP)
 	HEALTHGATE_PURE_PYTHON=1 $(BIN)/pytest -q $(PURE_TESTS)
 

@@ -1,4 +1,4 @@
-"""Compile healthgate's C speedups (src/healthgate/_speedups.c) as the package
+"""Compile healthgate's C speedups (src/healthgate/_speedups.c, which includes _kept.c) as the package
 is installed - `pip install .` or `pip install -e .` - with the machine's C
 compiler ($CC, else the one Python was built with) and Python's headers.
 

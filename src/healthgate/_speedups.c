@@ -887,6 +887,9 @@ static PyObject *disconnect_fd(PyObject *self, PyObject *arg) {
     return PyLong_FromLong(r == 0 ? 0 : errno);
 }
 
+/* the kept-alive lane and the steady results' path (see there) */
+#include "_kept.c"
+
 static PyMethodDef methods[] = {
     {"plain_request", (PyCFunction)(void (*)(void))plain_request, METH_FASTCALL,
      "1 for a plain GET, 2 for a plain HEAD, 0 otherwise (see http_scan.py)."},
@@ -896,6 +899,10 @@ static PyMethodDef methods[] = {
      "connect(fd, AF_UNSPEC): dissolve the association (a TCP reset); 0 or the errno."},
     {"whole_response", whole_response, METH_O,
      "The status of exactly one whole, reusable HTTP/1.1 response, or 0."},
+    {"steady_table", (PyCFunction)(void (*)(void))steady_table, METH_FASTCALL,
+     "Steady results into an endpoint table's arrays; the records not taken."},
+    {"steady_history", (PyCFunction)(void (*)(void))steady_history, METH_FASTCALL,
+     "Steady results into an outcome history's open runs; the records not taken."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -922,15 +929,19 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     INTERN(s_requests, "requests")
     INTERN(s_fast_path, "fast_path")
     INTERN(s_served, "_served")
+    INTERN(s_count, "count")
+    INTERN(s_code, "code")
+    INTERN(s_last, "last")
     if (PyType_Ready(&UpstreamType) < 0 || PyType_Ready(&ProxyType) < 0 ||
-        PyType_Ready(&CountersType) < 0 || PyType_Ready(&GaugeType) < 0)
+        PyType_Ready(&CountersType) < 0 || PyType_Ready(&GaugeType) < 0 || PyType_Ready(&LaneType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "FastUpstream", (PyObject *)&UpstreamType) < 0 ||
         PyModule_AddObjectRef(m, "FastProxy", (PyObject *)&ProxyType) < 0 ||
         PyModule_AddObjectRef(m, "Counters", (PyObject *)&CountersType) < 0 ||
-        PyModule_AddObjectRef(m, "Gauge", (PyObject *)&GaugeType) < 0) {
+        PyModule_AddObjectRef(m, "Gauge", (PyObject *)&GaugeType) < 0 ||
+        PyModule_AddObjectRef(m, "KeptLane", (PyObject *)&LaneType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

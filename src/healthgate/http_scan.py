@@ -133,6 +133,9 @@ _BUILT_NAMES = (
     "FastUpstream",
     "connect_fd",
     "disconnect_fd",
+    "KeptLane",
+    "steady_table",
+    "steady_history",
 )
 if os.environ.get("HEALTHGATE_PURE_PYTHON", "") in ("", "0"):
     try:

@@ -181,6 +181,7 @@ class ClusterProbing:
                 probe_settings,
                 scheduler_settings,
                 failure_log,
+                self.prober.table,
             )
 
     # ------------------------------------------------------------------ the source

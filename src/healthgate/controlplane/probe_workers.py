@@ -527,6 +527,7 @@ class _Worker:
             setup.probe,
             setup.scheduler,
             FailureLogLimiter(0.0),  # (failures are sent to the owner, who logs them)
+            self.table.table,
         )
         self.failure_log = FailureLogLimiter(setup.failure_log_rate)
 

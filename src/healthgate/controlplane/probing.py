@@ -28,7 +28,14 @@ from typing import NamedTuple, Protocol, cast
 from healthgate.health.endpoints import EndpointTable, Observed
 from healthgate.health.engine import ApplyResult, HealthEngine, ProbeTarget
 from healthgate.health.history import OutcomeHistory, history_export
-from healthgate.health.states import HealthState, Outcome, ProbeResult, Record
+from healthgate.health.states import (
+    STEADY,
+    HealthState,
+    Outcome,
+    ProbeResult,
+    Record,
+    steady_results,
+)
 from healthgate.model.change import WorldChange
 from healthgate.probes.batch import BatchProber
 from healthgate.probes.prober import Prober, ProbeSettings
@@ -156,12 +163,20 @@ class LocalProber:
         probe_settings: ProbeSettings | None = None,
         scheduler_settings: SchedulerSettings | None = None,
         failure_log: FailureLogLimiter | None = None,
+        table: EndpointTable | None = None,
     ) -> None:
         self.sink = sink
         self.describe = describe  # a slot's endpoint path, for the failure log
         self.prober = Prober(probe_settings)
+        # the endpoint table behind `sink`: given, steady kept-alive checks
+        # skip the sink (probes/lane.py) and go into it directly
+        self.table = table
         self.scheduler = ProbeScheduler(
-            self.prober, self._on_results, scheduler_settings, batch=BatchProber(probe_settings)
+            self.prober,
+            self._on_results,
+            scheduler_settings,
+            batch=BatchProber(probe_settings),
+            steady=self._on_steady if table is not None else None,
         )
         self.failure_log = failure_log or FailureLogLimiter(0.0)
         self.results = 0
@@ -181,6 +196,18 @@ class LocalProber:
                 if result.outcome is not _OK and result.outcome is not _DEGRADED:
                     failure_log.failed(self.describe(cast(int, key)), result.describe())
         self.sink(now, cast("list[tuple[int, ProbeResult]]", results))
+
+    def _on_steady(self, now: float, records: bytes) -> None:
+        """A tick's steady successes from the kept-alive lane: kept in the
+        history and taken into the table; those of an endpoint not HEALTHY
+        yet go to the sink as results (no failure among them to log)."""
+        assert self.table is not None
+        self.results += len(records) // STEADY.size
+        if self.history is not None:
+            self.history.steady(now, records, self.describe)
+        left = self.table.on_steady(now, records)
+        if left:
+            self.sink(now, steady_results(left))
 
     def totals(self) -> ProbeTotals:
         return self.scheduler.totals(self.prober)
@@ -214,6 +241,7 @@ class InProcessProbing:
             probe_settings,
             scheduler_settings,
             failure_log,
+            feed.engine.table,
         )
 
     def apply(self, change: WorldChange, result: ApplyResult) -> None:

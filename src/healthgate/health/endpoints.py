@@ -21,8 +21,10 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Collection, Container, Iterable, Iterator, Mapping
 
+from healthgate import http_scan
 from healthgate.health.pushed import Pushed
 from healthgate.health.states import (
+    STEADY,
     HealthState,
     Outcome,
     ProbeResult,
@@ -61,6 +63,8 @@ UNHEALTHY = HealthState.UNHEALTHY
 DEGRADED = HealthState.DEGRADED
 _STATES = (UNKNOWN, HEALTHY, UNHEALTHY, DEGRADED)
 _OK = Outcome.OK  # per-probe outcomes as globals (see the note on Outcome)
+# on_steady in C (src/healthgate/_kept.c), when built
+_steady_table: Callable[..., bytes] | None = getattr(http_scan.speedups, "steady_table", None)
 
 
 class _Aggregate:
@@ -242,6 +246,45 @@ class EndpointTable:
             elif details:
                 details.pop(slot, None)
         return records
+
+    def on_steady(self, now: float, records: bytes) -> bytes:
+        """Steady successes (health/states.py's ``STEADY`` records, made by
+        the kept-alive lane: probes/lane.py) of endpoints already HEALTHY,
+        taken as :meth:`on_results` takes them, with no Python object per
+        result (in C when built). The records not taken - of an endpoint
+        not HEALTHY - are returned, for :meth:`on_results`."""
+        if _steady_table is not None:
+            return _steady_table(
+                now,
+                records,
+                HEALTHY,
+                self._state,
+                self._ok,
+                self._fail,
+                self._last_outcome,
+                self._last_status,
+                self._last_latency,
+                self._last_time,
+                self._last_detail,
+            )
+        left = []
+        states, ok_runs, fail_runs = self._state, self._ok, self._fail
+        for record in STEADY.iter_unpack(records):
+            slot, status, latency = record
+            if slot >= len(states) or states[slot] != HEALTHY:
+                left.append(STEADY.pack(*record))
+                continue
+            run = ok_runs[slot]
+            if run < RUN_CAP:
+                ok_runs[slot] = run + 1
+            fail_runs[slot] = 0
+            self._last_outcome[slot] = _OK
+            self._last_status[slot] = status
+            self._last_latency[slot] = latency
+            self._last_time[slot] = now
+            if self._last_detail:
+                self._last_detail.pop(slot, None)
+        return b"".join(left)
 
     def set_state(self, now: float, slot: int, new: HealthState, reason: str) -> list[Record]:
         """Set an endpoint's state decided outside this table's threshold

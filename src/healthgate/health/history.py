@@ -24,11 +24,14 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Seq
 from dataclasses import dataclass
 from typing import Any
 
-from healthgate.health.states import Outcome, ProbeResult
+from healthgate import http_scan
+from healthgate.health.states import STEADY, Outcome, ProbeResult, steady_results
 
 EXACT = 10  # the first results of a run kept at their exact times (the highest threshold)
 SEGMENT = 4096  # bytes of one segment
 MAX_BYTES = 64 * 1024  # bytes kept of one endpoint (its oldest segments go first)
+# OutcomeHistory.steady in C (src/healthgate/_kept.c), when built
+_steady_history: Callable[..., bytes] | None = getattr(http_scan.speedups, "steady_history", None)
 MAX_LATENCY_MS = 3_600_000
 _NONE: list[bytearray] = []  # (never appended to: see EndpointHistory.__init__)
 _NO_ENDS: list[int] = []
@@ -267,6 +270,30 @@ class OutcomeHistory:
                 h = by_key[key] = EndpointHistory(path_of(key))
             h.add(t, result, max_bytes)
         if t - self._pruned > 60_000:
+            self.prune(t)
+
+    def steady(self, now: float, records: bytes, path_of: Callable[[Any], str]) -> None:
+        """Steady successes (health/states.py's ``STEADY`` records: the
+        kept-alive lane's, probes/lane.py) at ``now``: what :meth:`record`
+        does with them, with no Python object per result for those that
+        extend an open run past its exact part (in C when built)."""
+        t = round(now * 1000)
+        if _steady_history is not None:
+            left = _steady_history(self._by_key, t, records, EXACT)
+        else:
+            kept = []
+            by_key = self._by_key
+            for record in STEADY.iter_unpack(records):
+                h = by_key.get(record[0])
+                if h is not None and h.count >= EXACT and h.code == record[1] << 4 and t >= h.last:
+                    h.count += 1
+                    h.last = t
+                else:
+                    kept.append(STEADY.pack(*record))
+            left = b"".join(kept)
+        if left:
+            self.record(now, steady_results(left), path_of)
+        elif t - self._pruned > 60_000:
             self.prune(t)
 
     def forget(self, key: Hashable) -> None:

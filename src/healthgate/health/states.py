@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import errno
+import struct
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import IntEnum, StrEnum
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
 
 class HealthState(IntEnum):
@@ -116,6 +118,24 @@ class ProbeResult(NamedTuple):
 
 
 # the detail of a probe the prober could not make for want of a descriptor (EMFILE)
+
+# A steady success as a 16-byte record - key (an endpoint slot), HTTP status,
+# latency - made by the kept-alive lane (probes/lane.py) in C, and taken into
+# an endpoint table and an outcome history without a ProbeResult per check
+# (EndpointTable.on_steady, OutcomeHistory.steady).
+STEADY: Final = struct.Struct("=iHxxd")
+
+
+def steady_results(records: bytes) -> list[tuple[int, ProbeResult]]:
+    """Steady records as (key, result): the Python path's view of them."""
+    return [(k, ProbeResult(Outcome.OK, lat, st)) for k, st, lat in STEADY.iter_unpack(records)]
+
+
+def pack_steady(results: Iterable[tuple[int, int, float]]) -> bytes:
+    """(key, status, latency) as steady records."""
+    return b"".join(STEADY.pack(k, st, lat) for k, st, lat in results)
+
+
 NO_DESCRIPTOR = "the prober had no file descriptor left (its open-file limit)"
 _OWN_LIMITS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 

@@ -73,7 +73,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable, Hashable
-from typing import Final, cast
+from typing import Any, Final, cast
 
 from healthgate import http_scan
 from healthgate.health.states import Outcome, ProbeResult, local_failure
@@ -85,8 +85,10 @@ from healthgate.probes.http import (
     parse_head,
     scan_body,
 )
+from healthgate.probes.lane import KeptLane, laneable
 from healthgate.probes.prober import ProbeSettings, expect_verdict, verdict
 from healthgate.probes.spec import ProbeSpec
+from healthgate.probes.stats import PROBE_BUCKETS
 from healthgate.probes.syn import SynPacket, SynSocket
 
 log = logging.getLogger("healthgate.probes")
@@ -157,6 +159,15 @@ def pack_sockaddr(ip: str, port: int) -> bytes | None:
 _CONNECTING: Final = 0
 _SENT: Final = 1
 _IDLE: Final = 2
+
+# what the kept-alive lane hands back (_kept.c: HANDBACK_*)
+LANE_ANSWER: Final = 0  # an answer that is not a steady success, to read here
+LANE_TIMEOUT: Final = 1
+LANE_IDLE: Final = 2  # the idle connection spoke or closed: dropped, due again at its time
+LANE_UNSENT: Final = 3  # the request could not be sent: dropped, due again at once
+
+# a key the lane handed back: (key, what, started, due, its result if it ended)
+LaneHandback = tuple[Hashable, int, float, float, ProbeResult | None]
 
 
 def errno_result(err: int, latency: float) -> ProbeResult:
@@ -237,6 +248,10 @@ class BatchProber:
         self._by_seq: dict[int, _Probe] = {}  # raw SYNs in flight
         # by key: its spec, SYN and probe object (reused)
         self._packets: dict[Hashable, tuple[ProbeSpec, SynPacket, _Probe]] = {}
+        # the kept-alive lane (probes/lane.py), once opened, and the probe
+        # objects of its keys (their sockets: out of _fds and the epoll set)
+        self.lane: Any = None
+        self._laned: dict[Hashable, _Probe] = {}
 
     @staticmethod
     def handles(spec: ProbeSpec) -> bool:
@@ -593,8 +608,9 @@ class BatchProber:
             self._finish(p, False)
             return expect_verdict(p.spec, p.buf[:want] if p.buf else None, now - p.start)
 
-    def _read(self, p: _Probe, ev: int, now: float) -> ProbeResult | None:
-        """The answer, as it arrives: the head (and, for responseContains, the body)."""
+    def _read(self, p: _Probe, ev: int, now: float, first: bytes = b"") -> ProbeResult | None:
+        """The answer, as it arrives: the head (and, for responseContains, the
+        body); ``first``: what was read of it already (the lane's)."""
         sock = p.sock
         assert sock is not None
         spec = p.spec
@@ -602,15 +618,18 @@ class BatchProber:
             return self._read_expected(p, now)
         max_head = self.settings.max_head_bytes
         while True:  # edge-triggered: read until the head is complete or nothing is left
-            try:
-                data = sock.recv(65536)
-            except BlockingIOError:
-                return None
-            except OSError as exc:
-                if p.reused and not p.buf:
-                    return self._retry(p, now)
-                self._finish(p, False)
-                return errno_result(exc.errno or 0, now - p.start)
+            if first:
+                data, first = first, b""
+            else:
+                try:
+                    data = sock.recv(65536)
+                except BlockingIOError:
+                    return None
+                except OSError as exc:
+                    if p.reused and not p.buf:
+                        return self._retry(p, now)
+                    self._finish(p, False)
+                    return errno_result(exc.errno or 0, now - p.start)
             if not data:
                 if p.reused and not p.buf:
                     return self._retry(p, now)
@@ -725,10 +744,103 @@ class BatchProber:
                 return
         sock.close()
 
+    # ------------------------------------------------------------------ the lane
+
+    def open_lane(self, late_threshold: float, seed: Callable[[], int]) -> bool:
+        """Hold steady kept-alive checks in the kept-alive lane
+        (probes/lane.py): True when there is one (the C speedups are built
+        and checks are kept alive). ``seed``: its random spreads' seed."""
+        if self.lane is None and KeptLane is not None and self.settings.keepalive:
+            self.lane = KeptLane(
+                late_threshold, self.settings.max_body_bytes, PROBE_BUCKETS, seed()
+            )
+        return self.lane is not None
+
+    def enter_lane(self, key: Hashable, spec: ProbeSpec, due: float) -> bool:
+        """The probe of ``key`` just ended with a success: its kept
+        connection (idle) joins the lane, its next probe due at ``due``.
+        False when it cannot (no lane, no kept connection, a check that is
+        not plain): the caller arms it as before."""
+        lane = self.lane
+        p = self._idle.get(key)
+        if (
+            lane is None
+            or p is None
+            or p.spec is not spec
+            or type(key) is not int
+            or not laneable(spec, self.settings)
+        ):
+            return False
+        lo, hi = spec.status_ranges[0]
+        self._ep.unregister(p.fd)
+        try:
+            lane.enter(key, p.fd, p.request, spec.interval, spec.timeout, due, lo, hi)
+        except (OSError, ValueError) as exc:  # (a key out of its range, say)
+            log.debug("a kept connection could not join the lane: %s", exc)
+            self._ep.register(p.fd, _MASK)
+            return False
+        del self._idle[key]
+        del self._fds[p.fd]
+        self._laned[key] = p
+        return True
+
+    def _from_lane(self, key: Hashable) -> _Probe:
+        """A key's probe object back from the lane, its socket in the epoll set again."""
+        p = self._laned.pop(key)
+        self._ep.register(p.fd, _MASK)
+        self._fds[p.fd] = p
+        return p
+
+    def lane_start(
+        self, now: float, horizon: float, budget_end: float
+    ) -> tuple[list[tuple[Hashable, float]], bool]:
+        """Send the lane's requests due before ``horizon``: the keys it
+        handed back (their sends failed; connections dropped) with their due
+        times, and whether the budget ran out first."""
+        handed, deferred = self.lane.start(now, horizon, budget_end)
+        back: list[tuple[Hashable, float]] = []
+        for key, _what, _started, due, _data, _errno in handed or ():
+            self._drop_idle(self._from_lane(key))
+            back.append((key, due))
+        return back, deferred
+
+    def lane_poll(self, now: float, budget_end: float) -> tuple[bytes, list[LaneHandback], bool]:
+        """The lane's answers and timeouts: its steady records, the keys
+        it handed back (an answer read here - perhaps still under way: the
+        probe is in flight here then -, a timeout, an idle connection that
+        spoke or closed), and whether events wait still (the budget ran out)."""
+        records, handed, backlog = self.lane.poll(now, budget_end)
+        back: list[LaneHandback] = []
+        for key, what, started, due, data, ev in handed or ():
+            p = self._from_lane(key)
+            result: ProbeResult | None = None
+            if what == LANE_ANSWER:
+                p.start, p.deadline, p.active, p.reused = (
+                    started,
+                    started + p.spec.timeout,
+                    True,
+                    True,
+                )
+                p.state, p.buf = _SENT, b""
+                self._running[key] = p
+                self._expire_at(p)
+                result = self._read(p, ev, now, data)
+            else:
+                self._drop_idle(p)
+                if what == LANE_TIMEOUT:
+                    result = ProbeResult(_TIMEOUT, now - started)
+            back.append((key, what, started, due, result))
+        return records, back, backlog
+
     # ------------------------------------------------------------------ control
 
-    def cancel(self, key: Hashable) -> None:
-        """Stop a probe of ``key`` in flight and drop its kept connection."""
+    def cancel(self, key: Hashable) -> bool:
+        """Stop a probe of ``key`` in flight and drop its kept connection;
+        True when it was in the lane with its request out."""
+        sent = False
+        if key in self._laned:
+            sent = bool(self.lane.leave(key))
+            self._drop_idle(self._from_lane(key))
         self._requests.pop(key, None)
         self._addresses.pop(key, None)
         self._packets.pop(key, None)
@@ -739,8 +851,15 @@ class BatchProber:
         kept = self._idle.pop(key, None)
         if kept is not None:
             self._drop_idle(kept)
+        return sent
 
     def close(self) -> None:
+        if self.lane is not None:
+            self.lane.close()
+        for p in self._laned.values():
+            if p.sock is not None:
+                p.sock.close()
+        self._laned.clear()
         for key in list(self._running):
             self.cancel(key)
         for kept in self._idle.values():

@@ -74,7 +74,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from healthgate.health.states import Outcome, ProbeResult, inverted
-from healthgate.probes.batch import BatchProber
+from healthgate.probes.batch import LANE_IDLE, BatchProber
 from healthgate.probes.clock import Clock, LoopClock, TimerHandle
 from healthgate.probes.prober import Prober
 from healthgate.probes.spec import ProbeSpec
@@ -86,6 +86,7 @@ from healthgate.process.limits import open_file_limit
 log = logging.getLogger("healthgate.probes")
 
 # per-probe outcomes as globals (see the note on Outcome)
+_OK = Outcome.OK
 _TIMEOUT = Outcome.TIMEOUT
 _SUSPECT = Outcome.SUSPECT
 
@@ -94,6 +95,10 @@ ResultSink = Callable[[float, list[tuple[Hashable, ProbeResult]]], None]
 ``wall`` of the loop time: probes/clock.py) and (key, result) for each probe
 that ended then - a whole tick's worth in one call, so that the receiver
 (the engine) pays its per-call overhead once per tick, not per probe."""
+
+SteadySink = Callable[[float, bytes], None]
+"""Where the kept-alive lane's steady successes go (probes/lane.py): the
+wall-clock time and a tick's records (health/states.py's ``STEADY``)."""
 
 SKIPPED_LOG_EVERY = 10.0  # seconds between log lines about probes that could not start
 
@@ -127,13 +132,23 @@ class SchedulerStats:
 
 
 class _Entry:
-    __slots__ = ("due", "generation", "in_batch", "in_flight", "lag_at_start", "spec", "started")
+    __slots__ = (
+        "due",
+        "generation",
+        "in_batch",
+        "in_flight",
+        "lag_at_start",
+        "laned",
+        "spec",
+        "started",
+    )
 
     def __init__(self, spec: ProbeSpec) -> None:
         self.spec = spec
         self.generation = 0
         self.in_flight = False
         self.in_batch = False  # in flight in the batch prober (not a coroutine)
+        self.laned = False  # in the kept-alive lane (probes/lane.py), which times it
         self.due = 0.0
         self.started = 0.0
         self.lag_at_start = 0.0
@@ -148,6 +163,7 @@ class ProbeScheduler:
         rng: random.Random | None = None,
         batch: BatchProber | None = None,
         clock: Clock | None = None,
+        steady: SteadySink | None = None,
     ) -> None:
         self.prober = prober
         self.clock = clock  # (None: the running event loop's, taken at start)
@@ -183,6 +199,13 @@ class ProbeScheduler:
         self.max_in_flight = max(
             1, min(self.settings.max_in_flight, open_file_limit() - self.settings.fd_reserve)
         )
+        # steady kept-alive checks in C (probes/lane.py), given somewhere to go
+        self.steady = steady
+        self._lane = (
+            batch is not None
+            and steady is not None
+            and batch.open_lane(self.settings.late_threshold, lambda: self._rng.getrandbits(64))
+        )
 
     # ------------------------------------------------------------------ control
 
@@ -200,6 +223,9 @@ class ProbeScheduler:
 
     @property
     def in_flight(self) -> int:
+        if self._lane:
+            assert self.batch is not None
+            return self._in_flight + int(self.batch.lane.in_flight)
         return self._in_flight
 
     def upsert(self, key: Hashable, spec: ProbeSpec) -> None:
@@ -237,7 +263,10 @@ class ProbeScheduler:
             self._in_flight -= 1
             self.stats.dropped += 1
         elif self.batch is not None:
-            self.batch.cancel(key)  # a kept-alive connection
+            # a kept-alive connection, in the lane perhaps (its request out: dropped)
+            if self.batch.cancel(key):
+                self.stats.dropped += 1
+            entry.laned = False
         self.prober.forget(key)
 
     async def close(self) -> None:
@@ -309,24 +338,92 @@ class ProbeScheduler:
         last = wheel.last_due(now)
         deferred = self._start_due(loop, last, budget_end)
         batch = self.batch
+        lane = batch.lane if self._lane and batch is not None else None
+        if lane is not None and len(lane):
+            deferred = self._lane_start(now, last, budget_end) or deferred
         if batch is not None and batch.in_flight:
             end = loop.time()  # (after the starts: some may have ended already)
             ended = batch.poll(end, budget_end)
             if ended:
                 self._ended(ended, end, from_batch=True)
             deferred = deferred or batch.backlog
+        if lane is not None and len(lane):
+            deferred = self._lane_poll(loop, budget_end) or deferred
         if not deferred:
             self._start_waiting(loop)
         if deferred:
             self.stats.deferred_ticks += 1
             nxt = now  # due now: after whatever else the loop has ready
-        elif self._in_flight or self._waiting:
+        elif self._in_flight or self._waiting or (lane is not None and lane.in_flight):
             nxt = wheel.wake_for(last + wheel.k)
-        elif (first := wheel.first()) is not None:  # (a tick's worth at once, as when busy)
+        elif (first := self._first_slot()) is not None:  # (a tick's worth at once, as when busy)
             nxt = wheel.wake_for(max(first, last + wheel.k))
         else:
             return
         self._schedule_tick(nxt)  # (nothing arms a tick while this one runs)
+
+    def _first_slot(self) -> int | None:
+        """The earliest slot with a probe due: on the wheel, or in the lane."""
+        first = self._wheel.first()
+        if self._lane:
+            assert self.batch is not None
+            due = self.batch.lane.next_due
+            if due is not None:
+                slot = int(due / self._wheel.res + 0.5)
+                first = slot if first is None else min(first, slot)
+        return first
+
+    def _lane_start(self, now: float, last: int, budget_end: float) -> bool:
+        """Send the lane's requests due by slot ``last``; True when the
+        budget ran out first. A key whose send failed is armed again here
+        (its connection dropped: a fresh one at once)."""
+        assert self.batch is not None
+        horizon = (last + 0.5) * self._wheel.res  # (the end of slot `last`)
+        back, deferred = self.batch.lane_start(now, horizon, budget_end)
+        for key, due in back:
+            entry = self._entries.get(key)
+            if entry is not None:
+                entry.laned = False
+                self._arm(key, entry, due)
+        return deferred
+
+    def _lane_poll(self, loop: Clock, budget_end: float) -> bool:
+        """The lane's steady successes to the steady sink, and the keys it
+        handed back taken up here: an idle connection dropped is due again
+        at its time; any other was started by the lane and is in flight in
+        the batch prober, or ended (its result, as any batch result's).
+        True when events wait still (the budget ran out)."""
+        batch = self.batch
+        assert batch is not None and self.steady is not None
+        end = loop.time()
+        records, back, backlog = batch.lane_poll(end, budget_end)
+        ended: list[tuple[Hashable, ProbeResult]] = []
+        entries = self._entries
+        for key, what, started, due, result in back:
+            entry = entries.get(key)
+            if entry is None:  # (cannot be: a key removed leaves the lane)
+                continue
+            entry.laned = False
+            if what == LANE_IDLE:
+                self._arm(key, entry, due)
+                continue
+            entry.in_flight = entry.in_batch = True
+            entry.due, entry.started, entry.lag_at_start = due, started, started - due
+            self._in_flight += 1
+            if result is not None:
+                ended.append((key, result))
+        started_n, late, finished, total, buckets = batch.lane.take_counts()
+        stats = self.stats
+        stats.started += started_n
+        stats.late_starts += late
+        stats.finished += finished
+        if finished:
+            self.durations.add(_OK, buckets, total)
+        if records:
+            self.steady(loop.wall(end) if self._loop is not None else end, records)
+        if ended:
+            self._ended(ended, end, from_batch=True)
+        return bool(backlog)
 
     def _measure_lag(self, now: float) -> None:
         """How late this tick runs: counted, and remembered when it makes timeouts suspect."""
@@ -435,6 +532,8 @@ class ProbeScheduler:
         stats = self.stats
         lag_threshold = self.settings.lag_threshold
         count = self.durations.count
+        batch = self.batch if self._lane and from_batch else None
+        laned = False
         out: list[tuple[Hashable, ProbeResult]] = []
         for key, result in results:
             entry = entries.get(key)
@@ -461,7 +560,19 @@ class ProbeScheduler:
                 out.append((key, inverted(result)))
             else:
                 out.append((key, result))
-            self._arm(key, entry, self._next_due(entry, end))
+            due = self._next_due(entry, end)
+            if (
+                batch is not None
+                and result.outcome is _OK
+                and batch.enter_lane(key, entry.spec, due)
+            ):
+                entry.laned = laned = True  # (the lane times it from now on)
+            else:
+                self._arm(key, entry, due)
+        if laned and not self._ticking:
+            first = self._first_slot()
+            if first is not None and (wake := self._wheel.wake_for(first)) < self._tick_at:
+                self._schedule_tick(wake)
         self._in_flight -= len(out)
         stats.finished += len(out)
         if out:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from healthgate.health.states import Outcome
@@ -45,6 +45,16 @@ class ProbeStats:
             self.sums[outcome] = 0.0
         counts[bisect.bisect_left(PROBE_BUCKETS, latency)] += 1
         self.sums[outcome] += latency
+
+    def add(self, outcome: Outcome, counts: Sequence[int], total: float) -> None:
+        """Results counted elsewhere (the kept-alive lane's, probes/lane.py):
+        how many per bucket of PROBE_BUCKETS (+Inf last), and their sum."""
+        mine = self.buckets.get(outcome)
+        if mine is None:
+            mine = self.buckets[outcome] = [0] * (len(PROBE_BUCKETS) + 1)
+            self.sums[outcome] = 0.0
+        _add_counts(mine, list(counts))
+        self.sums[outcome] += total
 
 
 def _add_counts(mine: list[int], theirs: list[int]) -> None:

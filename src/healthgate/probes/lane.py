@@ -1,0 +1,67 @@
+"""The kept-alive lane: a steady kept-alive HTTP check, whole, in C.
+
+Why
+---
+A kept-alive HTTP check on loopback costs its kernel ~9 µs (the send, the
+server's wake-up, the answer, the read) and, before the lane, ~14 µs of
+Python: the scheduler's due times and bookkeeping, the batch prober's send,
+read and verdict, a result object, the engine's threshold step and the
+outcome history - for a result that, most of the time, changes nothing but
+a counter (issue 45). The lane does all of it for such checks in C
+(``_speedups.KeptLane``, src/healthgate/_kept.c), with no Python call per
+check.
+
+What is in the lane
+-------------------
+A key enters when its probe ends with a success on a kept connection (the
+scheduler asks the batch prober: :meth:`BatchProber.enter_lane`), if its
+check is plain - HTTP, no ``responseContains``, no ``degradedStatusCodes``,
+not inverted, not HEAD, one range of expected statuses - and the C speedups
+are built. From then on the lane holds its connection, its request and its
+timing (probes/timetable.py's rule, the same arithmetic): it sends the
+request when due, reads the answer, and an answer that is one whole reusable
+response with an expected status is a **steady success**, packed as a
+16-byte record (health/states.py's ``STEADY``: key, status, latency) and re-armed - never a
+Python object. Each tick's records go to the steady sink in one call, which
+takes them into the endpoint table (:meth:`EndpointTable.on_steady`: a
+HEALTHY endpoint's success, the threshold machine's steady step) and the
+outcome history (:meth:`OutcomeHistory.steady`), also in C; a record either
+cannot take (an endpoint not HEALTHY yet, a run that is not the same) takes
+the Python path as a result like any other.
+
+Anything else hands the key back to Python, where the batch prober goes on
+as it always has: an answer that is partial, closing, unexpected or in
+several reads (``_read``, from the bytes already read), a timeout, a
+connection that spoke or closed while idle (dropped; the key is due again
+at its time), a send that failed (the same). A changed or removed key
+leaves the lane at once.
+
+Counters (started, late, finished, the durations of its successes) are
+kept in C and taken into the scheduler's at the end of each tick, so the
+metrics show the same totals with or without the lane.
+
+Without the C speedups (``make pure``, HEALTHGATE_PURE_PYTHON=1) there is
+no lane, and every check takes the Python path; the tests run both.
+"""
+
+from __future__ import annotations
+
+from healthgate import http_scan
+from healthgate.probes.prober import ProbeSettings
+from healthgate.probes.spec import ProbeSpec
+
+# (None without the C speedups: then there is no lane)
+KeptLane = getattr(http_scan.speedups, "KeptLane", None)
+
+
+def laneable(spec: ProbeSpec, settings: ProbeSettings) -> bool:
+    """Can a check of ``spec`` be in the lane (see the module doc)?"""
+    return (
+        settings.keepalive
+        and spec.type == "HTTP"
+        and not spec.contains
+        and not spec.invert
+        and not spec.degraded_ranges
+        and spec.method != "HEAD"
+        and len(spec.status_ranges) == 1
+    )

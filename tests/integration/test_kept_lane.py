@@ -1,0 +1,300 @@
+"""Kept-alive checks through the scheduler, with and without the lane
+(probes/lane.py), against real servers on loopback.
+
+Each scenario runs twice: with a steady sink (the lane holds steady keys,
+when the C speedups are built) and without one (every check on the Python
+path, as ``make pure`` runs everything). The results each key sees, in
+order, must be the same; with the lane, the steady ones must have come
+through it, and the scheduler's counters must add up either way."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from healthgate.health.states import STEADY, Outcome, ProbeResult
+from healthgate.probes.batch import BatchProber
+from healthgate.probes.lane import KeptLane
+from healthgate.probes.prober import Prober, ProbeSettings
+from healthgate.probes.scheduler import ProbeScheduler, SchedulerSettings
+from healthgate.probes.spec import ProbeSpec
+from tests.helpers import run_async
+from tests.integration import servers
+from tests.integration.servers import Server
+
+ANSWER = b"HTTP/1.1 %d X\r\nContent-Length: 2\r\n\r\nok"
+
+
+class Probing:
+    """A scheduler with a kept-alive batch prober, its results by key in
+    order (an Event when ``want`` of them are in)."""
+
+    def __init__(self, lane: bool) -> None:
+        settings = ProbeSettings(keepalive=True)
+        self.seen: list[tuple[Any, Outcome, int]] = []
+        self.steady = 0  # results that came as the lane's steady records
+        self.want = 0
+        self.enough = asyncio.Event()
+        self.scheduler = ProbeScheduler(
+            Prober(settings),
+            self._results,
+            SchedulerSettings(),
+            batch=BatchProber(settings),
+            steady=self._steady if lane else None,
+        )
+        self.laned = lane and KeptLane is not None
+
+    def _results(self, now: float, results: list[tuple[Any, ProbeResult]]) -> None:
+        self._add([(k, r.outcome, r.status) for k, r in results])
+
+    def _steady(self, now: float, records: bytes) -> None:
+        got = [(k, Outcome.OK, status) for k, status, _ in STEADY.iter_unpack(records)]
+        self.steady += len(got)
+        self._add(got)
+
+    def _add(self, got: list[tuple[Any, Outcome, int]]) -> None:
+        self.seen += got
+        if len(self.seen) >= self.want:
+            self.enough.set()
+
+    async def results(self, more: int, timeout: float = 10.0) -> list[tuple[Outcome, int]]:
+        """Wait for ``more`` results beyond those seen; all of them."""
+        self.want = len(self.seen) + more
+        self.enough.clear()
+        if len(self.seen) < self.want:
+            await asyncio.wait_for(self.enough.wait(), timeout)
+        return [(o, s) for _, o, s in self.seen]
+
+    def counted(self) -> None:
+        """Every probe started has ended, is in flight, or was dropped."""
+        s = self.scheduler.stats
+        assert s.started == s.finished + self.scheduler.in_flight + s.dropped, s
+        assert s.finished == len(self.seen)
+
+    async def close(self) -> None:
+        await self.scheduler.close()
+
+
+def spec(port: int, interval: float = 0.05, timeout: float = 0.5, path: str = "/") -> ProbeSpec:
+    return ProbeSpec("HTTP", "127.0.0.1", port, timeout, interval, path=path)
+
+
+lanes = pytest.mark.parametrize("lane", [True, False], ids=["lane", "python"])
+
+
+def switchable(state: dict[str, Any]) -> servers.Handler:
+    """Answers each request with state["status"]; while state["hang"], reads and never answers."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await servers.read_head(reader)
+                state["paths"].append(head.split(b" ")[1])
+                if state["hang"]:
+                    await asyncio.Event().wait()
+                writer.write(ANSWER % state["status"])
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    return handler
+
+
+@lanes
+def test_a_status_that_changes_is_seen_at_once_and_steady_again_after(lane: bool) -> None:
+    state: dict[str, Any] = {"status": 200, "hang": False, "paths": []}
+
+    async def go() -> tuple[Probing, list[tuple[Outcome, int]], int]:
+        p = Probing(lane)
+        async with Server(switchable(state)) as srv:
+            p.scheduler.start()
+            p.scheduler.upsert(1, spec(srv.port))
+            await p.results(6)
+            state["status"] = 503
+            before = len(p.seen)
+            await p.results(4)
+            state["status"] = 200
+            seen = await p.results(6)
+            p.counted()
+            assert srv.connections == 1  # one kept connection all along
+            await p.close()
+        return p, seen[before:], p.steady
+
+    p, after_switch, steady = run_async(go())
+    # (one answer may have been on its way as the status changed)
+    changed = [o for o, _ in after_switch]
+    first_503 = changed.index(Outcome.STATUS)
+    assert first_503 <= 1 and changed[first_503 : first_503 + 3] == [Outcome.STATUS] * 3
+    assert changed[-3:] == [Outcome.OK] * 3
+    if p.laned:
+        assert steady >= 8  # the first result of each run of successes is the Python path's
+    else:
+        assert steady == 0
+
+
+@lanes
+def test_a_server_that_stops_answering_times_out_and_a_new_connection_follows(lane: bool) -> None:
+    state: dict[str, Any] = {"status": 200, "hang": False, "paths": []}
+
+    async def go() -> tuple[list[tuple[Outcome, int]], int]:
+        p = Probing(lane)
+        async with Server(switchable(state)) as srv:
+            p.scheduler.start()
+            p.scheduler.upsert(1, spec(srv.port, timeout=0.2))
+            await p.results(4)
+            state["hang"] = True
+            seen = await p.results(3)
+            p.counted()
+            conns = srv.connections
+            await p.close()
+        return seen, conns
+
+    seen, conns = run_async(go())
+    assert seen[-2:] == [(Outcome.TIMEOUT, 0)] * 2
+    assert conns >= 2  # a timed-out connection is not used again
+
+
+@lanes
+def test_a_server_that_closes_idle_connections_costs_no_failure(lane: bool) -> None:
+    async def answer_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await servers.read_head(reader)
+            writer.write(ANSWER % 200)
+            await writer.drain()
+            await asyncio.sleep(0.02)  # its idle timeout, well within the interval
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def go() -> tuple[list[tuple[Outcome, int]], int]:
+        p = Probing(lane)
+        async with Server(answer_then_close) as srv:
+            p.scheduler.start()
+            p.scheduler.upsert(1, spec(srv.port, interval=0.1))
+            seen = await p.results(6)
+            p.counted()
+            conns = srv.connections
+            await p.close()
+        return seen, conns
+
+    seen, conns = run_async(go())
+    assert seen == [(Outcome.OK, 200)] * len(seen)
+    assert conns >= len(seen) - 1
+
+
+@lanes
+def test_an_answer_in_two_parts_is_read_whole(lane: bool) -> None:
+    async def in_two_parts(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                await servers.read_head(reader)
+                writer.write(ANSWER[:12] % 200)
+                await writer.drain()
+                await asyncio.sleep(0.05)  # (longer than a tick: read in two)
+                writer.write((ANSWER % 200)[12:])
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def go() -> tuple[list[tuple[Outcome, int]], int]:
+        p = Probing(lane)
+        async with Server(in_two_parts) as srv:
+            p.scheduler.start()
+            p.scheduler.upsert(1, spec(srv.port, interval=0.1))
+            seen = await p.results(5)
+            p.counted()
+            conns = srv.connections
+            await p.close()
+        return seen, conns
+
+    seen, conns = run_async(go())
+    assert seen == [(Outcome.OK, 200)] * len(seen) and conns == 1
+
+
+def test_the_batch_prober_reads_on_from_what_the_lane_read() -> None:
+    """A key handed back mid-answer is a probe in flight in the batch
+    prober, from the bytes the lane read; the rest of the answer ends it,
+    on the same connection, and it can join the lane again."""
+    if KeptLane is None:
+        pytest.skip("the C speedups are not built")
+    parts: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def on_cue(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                await servers.read_head(reader)
+                for _ in range(2):
+                    writer.write(await parts.get())
+                    await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def poll_until(what: Any, poll: Any) -> Any:
+        for _ in range(500):  # bounded: 5 s
+            got = poll()
+            if what(got):
+                return got
+            await asyncio.sleep(0.01)
+        raise AssertionError("nothing came")
+
+    async def go() -> None:
+        batch = BatchProber(ProbeSettings(keepalive=True))
+        assert batch.open_lane(0.01, lambda: 1)
+        async with Server(on_cue) as srv:
+            s = spec(srv.port)
+            assert batch.start(1, s, 0.0) is None
+            whole = ANSWER % 200
+            parts.put_nowait(whole[:12])
+            parts.put_nowait(whole[12:])
+            [(key, first)] = await poll_until(bool, lambda: batch.poll(0.01))
+            assert (key, first.outcome) == (1, Outcome.OK)
+            assert batch.enter_lane(1, s, 1.0) and batch.in_flight == 0
+            assert batch.lane_start(1.0, 1.001, float("inf")) == ([], False)
+            parts.put_nowait(whole[:12])
+            records, back, _ = await poll_until(lambda r: r[1], lambda: batch.lane_poll(1.01, 9e9))
+            assert records == b"" and back == [(1, 0, 1.0, 1.0, None)]  # in flight here now
+            assert batch.in_flight == 1 and len(batch.lane) == 0
+            parts.put_nowait(whole[12:])
+            [(key, second)] = await poll_until(bool, lambda: batch.poll(1.02))
+            assert (key, second.outcome, second.latency) == (1, Outcome.OK, pytest.approx(0.02))
+            assert srv.connections == 1
+            assert batch.enter_lane(1, s, 2.0)  # (its connection kept: it may join again)
+        batch.close()
+
+    run_async(go())
+
+
+@lanes
+def test_a_changed_check_and_a_removed_one_leave_at_once(lane: bool) -> None:
+    state: dict[str, Any] = {"status": 200, "hang": False, "paths": []}
+
+    async def go() -> tuple[list[bytes], int]:
+        p = Probing(lane)
+        async with Server(switchable(state)) as srv:
+            p.scheduler.start()
+            p.scheduler.upsert(1, spec(srv.port))
+            p.scheduler.upsert(2, spec(srv.port))
+            await p.results(8)
+            p.scheduler.upsert(1, spec(srv.port, path="/changed"))
+            await p.results(6)
+            p.scheduler.remove(2)
+            p.scheduler.remove(1)
+            ended = len(p.seen)
+            await asyncio.sleep(0.2)  # (four intervals: nothing more may come)
+            p.counted()
+            assert len(p.seen) == ended and p.scheduler.in_flight == 0
+            await p.close()
+            return state["paths"], srv.connections
+
+    paths, conns = run_async(go())
+    assert paths.count(b"/changed") >= 2
+    assert conns == 3  # key 1's connection was dropped with its old check

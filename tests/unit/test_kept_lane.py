@@ -1,0 +1,277 @@
+"""The kept-alive lane's parts (probes/lane.py, src/healthgate/_kept.c).
+
+* The lane itself, on socket pairs, with the times given: when it sends,
+  what it takes as a steady success, what it hands back and why, and the
+  timing rule of probes/timetable.py to the last bit.
+* The steady records into an endpoint table and an outcome history: the C
+  functions and the Python path take the same records to the same state,
+  and leave the same records over (both run here, whatever is built).
+"""
+
+from __future__ import annotations
+
+import bisect
+import select
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from healthgate.health import endpoints, history
+from healthgate.health.history import EXACT, OutcomeHistory
+from healthgate.health.probed import ProbedTable
+from healthgate.health.states import STEADY, HealthState, Outcome, ProbeResult, pack_steady
+from healthgate.probes.batch import LANE_ANSWER, LANE_IDLE, LANE_TIMEOUT, LANE_UNSENT
+from healthgate.probes.lane import KeptLane
+from healthgate.probes.stats import PROBE_BUCKETS
+from healthgate.probes.timetable import next_due
+from tests.unit.test_probed import BS, CHECK, PATHS
+
+needs_lane = pytest.mark.skipif(KeptLane is None, reason="the C speedups are not built")
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+REQUEST = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+@pytest.fixture
+def lane() -> Iterator[Any]:
+    if KeptLane is None:
+        pytest.skip("the C speedups are not built")
+    lane = KeptLane(0.010, 65536, PROBE_BUCKETS, 7)
+    yield lane
+    lane.close()
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    b.settimeout(2.0)
+    yield a, b
+    a.close()
+    b.close()
+
+
+def test_a_steady_success_is_a_record_and_the_key_is_due_an_interval_after_the_end(
+    lane: Any, pair: tuple[socket.socket, socket.socket]
+) -> None:
+    ours, server = pair
+    lane.enter(5, ours.fileno(), REQUEST, 1.0, 0.5, 10.0, 200, 299)
+    assert len(lane) == 1 and lane.next_due == 10.0 and lane.in_flight == 0
+    assert lane.start(9.99, 9.995, float("inf")) == (None, False)  # not due before the horizon
+    assert lane.start(10.004, 10.005, float("inf")) == (None, False)  # started 4 ms late
+    assert server.recv(1000) == REQUEST and lane.in_flight == 1 and lane.next_due is None
+    server.sendall(OK)
+    records, back, backlog = lane.poll(10.010, float("inf"))
+    assert back is None and backlog is False
+    assert list(STEADY.iter_unpack(records)) == [(5, 200, pytest.approx(0.006))]
+    # probes/timetable.py's rule: an interval after the end, less the lateness
+    assert lane.next_due == next_due(1.0, 10.0, 10.004, 10.010, 0.0)
+    started, late, finished, total, buckets = lane.take_counts()
+    assert (started, late, finished) == (1, 0, 1) and total == pytest.approx(0.006)
+    assert sum(buckets) == 1 and buckets[bisect.bisect_left(PROBE_BUCKETS, 0.006)] == 1
+    assert lane.take_counts()[:3] == (0, 0, 0)  # taken: counted once
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (b"HTTP/1.1 503 X\r\nContent-Length: 2\r\n\r\nno", "a status not expected"),
+        (OK[:20], "part of an answer"),
+        (OK + b"HTTP/1.1 200", "more than one answer"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok", "closing"),
+        (b"garbage\r\n\r\n", "not HTTP"),
+    ],
+)
+def test_anything_but_a_whole_expected_answer_is_handed_back_with_what_was_read(
+    lane: Any, pair: tuple[socket.socket, socket.socket], answer: bytes, why: str
+) -> None:
+    ours, server = pair
+    lane.enter(1, ours.fileno(), REQUEST, 1.0, 0.5, 0.0, 200, 200)
+    lane.start(0.001, 0.005, float("inf"))
+    server.recv(1000)
+    server.sendall(answer)
+    records, back, _ = lane.poll(0.003, float("inf"))
+    assert records == b"", why
+    [(key, what, started, due, data, events)] = back
+    assert (key, what, started, due, data) == (1, LANE_ANSWER, 0.001, 0.0, answer)
+    assert events & select.EPOLLIN
+    assert len(lane) == 0  # it left the lane
+    assert lane.take_counts()[:3] == (1, 0, 0)  # started here, finished by the caller
+
+
+def test_a_closed_connection_is_handed_back_with_nothing_read(
+    lane: Any, pair: tuple[socket.socket, socket.socket]
+) -> None:
+    ours, server = pair
+    lane.enter(1, ours.fileno(), REQUEST, 1.0, 0.5, 0.0, 200, 200)
+    lane.start(0.001, 0.005, float("inf"))
+    server.close()
+    _, back, _ = lane.poll(0.003, float("inf"))
+    assert [(k, what, data) for k, what, _s, _d, data, _e in back] == [(1, LANE_ANSWER, b"")]
+
+
+def test_a_timeout_and_an_idle_connection_that_spoke_are_handed_back(
+    lane: Any, pair: tuple[socket.socket, socket.socket]
+) -> None:
+    ours, _server = pair
+    other, other_server = socket.socketpair()
+    try:
+        other.setblocking(False)
+        lane.enter(1, ours.fileno(), REQUEST, 1.0, 0.5, 0.0, 200, 200)
+        lane.enter(2, other.fileno(), REQUEST, 1.0, 0.5, 5.0, 200, 200)
+        lane.start(0.0, 0.002, float("inf"))  # key 1 only
+        assert lane.poll(0.499, float("inf"))[1] is None  # not yet
+        other_server.close()  # key 2's connection closes while idle
+        records, back, _ = lane.poll(0.5, float("inf"))
+        assert records == b""
+        assert sorted((k, what, started, due) for k, what, started, due, _d, _e in back) == [
+            (1, LANE_TIMEOUT, 0.0, 0.0),
+            (2, LANE_IDLE, 0.0, 5.0),
+        ]
+        assert len(lane) == 0
+    finally:
+        other.close()
+        other_server.close()
+
+
+def test_a_send_that_fails_hands_the_key_back_unsent(
+    lane: Any, pair: tuple[socket.socket, socket.socket]
+) -> None:
+    ours, server = pair
+    lane.enter(3, ours.fileno(), REQUEST, 1.0, 0.5, 1.0, 200, 200)
+    server.close()
+    ours.shutdown(socket.SHUT_WR)  # (a send now fails: EPIPE)
+    back, deferred = lane.start(1.0, 1.5, float("inf"))
+    assert [(k, what, due) for k, what, _s, due, _d, _e in back] == [(3, LANE_UNSENT, 1.0)]
+    assert not deferred and len(lane) == 0 and lane.take_counts()[0] == 0
+
+
+def test_leaving_says_whether_a_request_was_out_and_a_key_enters_once(
+    lane: Any, pair: tuple[socket.socket, socket.socket]
+) -> None:
+    ours, _server = pair
+    lane.enter(1, ours.fileno(), REQUEST, 1.0, 0.5, 0.0, 200, 200)
+    with pytest.raises(ValueError, match="in the lane already"):
+        lane.enter(1, ours.fileno(), REQUEST, 1.0, 0.5, 0.0, 200, 200)
+    assert lane.leave(1) is False and lane.leave(1) is None
+    lane.enter(1, ours.fileno(), REQUEST, 1.0, 0.5, 0.0, 200, 200)
+    lane.start(0.0, 0.1, float("inf"))
+    assert lane.leave(1) is True and len(lane) == 0
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        (-1, 3, REQUEST, 1.0, 0.5, 0.0, 200, 200),  # a key out of its range
+        (2**31, 3, REQUEST, 1.0, 0.5, 0.0, 200, 200),
+        (1, -3, REQUEST, 1.0, 0.5, 0.0, 200, 200),  # not a descriptor
+        (1, 3, "text", 1.0, 0.5, 0.0, 200, 200),  # not bytes
+        (1, 3, REQUEST, 0.0, 0.5, 0.0, 200, 200),  # no interval
+    ],
+)
+def test_what_the_lane_cannot_hold_is_refused(lane: Any, args: tuple[Any, ...]) -> None:
+    with pytest.raises((ValueError, TypeError)):
+        lane.enter(*args)
+    assert len(lane) == 0
+
+
+def test_a_stalled_key_is_spread_again_within_its_interval(
+    lane: Any, pair: tuple[socket.socket, socket.socket]
+) -> None:
+    """Started more than half an interval late: due again within one
+    interval of the end, at a random point (probes/timetable.py)."""
+    ours, server = pair
+    lane.enter(1, ours.fileno(), REQUEST, 1.0, 0.5, 0.0, 200, 200)
+    lane.start(0.7, 0.8, float("inf"))
+    server.recv(1000)
+    server.sendall(OK)
+    lane.poll(0.71, float("inf"))
+    assert 0.71 <= lane.next_due < 1.71
+    assert lane.take_counts()[1] == 1  # and it counted as late
+
+
+# ------------------------------------------------------------------ into a table and a history
+
+
+def table_with(states: dict[int, HealthState]) -> tuple[ProbedTable, list[int]]:
+    table = ProbedTable()
+    added = table.change(0.0, {BS: (CHECK, {})}, PATHS, []).added
+    slots = sorted(t.slot for t in added)
+    for slot in slots:
+        table.resume(0.0, slot, states.get(slot, HealthState.HEALTHY), 0.0)
+    return table, slots
+
+
+@pytest.fixture(params=["c", "python"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "c":
+        if endpoints._steady_table is None:
+            pytest.skip("the C speedups are not built")
+    else:
+        monkeypatch.setattr(endpoints, "_steady_table", None)
+        monkeypatch.setattr(history, "_steady_history", None)
+    return str(request.param)
+
+
+def test_steady_records_go_into_a_table_as_its_results_would(path: str) -> None:
+    probe = ProbedTable()
+    slots = sorted(t.slot for t in probe.change(0.0, {BS: (CHECK, {})}, PATHS, []).added)
+    healthy, other = slots[0], slots[1]
+    by_steady, _ = table_with({other: HealthState.UNKNOWN})
+    by_results, _ = table_with({other: HealthState.UNKNOWN})
+    for table in (by_steady, by_results):  # a failure's detail, to be cleared by a success
+        table.table.on_results(1.0, [(healthy, ProbeResult(Outcome.REFUSED, 0.1, 0, "gone"))])
+        table.table.on_results(1.5, [(healthy, ProbeResult(Outcome.OK, 0.1, 200))])
+        table.table.set_state(1.5, healthy, HealthState.HEALTHY, "test")
+    records = pack_steady([(healthy, 204, 0.25), (other, 200, 0.5)])
+    left = by_steady.table.on_steady(2.0, records)
+    assert left == pack_steady([(other, 200, 0.5)])  # not HEALTHY: the Python path's
+    by_results.table.on_results(2.0, [(healthy, ProbeResult(Outcome.OK, 0.25, 204))])
+    for slot in slots:
+        assert by_steady.table.observed(slot) == by_results.table.observed(slot), path
+        assert by_steady.table.state(slot) is by_results.table.state(slot)
+
+
+def test_a_success_run_stays_capped(path: str) -> None:
+    table, slots = table_with({})
+    for i in range(300):
+        assert table.table.on_steady(float(i), pack_steady([(slots[0], 200, 0.001)])) == b""
+    assert table.table.observed(slots[0])[0] == 255
+
+
+def test_steady_records_extend_a_history_as_record_would(path: str) -> None:
+    by_steady, by_record = OutcomeHistory(), OutcomeHistory()
+
+    def path_of(key: int) -> str:
+        return f"ep{key}"
+
+    ok = ProbeResult(Outcome.OK, 0.001, 200)
+    for h in (by_steady, by_record):  # key 1 past its exact part; key 2 a few; key 3 a failure
+        for i in range(EXACT + 2):
+            h.record(float(i), [(1, ok)], path_of)
+        h.record(0.0, [(2, ok)], path_of)
+        h.record(0.0, [(3, ProbeResult(Outcome.REFUSED, 0.001))], path_of)
+    now = float(EXACT + 5)
+    by_steady.steady(now, pack_steady([(1, 200, 0.002), (2, 200, 0.002), (3, 200, 0.002)]), path_of)
+    by_record.record(now, [(k, ProbeResult(Outcome.OK, 0.002, 200)) for k in (1, 2, 3)], path_of)
+    assert by_steady.export() == by_record.export(), path
+
+
+def test_a_steady_record_of_another_status_starts_a_run(path: str) -> None:
+    by_steady, by_record = OutcomeHistory(), OutcomeHistory()
+    for h in (by_steady, by_record):
+        for i in range(EXACT + 1):
+            h.record(float(i), [(1, ProbeResult(Outcome.OK, 0.001, 200))], str)
+    by_steady.steady(20.0, pack_steady([(1, 204, 0.002)]), str)
+    by_record.record(20.0, [(1, ProbeResult(Outcome.OK, 0.002, 204))], str)
+    assert by_steady.export() == by_record.export()
+
+
+def test_records_that_are_not_records_are_refused() -> None:
+    if endpoints._steady_table is None:
+        pytest.skip("the C speedups are not built")
+    table, _ = table_with({})
+    with pytest.raises(TypeError):
+        table.table.on_steady(1.0, b"\x00" * 15)
