@@ -44,6 +44,13 @@ exactly the spec's.
 * **Concurrency cap.** At most ``max_in_flight`` probes run at once (bounded
   also by the open-file limit); due keys beyond it wait in a FIFO queue and
   start as others finish - late, and counted as late.
+* **The kept-alive lane.** Given a steady sink (``steady``), a key whose
+  kept-alive HTTP check succeeds joins the lane (probes/lane.py): the
+  batch prober's C part then times, sends and reads its checks, and the
+  tick only calls it (``_lane_start``, ``_lane_poll``); its steady
+  successes go to the steady sink a tick's worth at a time, and any other
+  answer hands the key back here, in flight in the batch prober or due
+  again. Its counters join this scheduler's every tick.
 * **Self-protection.** Each tick measures how late it runs. When the loop runs
   late by more than ``lag_threshold``, a probe that timed out during that time
   may have timed out because of *us*, not the endpoint: its result becomes
