@@ -38,6 +38,7 @@ typedef struct {
     long key; /* -1: a free slot */
     int fd, lo, hi, sent;
     PyObject *request; /* bytes */
+    PyObject *needle;  /* bytes: responseContains (b"": none) */
     double interval, timeout, due, started, deadline;
     Py_ssize_t heap_at[2]; /* where in each heap (due, deadline); -1: not in it */
 } Kept;
@@ -52,7 +53,8 @@ typedef struct {
     PyObject *index;                /* key -> slot */
     double late_threshold;
     unsigned char *buf;
-    Py_ssize_t bufsize; /* the largest whole answer + 1 */
+    Py_ssize_t bufsize;       /* the largest whole answer + 1 */
+    Py_ssize_t body_searched; /* bytes of a body searched for responseContains */
     uint64_t rng;
     double edges[LANE_BUCKETS - 1];
     long long started, late, finished, buckets[LANE_BUCKETS];
@@ -129,6 +131,7 @@ static void lane_free(Lane *L, Py_ssize_t i) {
     if (key == NULL || PyDict_DelItem(L->index, key) < 0) PyErr_Clear();
     Py_XDECREF(key);
     Py_CLEAR(k->request);
+    Py_CLEAR(k->needle);
     k->key = -1;
     L->free_slots[L->nfree++] = i;
 }
@@ -149,13 +152,14 @@ static int lane_grow(Lane *L) {
 }
 
 static PyObject *lane_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"late_threshold", "max_response", "edges", "seed", NULL};
+    static char *kwlist[] = {"late_threshold", "max_response", "edges", "seed",
+                             "body_searched", NULL};
     double late_threshold;
-    Py_ssize_t max_response;
+    Py_ssize_t max_response, body_searched;
     PyObject *edges;
     unsigned long long seed;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "dnOK", kwlist, &late_threshold, &max_response,
-                                     &edges, &seed))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "dnOKn", kwlist, &late_threshold, &max_response,
+                                     &edges, &seed, &body_searched))
         return NULL;
     PyObject *fast = PySequence_Fast(edges, "edges: a sequence of floats");
     if (fast == NULL) return NULL;
@@ -181,6 +185,7 @@ static PyObject *lane_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     }
     Py_DECREF(fast);
     L->late_threshold = late_threshold;
+    L->body_searched = body_searched;
     L->rng = seed;
     L->bufsize = max_response + 1;
     L->buf = PyMem_Malloc(L->bufsize);
@@ -198,7 +203,10 @@ static PyObject *lane_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 }
 
 static void lane_release(Lane *L) {
-    for (Py_ssize_t i = 0; i < L->n; i++) Py_CLEAR(L->k[i].request);
+    for (Py_ssize_t i = 0; i < L->n; i++) {
+        Py_CLEAR(L->k[i].request);
+        Py_CLEAR(L->k[i].needle);
+    }
     L->n = L->nfree = L->heap_n[0] = L->heap_n[1] = 0;
     if (L->index != NULL) PyDict_Clear(L->index);
     if (L->ep >= 0) close(L->ep);
@@ -222,15 +230,15 @@ static int lane_open(Lane *L) {
     return -1;
 }
 
-/* enter(key, fd, request, interval, timeout, due, lo, hi): a key's kept
- * connection (idle) joins the lane, its next probe due at `due` */
+/* enter(key, fd, request, interval, timeout, due, lo, hi, needle): a key's
+ * kept connection (idle) joins the lane, its next probe due at `due` */
 static PyObject *lane_enter(Lane *L, PyObject *const *args, Py_ssize_t nargs) {
     long key;
     int fd, lo, hi;
     double interval, timeout, due;
-    if (nargs != 8 || !PyBytes_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "enter(key, fd, request: bytes, interval, timeout, due, lo, hi)");
+    if (nargs != 9 || !PyBytes_Check(args[2]) || !PyBytes_Check(args[8])) {
+        PyErr_SetString(PyExc_TypeError, "enter(key, fd, request: bytes, interval, timeout, due, "
+                                         "lo, hi, needle: bytes)");
         return NULL;
     }
     key = PyLong_AsLong(args[0]);
@@ -277,6 +285,7 @@ static PyObject *lane_enter(Lane *L, PyObject *const *args, Py_ssize_t nargs) {
     k->hi = hi;
     k->sent = 0;
     k->request = Py_NewRef(args[2]);
+    k->needle = Py_NewRef(args[8]);
     k->interval = interval;
     k->timeout = timeout;
     k->due = due;
@@ -316,6 +325,18 @@ static int hand_back(Lane *L, PyObject **out, Py_ssize_t i, int kind, const unsi
     Py_DECREF(item);
     lane_free(L, i);
     return r;
+}
+
+/* responseContains: the needle within the first body_searched bytes of the
+ * body of the whole answer in L->buf (as probes/batch.py's _body) */
+static int body_has(Lane *L, Py_ssize_t len, PyObject *needle) {
+    const unsigned char *end = memmem(L->buf, (size_t)len, "\r\n\r\n", 4);
+    if (end == NULL) return 0;
+    const unsigned char *body = end + 4;
+    Py_ssize_t blen = len - (body - L->buf);
+    if (blen > L->body_searched) blen = L->body_searched;
+    return memmem(body, (size_t)blen, PyBytes_AS_STRING(needle),
+                  (size_t)PyBytes_GET_SIZE(needle)) != NULL;
 }
 
 /* start(now, horizon, budget_end) -> (handed back or None, deferred): send
@@ -407,6 +428,9 @@ static PyObject *lane_poll(Lane *L, PyObject *const *args, Py_ssize_t nargs) {
             if (got_bytes > 0 && got_bytes < L->bufsize &&
                 !(ev & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)))
                 status = whole(L->buf, got_bytes);
+            if (status != 0 && PyBytes_GET_SIZE(k->needle) > 0 &&
+                !body_has(L, got_bytes, k->needle))
+                status = 0; /* (the Python path says what was missing) */
             if (status == 0 || status < k->lo || status > k->hi) {
                 Py_ssize_t len = got_bytes > 0 ? got_bytes : 0;
                 if (hand_back(L, &out, i, HANDBACK_ANSWER, L->buf, len, ev) < 0) goto fail;
@@ -499,7 +523,7 @@ static Py_ssize_t lane_len(Lane *L) { return L->ep >= 0 ? PyDict_Size(L->index) 
 
 static PyMethodDef lane_methods[] = {
     {"enter", (PyCFunction)(void (*)(void))lane_enter, METH_FASTCALL,
-     "enter(key, fd, request, interval, timeout, due, lo, hi): a kept connection joins."},
+     "enter(key, fd, request, interval, timeout, due, lo, hi, needle): a kept connection joins."},
     {"leave", (PyCFunction)lane_leave, METH_O,
      "leave(key): None if not in the lane, else whether a request of it was out."},
     {"start", (PyCFunction)(void (*)(void))lane_start, METH_FASTCALL,

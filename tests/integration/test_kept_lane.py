@@ -77,8 +77,10 @@ class Probing:
         await self.scheduler.close()
 
 
-def spec(port: int, interval: float = 0.05, timeout: float = 0.5, path: str = "/") -> ProbeSpec:
-    return ProbeSpec("HTTP", "127.0.0.1", port, timeout, interval, path=path)
+def spec(
+    port: int, interval: float = 0.05, timeout: float = 0.5, path: str = "/", contains: bytes = b""
+) -> ProbeSpec:
+    return ProbeSpec("HTTP", "127.0.0.1", port, timeout, interval, path=path, contains=contains)
 
 
 lanes = pytest.mark.parametrize("lane", [True, False], ids=["lane", "python"])
@@ -94,7 +96,11 @@ def switchable(state: dict[str, Any]) -> servers.Handler:
                 state["paths"].append(head.split(b" ")[1])
                 if state["hang"]:
                     await asyncio.Event().wait()
-                writer.write(ANSWER % state["status"])
+                body = state.get("body", b"ok")
+                writer.write(
+                    b"HTTP/1.1 %d X\r\nContent-Length: %d\r\n\r\n%s"
+                    % (state["status"], len(body), body)
+                )
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -134,6 +140,33 @@ def test_a_status_that_changes_is_seen_at_once_and_steady_again_after(lane: bool
         assert steady >= 8  # the first result of each run of successes is the Python path's
     else:
         assert steady == 0
+
+
+@lanes
+def test_a_body_that_loses_its_text_fails_at_once_and_is_steady_again_after(lane: bool) -> None:
+    state: dict[str, Any] = {"status": 200, "hang": False, "paths": [], "body": b"all good"}
+
+    async def go() -> tuple[Probing, list[tuple[Outcome, int]]]:
+        p = Probing(lane)
+        async with Server(switchable(state)) as srv:
+            p.scheduler.start()
+            p.scheduler.upsert(1, spec(srv.port, contains=b"good"))
+            await p.results(5)
+            state["body"] = b"all bad"
+            before = len(p.seen)
+            await p.results(4)
+            state["body"] = b"good again"
+            seen = await p.results(6)
+            p.counted()
+            await p.close()
+        return p, seen[before:]
+
+    p, after = run_async(go())
+    changed = [o for o, _ in after]
+    first = changed.index(Outcome.CONTENT)
+    assert first <= 1 and changed[first : first + 3] == [Outcome.CONTENT] * 3
+    assert changed[-3:] == [Outcome.OK] * 3
+    assert (p.steady >= 6) if p.laned else (p.steady == 0)
 
 
 @lanes

@@ -23,6 +23,7 @@ from healthgate.health.history import EXACT, OutcomeHistory
 from healthgate.health.probed import ProbedTable
 from healthgate.health.states import STEADY, HealthState, Outcome, ProbeResult, pack_steady
 from healthgate.probes.batch import LANE_ANSWER, LANE_IDLE, LANE_TIMEOUT, LANE_UNSENT
+from healthgate.probes.http import BODY_SEARCHED
 from healthgate.probes.lane import KeptLane
 from healthgate.probes.stats import PROBE_BUCKETS
 from healthgate.probes.timetable import next_due
@@ -38,7 +39,7 @@ REQUEST = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
 def lane() -> Iterator[Any]:
     if KeptLane is None:
         pytest.skip("the C speedups are not built")
-    lane = KeptLane(0.010, 65536, PROBE_BUCKETS, 7)
+    lane = KeptLane(0.010, 65536, PROBE_BUCKETS, 7, BODY_SEARCHED)
     yield lane
     lane.close()
 
@@ -57,7 +58,7 @@ def test_a_steady_success_is_a_record_and_the_key_is_due_an_interval_after_the_e
     lane: Any, pair: tuple[socket.socket, socket.socket]
 ) -> None:
     ours, server = pair
-    lane.enter(5, ours.fileno(), REQUEST, 1.0, 0.5, 10.0, 200, 299)
+    lane.enter(5, ours.fileno(), REQUEST, 1.0, 0.5, 10.0, 200, 299, b"")
     assert len(lane) == 1 and lane.next_due == 10.0 and lane.in_flight == 0
     assert lane.start(9.99, 9.995, float("inf")) == (None, False)  # not due before the horizon
     assert lane.start(10.004, 10.005, float("inf")) == (None, False)  # started 4 ms late
@@ -88,7 +89,7 @@ def test_anything_but_a_whole_expected_answer_is_handed_back_with_what_was_read(
     lane: Any, pair: tuple[socket.socket, socket.socket], answer: bytes, why: str
 ) -> None:
     ours, server = pair
-    lane.enter(1, ours.fileno(), REQUEST, 1.0, 0.5, 0.0, 200, 200)
+    lane.enter(1, ours.fileno(), REQUEST, 1.0, 0.5, 0.0, 200, 200, b"")
     lane.start(0.001, 0.005, float("inf"))
     server.recv(1000)
     server.sendall(answer)
@@ -101,11 +102,32 @@ def test_anything_but_a_whole_expected_answer_is_handed_back_with_what_was_read(
     assert lane.take_counts()[:3] == (1, 0, 0)  # started here, finished by the caller
 
 
+@pytest.mark.parametrize(
+    ("body", "steady"),
+    [
+        (b"all ok here", True),
+        (b"x" * (BODY_SEARCHED - 2) + b"ok", True),  # the needle ends at the last byte searched
+        (b"x" * (BODY_SEARCHED - 1) + b"ok", False),  # one byte past it: the Python path's
+        (b"nothing", False),
+    ],
+)
+def test_response_contains_is_searched_in_the_bytes_the_python_path_searches(
+    lane: Any, pair: tuple[socket.socket, socket.socket], body: bytes, steady: bool
+) -> None:
+    ours, server = pair
+    lane.enter(1, ours.fileno(), REQUEST, 1.0, 0.5, 0.0, 200, 200, b"ok")
+    lane.start(0.001, 0.005, float("inf"))
+    server.recv(1000)
+    server.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    records, back, _ = lane.poll(0.003, float("inf"))
+    assert (records != b"", back is None) == (steady, steady)
+
+
 def test_a_closed_connection_is_handed_back_with_nothing_read(
     lane: Any, pair: tuple[socket.socket, socket.socket]
 ) -> None:
     ours, server = pair
-    lane.enter(1, ours.fileno(), REQUEST, 1.0, 0.5, 0.0, 200, 200)
+    lane.enter(1, ours.fileno(), REQUEST, 1.0, 0.5, 0.0, 200, 200, b"")
     lane.start(0.001, 0.005, float("inf"))
     server.close()
     _, back, _ = lane.poll(0.003, float("inf"))
@@ -119,8 +141,8 @@ def test_a_timeout_and_an_idle_connection_that_spoke_are_handed_back(
     other, other_server = socket.socketpair()
     try:
         other.setblocking(False)
-        lane.enter(1, ours.fileno(), REQUEST, 1.0, 0.5, 0.0, 200, 200)
-        lane.enter(2, other.fileno(), REQUEST, 1.0, 0.5, 5.0, 200, 200)
+        lane.enter(1, ours.fileno(), REQUEST, 1.0, 0.5, 0.0, 200, 200, b"")
+        lane.enter(2, other.fileno(), REQUEST, 1.0, 0.5, 5.0, 200, 200, b"")
         lane.start(0.0, 0.002, float("inf"))  # key 1 only
         assert lane.poll(0.499, float("inf"))[1] is None  # not yet
         other_server.close()  # key 2's connection closes while idle
@@ -140,7 +162,7 @@ def test_a_send_that_fails_hands_the_key_back_unsent(
     lane: Any, pair: tuple[socket.socket, socket.socket]
 ) -> None:
     ours, server = pair
-    lane.enter(3, ours.fileno(), REQUEST, 1.0, 0.5, 1.0, 200, 200)
+    lane.enter(3, ours.fileno(), REQUEST, 1.0, 0.5, 1.0, 200, 200, b"")
     server.close()
     ours.shutdown(socket.SHUT_WR)  # (a send now fails: EPIPE)
     back, deferred = lane.start(1.0, 1.5, float("inf"))
@@ -152,11 +174,11 @@ def test_leaving_says_whether_a_request_was_out_and_a_key_enters_once(
     lane: Any, pair: tuple[socket.socket, socket.socket]
 ) -> None:
     ours, _server = pair
-    lane.enter(1, ours.fileno(), REQUEST, 1.0, 0.5, 0.0, 200, 200)
+    lane.enter(1, ours.fileno(), REQUEST, 1.0, 0.5, 0.0, 200, 200, b"")
     with pytest.raises(ValueError, match="in the lane already"):
-        lane.enter(1, ours.fileno(), REQUEST, 1.0, 0.5, 0.0, 200, 200)
+        lane.enter(1, ours.fileno(), REQUEST, 1.0, 0.5, 0.0, 200, 200, b"")
     assert lane.leave(1) is False and lane.leave(1) is None
-    lane.enter(1, ours.fileno(), REQUEST, 1.0, 0.5, 0.0, 200, 200)
+    lane.enter(1, ours.fileno(), REQUEST, 1.0, 0.5, 0.0, 200, 200, b"")
     lane.start(0.0, 0.1, float("inf"))
     assert lane.leave(1) is True and len(lane) == 0
 
@@ -164,11 +186,13 @@ def test_leaving_says_whether_a_request_was_out_and_a_key_enters_once(
 @pytest.mark.parametrize(
     "args",
     [
-        (-1, 3, REQUEST, 1.0, 0.5, 0.0, 200, 200),  # a key out of its range
-        (2**31, 3, REQUEST, 1.0, 0.5, 0.0, 200, 200),
-        (1, -3, REQUEST, 1.0, 0.5, 0.0, 200, 200),  # not a descriptor
-        (1, 3, "text", 1.0, 0.5, 0.0, 200, 200),  # not bytes
-        (1, 3, REQUEST, 0.0, 0.5, 0.0, 200, 200),  # no interval
+        (-1, 3, REQUEST, 1.0, 0.5, 0.0, 200, 200, b""),  # a key out of its range
+        (2**31, 3, REQUEST, 1.0, 0.5, 0.0, 200, 200, b""),
+        (1, -3, REQUEST, 1.0, 0.5, 0.0, 200, 200, b""),  # not a descriptor
+        (1, 3, "text", 1.0, 0.5, 0.0, 200, 200, b""),  # not bytes
+        (1, 3, REQUEST, 0.0, 0.5, 0.0, 200, 200, b""),  # no interval
+        (1, 3, REQUEST, 1.0, 0.5, 0.0, 200, 200, "ok"),  # a needle not bytes
+        (1, 3, REQUEST, 1.0, 0.5, 0.0, 200, 200),  # no needle
     ],
 )
 def test_what_the_lane_cannot_hold_is_refused(lane: Any, args: tuple[Any, ...]) -> None:
@@ -183,7 +207,7 @@ def test_a_stalled_key_is_spread_again_within_its_interval(
     """Started more than half an interval late: due again within one
     interval of the end, at a random point (probes/timetable.py)."""
     ours, server = pair
-    lane.enter(1, ours.fileno(), REQUEST, 1.0, 0.5, 0.0, 200, 200)
+    lane.enter(1, ours.fileno(), REQUEST, 1.0, 0.5, 0.0, 200, 200, b"")
     lane.start(0.7, 0.8, float("inf"))
     server.recv(1000)
     server.sendall(OK)

@@ -752,7 +752,7 @@ class BatchProber:
         and checks are kept alive). ``seed``: its random spreads' seed."""
         if self.lane is None and KeptLane is not None and self.settings.keepalive:
             self.lane = KeptLane(
-                late_threshold, self.settings.max_body_bytes, PROBE_BUCKETS, seed()
+                late_threshold, self.settings.max_body_bytes, PROBE_BUCKETS, seed(), BODY_SEARCHED
             )
         return self.lane is not None
 
@@ -774,7 +774,9 @@ class BatchProber:
         lo, hi = spec.status_ranges[0]
         self._ep.unregister(p.fd)
         try:
-            lane.enter(key, p.fd, p.request, spec.interval, spec.timeout, due, lo, hi)
+            lane.enter(
+                key, p.fd, p.request, spec.interval, spec.timeout, due, lo, hi, spec.contains
+            )
         except (OSError, ValueError) as exc:  # (a key out of its range, say)
             log.debug("a kept connection could not join the lane: %s", exc)
             self._ep.register(p.fd, _MASK)

@@ -15,12 +15,14 @@ What is in the lane
 -------------------
 A key enters when its probe ends with a success on a kept connection (the
 scheduler asks the batch prober: :meth:`BatchProber.enter_lane`), if its
-check is plain - HTTP, no ``responseContains``, no ``degradedStatusCodes``,
-not inverted, not HEAD, one range of expected statuses - and the C speedups
-are built. From then on the lane holds its connection, its request and its
+check is plain enough - HTTP, no ``degradedStatusCodes``, not inverted, not
+HEAD, one range of expected statuses (``responseContains`` is searched for
+in C, in the same first 5,120 bytes of the body) - and the C speedups are
+built. From then on the lane holds its connection, its request and its
 timing (probes/timetable.py's rule, the same arithmetic): it sends the
 request when due, reads the answer, and an answer that is one whole reusable
-response with an expected status is a **steady success**, packed as a
+response with an expected status (and the ``responseContains`` text) is a
+**steady success**, packed as a
 16-byte record (health/states.py's ``STEADY``: key, status, latency) and re-armed - never a
 Python object. Each tick's records go to the steady sink in one call, which
 takes them into the endpoint table (:meth:`EndpointTable.on_steady`: a
@@ -59,7 +61,6 @@ def laneable(spec: ProbeSpec, settings: ProbeSettings) -> bool:
     return (
         settings.keepalive
         and spec.type == "HTTP"
-        and not spec.contains
         and not spec.invert
         and not spec.degraded_ranges
         and spec.method != "HEAD"
