@@ -7,7 +7,8 @@
  * (probes/timetable.py's rule, the same arithmetic) and a deadline. Its
  * start() sends the request of every key due; its poll() reads the answers
  * (one epoll set of its own), and an answer that is one whole reusable
- * response with an expected status is a steady success: packed into the
+ * response with an expected status (and, for responseContains, the text in
+ * the first body_searched bytes of its body) is a steady success: packed into the
  * bytes it returns (STEADY_RECORD), the key re-armed, no Python object made
  * per check. Anything else - a partial, unexpected or closing answer, a
  * timeout, a connection that spoke while idle, a send that failed - hands

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from collections.abc import Hashable
 from typing import Any
+
+import pytest
 
 from healthgate.controlplane.health_service import HealthService, RecordsTo
 from healthgate.health.states import HealthState, Outcome, ProbeResult, Record, Transition
@@ -264,3 +267,35 @@ def test_timeouts_during_prober_lag_are_suspect_not_failures() -> None:
     assert suspect >= 1
     assert any(r.outcome is Outcome.SUSPECT and r.detail == "prober overloaded" for r in got)
     assert got[-1].outcome is Outcome.TIMEOUT  # once the lag is over, timeouts count again
+
+
+def test_a_stall_that_makes_many_timeouts_suspect_logs_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One stall times out every probe in flight; a line each would flood
+    the log (and stall the prober again): one line, with the count."""
+
+    async def go() -> int:
+        prober = FakeProber(delay=0.3, outcome=Outcome.TIMEOUT)
+        sched = ProbeScheduler(
+            prober,
+            lambda t, ended: None,
+            SchedulerSettings(lag_threshold=0.1),
+            rng=random.Random(3),
+        )
+        sched.start()
+        for key in range(20):
+            sched.upsert(key, spec(interval=0.05))
+        await asyncio.sleep(0.15)
+        time.sleep(0.5)  # the prober's own event loop stalls (deliberately blocking)
+        await asyncio.sleep(0.2)
+        await sched.close()
+        return sched.stats.suspect
+
+    with caplog.at_level(logging.WARNING, logger="healthgate.probes"):
+        suspect = run_async(go())
+    lines = [
+        r.getMessage() for r in caplog.records if "while the prober lagged (" in r.getMessage()
+    ]
+    assert suspect >= 10 and len(lines) == 1, (suspect, lines)
+    assert "more such since the last line" in lines[0]

@@ -117,8 +117,6 @@ class ProbeResult(NamedTuple):
                 return "error" + (f": {self.detail}" if self.detail else "")
 
 
-# the detail of a probe the prober could not make for want of a descriptor (EMFILE)
-
 # A steady success as a 16-byte record - key (an endpoint slot), HTTP status,
 # latency - made by the kept-alive lane (probes/lane.py) in C, and taken into
 # an endpoint table and an outcome history without a ProbeResult per check
@@ -136,6 +134,7 @@ def pack_steady(results: Iterable[tuple[int, int, float]]) -> bytes:
     return b"".join(STEADY.pack(k, st, lat) for k, st, lat in results)
 
 
+# the detail of a probe the prober could not make for want of a descriptor (EMFILE)
 NO_DESCRIPTOR = "the prober had no file descriptor left (its open-file limit)"
 _OWN_LIMITS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 

@@ -197,6 +197,8 @@ class ProbeScheduler:
         self._loop: Clock | None = None
         self._timetable = Timetable(lambda: self._require_loop().time(), self._rng.random)
         self._skipped_logged_at = float("-inf")
+        self._suspect_logged_at = float("-inf")
+        self._suspect_logged = 0  # stats.suspect when last logged
         self._tick_handle: TimerHandle | None = None
         self._tick_at = float("inf")  # when the armed tick is due
         self._ticking = False  # inside _tick
@@ -554,12 +556,7 @@ class ProbeScheduler:
             elif result.outcome is _TIMEOUT and (
                 entry.lag_at_start > lag_threshold or self._last_lag_at >= entry.started
             ):
-                stats.suspect += 1
-                log.warning(
-                    "probe of %s timed out while the prober lagged (%.0f ms): counted as no result",
-                    entry.spec.address,
-                    max(entry.lag_at_start, stats.max_lag) * 1000,
-                )
+                self._suspected(end, entry)
                 out.append(
                     (key, ProbeResult(Outcome.SUSPECT, result.latency, 0, "prober overloaded"))
                 )
@@ -604,6 +601,26 @@ class ProbeScheduler:
             list(s.lag_buckets),
             s.lag_sum,
         )
+
+    def _suspected(self, now: float, entry: _Entry) -> None:
+        """A timeout taken while the prober lagged: counted, and logged at
+        most every SKIPPED_LOG_EVERY seconds: one stall times out every
+        probe in flight, thousands at once (three workers starting 50,000
+        endpoints against starved backends wrote a line per probe, each
+        worker two seconds behind), and writing a line each is more work
+        for a prober already behind."""
+        stats = self.stats
+        stats.suspect += 1
+        if now - self._suspect_logged_at >= SKIPPED_LOG_EVERY:
+            log.warning(
+                "probe of %s timed out while the prober lagged (%.0f ms): counted as no result"
+                " (%d more such since the last line)",
+                entry.spec.address,
+                max(entry.lag_at_start, stats.max_lag) * 1000,
+                stats.suspect - self._suspect_logged - 1,
+            )
+            self._suspect_logged_at = now
+            self._suspect_logged = stats.suspect
 
     def _skipped(self, now: float, result: ProbeResult) -> None:
         """A probe that could not start: starvation, counted and logged
