@@ -86,6 +86,27 @@ def spec(
 lanes = pytest.mark.parametrize("lane", [True, False], ids=["lane", "python"])
 
 
+def probe_one(
+    lane: bool, handler: servers.Handler, results: int, **kw: Any
+) -> tuple[list[tuple[Outcome, int]], int]:
+    """One key probed until ``results`` results are in: what it saw, and
+    how many connections the server accepted (the counters checked)."""
+
+    async def go() -> tuple[list[tuple[Outcome, int]], int]:
+        p = Probing(lane)
+        async with Server(handler) as srv:
+            p.scheduler.start()
+            p.scheduler.upsert(1, spec(srv.port, **kw))
+            seen = await p.results(results)
+            p.counted()
+            conns = srv.connections
+            await p.close()
+        return seen, conns
+
+    result: tuple[list[tuple[Outcome, int]], int] = run_async(go())
+    return result
+
+
 def switchable(state: dict[str, Any]) -> servers.Handler:
     """Answers each request with state["status"]; while state["hang"], reads and never answers."""
 
@@ -204,18 +225,7 @@ def test_a_server_that_closes_idle_connections_costs_no_failure(lane: bool) -> N
         finally:
             writer.close()
 
-    async def go() -> tuple[list[tuple[Outcome, int]], int]:
-        p = Probing(lane)
-        async with Server(answer_then_close) as srv:
-            p.scheduler.start()
-            p.scheduler.upsert(1, spec(srv.port, interval=0.1))
-            seen = await p.results(6)
-            p.counted()
-            conns = srv.connections
-            await p.close()
-        return seen, conns
-
-    seen, conns = run_async(go())
+    seen, conns = probe_one(lane, answer_then_close, 6, interval=0.1)
     assert seen == [(Outcome.OK, 200)] * len(seen)
     assert conns >= len(seen) - 1
 
@@ -236,18 +246,7 @@ def test_an_answer_in_two_parts_is_read_whole(lane: bool) -> None:
         finally:
             writer.close()
 
-    async def go() -> tuple[list[tuple[Outcome, int]], int]:
-        p = Probing(lane)
-        async with Server(in_two_parts) as srv:
-            p.scheduler.start()
-            p.scheduler.upsert(1, spec(srv.port, interval=0.1))
-            seen = await p.results(5)
-            p.counted()
-            conns = srv.connections
-            await p.close()
-        return seen, conns
-
-    seen, conns = run_async(go())
+    seen, conns = probe_one(lane, in_two_parts, 5, interval=0.1)
     assert seen == [(Outcome.OK, 200)] * len(seen) and conns == 1
 
 
