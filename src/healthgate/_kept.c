@@ -22,6 +22,7 @@
  * the run is not the same), which take the Python path. */
 #include <stdint.h>
 #include <sys/epoll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 /* one steady result: the key (an endpoint slot), the HTTP status, the latency */
@@ -34,11 +35,15 @@ typedef struct {
 
 #define LANE_BUCKETS 14 /* probes/stats.py's PROBE_BUCKETS, and +Inf */
 #define LANE_EVENTS 64
+#define LANE_POOL 256 /* disconnected TCP sockets kept for reuse, per address family */
 
 typedef struct {
     long key; /* -1: a free slot */
-    int fd, lo, hi, sent;
-    PyObject *request; /* bytes */
+    int fd;   /* HTTP: the kept connection's (Python's socket owns it); TCP: the
+                 lane's own socket while a connect is under way, else -1 */
+    int tcp;  /* a plain TCP check: connect, and the handshake's end is the answer */
+    int lo, hi, sent;
+    PyObject *request; /* bytes: HTTP's request; TCP's packed sockaddr */
     PyObject *needle;  /* bytes: responseContains (b"": none) */
     double interval, timeout, due, started, deadline;
     Py_ssize_t heap_at[2]; /* where in each heap (due, deadline); -1: not in it */
@@ -60,7 +65,16 @@ typedef struct {
     double edges[LANE_BUCKETS - 1];
     long long started, late, finished, buckets[LANE_BUCKETS];
     double ok_sum;
+    SteadyRecord *steady; /* this tick's steady records, until poll() returns them */
+    Py_ssize_t nsteady, capsteady;
+    int pool[2][LANE_POOL], npool[2]; /* TCP sockets: [0] IPv4, [1] IPv6 */
+    Py_ssize_t *by_fd, nfd;            /* a TCP socket's slot while it connects, else -1 */
 } Lane;
+
+/* a TCP socket is in the epoll set for as long as it lives (its events
+ * say which descriptor: TCP_EVENT | fd), a kept connection only while in
+ * the lane (its events say which slot) */
+#define TCP_EVENT (1ULL << 63)
 
 static double heap_key(Lane *L, int w, Py_ssize_t i) {
     return w ? L->k[i].deadline : L->k[i].due;
@@ -122,10 +136,69 @@ static double lane_spread(Lane *L) { /* splitmix64, as a fraction in [0, 1) */
     return (double)((z ^ (z >> 31)) >> 11) * (1.0 / 9007199254740992.0);
 }
 
+/* a TCP check's socket: a pooled one (disconnected), else a new one that
+ * resets as it closes or disconnects (no FIN exchange, no TIME_WAIT) */
+static int tcp_socket(Lane *L, int family) {
+    int f = family == AF_INET6;
+    if (L->npool[f] > 0) return L->pool[f][--L->npool[f]];
+    int fd = socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    struct linger reset = {1, 0};
+    /* edge-triggered: a connect's end is an edge; a disconnect's events
+     * find no slot, and what a reused socket's new connect is not, the
+     * kernel filters as it reports (SYN_SENT polls as nothing) */
+    struct epoll_event ev = {.events = EPOLLOUT | EPOLLRDHUP | EPOLLET,
+                             .data.u64 = TCP_EVENT | (uint64_t)fd};
+    if (fd >= L->nfd) {
+        Py_ssize_t n = L->nfd ? L->nfd : 1024;
+        while (n <= fd) n *= 2;
+        Py_ssize_t *grown = PyMem_Realloc(L->by_fd, n * sizeof(Py_ssize_t));
+        if (grown == NULL) {
+            close(fd);
+            errno = ENOMEM;
+            return -1;
+        }
+        for (Py_ssize_t x = L->nfd; x < n; x++) grown[x] = -1;
+        L->by_fd = grown;
+        L->nfd = n;
+    }
+    if (setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset) < 0 ||
+        epoll_ctl(L->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
+        int err = errno;
+        close(fd);
+        errno = err;
+        return -1;
+    }
+    return fd;
+}
+
+/* dissolve the association (the RST) and keep the socket, or close it (which
+ * takes it out of the epoll set) */
+static void tcp_release(Lane *L, int family, int fd) {
+    int f = family == AF_INET6;
+    struct sockaddr unspec;
+    memset(&unspec, 0, sizeof unspec);
+    unspec.sa_family = AF_UNSPEC;
+    if (L->npool[f] < LANE_POOL && connect(fd, &unspec, sizeof unspec) == 0)
+        L->pool[f][L->npool[f]++] = fd;
+    else
+        close(fd);
+}
+
+static int key_family(Kept *k) {
+    return ((const struct sockaddr *)PyBytes_AS_STRING(k->request))->sa_family;
+}
+
 /* a slot leaves the lane: out of its epoll set, its heaps and its index */
 static void lane_free(Lane *L, Py_ssize_t i) {
     Kept *k = &L->k[i];
-    if (L->ep >= 0) epoll_ctl(L->ep, EPOLL_CTL_DEL, k->fd, NULL);
+    if (k->tcp && k->fd >= 0) { /* a connect under way, failed or timed out */
+        L->by_fd[k->fd] = -1;
+        tcp_release(L, key_family(k), k->fd);
+    } else if (k->fd >= 0 && L->ep >= 0) {
+        epoll_ctl(L->ep, EPOLL_CTL_DEL, k->fd, NULL);
+    }
+    k->fd = -1;
     heap_remove(L, 0, i);
     heap_remove(L, 1, i);
     PyObject *key = PyLong_FromLong(k->key);
@@ -205,9 +278,17 @@ static PyObject *lane_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 
 static void lane_release(Lane *L) {
     for (Py_ssize_t i = 0; i < L->n; i++) {
+        if (L->k[i].key >= 0 && L->k[i].tcp && L->k[i].fd >= 0) {
+            L->by_fd[L->k[i].fd] = -1;
+            close(L->k[i].fd);
+        }
         Py_CLEAR(L->k[i].request);
         Py_CLEAR(L->k[i].needle);
     }
+    for (int f = 0; f < 2; f++) {
+        while (L->npool[f] > 0) close(L->pool[f][--L->npool[f]]);
+    }
+    L->nsteady = 0;
     L->n = L->nfree = L->heap_n[0] = L->heap_n[1] = 0;
     if (L->index != NULL) PyDict_Clear(L->index);
     if (L->ep >= 0) close(L->ep);
@@ -222,6 +303,8 @@ static void lane_dealloc(Lane *L) {
     PyMem_Free(L->heap[0]);
     PyMem_Free(L->heap[1]);
     PyMem_Free(L->buf);
+    PyMem_Free(L->steady);
+    PyMem_Free(L->by_fd);
     Py_TYPE(L)->tp_free((PyObject *)L);
 }
 
@@ -229,6 +312,65 @@ static int lane_open(Lane *L) {
     if (L->ep >= 0) return 0;
     PyErr_SetString(PyExc_ValueError, "the lane is closed");
     return -1;
+}
+
+/* the key's number: an endpoint slot, 0 to 2**31 - 1 */
+static int key_arg(PyObject *arg, long *key) {
+    *key = PyLong_AsLong(arg);
+    if (*key == -1 && PyErr_Occurred()) return -1;
+    if (*key < 0 || *key > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "key: 0 to 2**31 - 1");
+        return -1;
+    }
+    return 0;
+}
+
+/* a key joins (enter, enter_tcp): its slot, its index entry, its connection
+ * in the epoll set (fd >= 0), due at `due` */
+static PyObject *lane_add(Lane *L, PyObject *keyobj, long key, int fd, int tcp,
+                          PyObject *request, PyObject *needle, double interval, double timeout,
+                          double due, int lo, int hi) {
+    if (lane_open(L) < 0) return NULL;
+    if (!(interval > 0) || !(timeout > 0)) {
+        PyErr_SetString(PyExc_ValueError, "interval and timeout must be above 0");
+        return NULL;
+    }
+    int known = PyDict_Contains(L->index, keyobj);
+    if (known != 0) {
+        if (known > 0) PyErr_Format(PyExc_ValueError, "key %ld is in the lane already", key);
+        return NULL;
+    }
+    if (L->nfree == 0 && L->n == L->cap && lane_grow(L) < 0) return PyErr_NoMemory();
+    Py_ssize_t i = L->nfree ? L->free_slots[--L->nfree] : L->n++;
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.u64 = (uint64_t)i};
+    if (fd >= 0 && epoll_ctl(L->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
+        L->free_slots[L->nfree++] = i;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    PyObject *slot = PyLong_FromSsize_t(i);
+    if (slot == NULL || PyDict_SetItem(L->index, keyobj, slot) < 0) {
+        Py_XDECREF(slot);
+        if (fd >= 0) epoll_ctl(L->ep, EPOLL_CTL_DEL, fd, NULL);
+        L->free_slots[L->nfree++] = i;
+        return NULL;
+    }
+    Py_DECREF(slot);
+    Kept *k = &L->k[i];
+    k->key = key;
+    k->fd = fd;
+    k->tcp = tcp;
+    k->lo = lo;
+    k->hi = hi;
+    k->sent = 0;
+    k->request = Py_NewRef(request);
+    k->needle = Py_NewRef(needle);
+    k->interval = interval;
+    k->timeout = timeout;
+    k->due = due;
+    k->started = k->deadline = 0.0;
+    k->heap_at[0] = k->heap_at[1] = -1;
+    heap_push(L, 0, i);
+    Py_RETURN_NONE;
 }
 
 /* enter(key, fd, request, interval, timeout, due, lo, hi, needle): a key's
@@ -242,58 +384,43 @@ static PyObject *lane_enter(Lane *L, PyObject *const *args, Py_ssize_t nargs) {
                                          "lo, hi, needle: bytes)");
         return NULL;
     }
-    key = PyLong_AsLong(args[0]);
-    if (key == -1 && PyErr_Occurred()) return NULL;
-    if (key < 0 || key > INT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "key: 0 to 2**31 - 1");
-        return NULL;
-    }
-    if (fd_arg(args[1], &fd) < 0) return NULL;
+    if (key_arg(args[0], &key) < 0 || fd_arg(args[1], &fd) < 0) return NULL;
     interval = PyFloat_AsDouble(args[3]);
     timeout = PyFloat_AsDouble(args[4]);
     due = PyFloat_AsDouble(args[5]);
     lo = (int)PyLong_AsLong(args[6]);
     hi = (int)PyLong_AsLong(args[7]);
-    if (PyErr_Occurred() || lane_open(L) < 0) return NULL;
-    if (!(interval > 0) || !(timeout > 0)) {
-        PyErr_SetString(PyExc_ValueError, "interval and timeout must be above 0");
+    if (PyErr_Occurred()) return NULL;
+    return lane_add(L, args[0], key, fd, 0, args[2], args[8], interval, timeout, due, lo, hi);
+}
+
+/* enter_tcp(key, address, interval, timeout, due): a plain TCP check (a
+ * connect, its handshake's end the answer) joins the lane, its next probe
+ * due at `due`; `address`: the endpoint as a packed sockaddr_in(6) */
+static PyObject *lane_enter_tcp(Lane *L, PyObject *const *args, Py_ssize_t nargs) {
+    long key;
+    if (nargs != 5 || !PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "enter_tcp(key, address: bytes, interval, timeout, due)");
         return NULL;
     }
-    int known = PyDict_Contains(L->index, args[0]);
-    if (known != 0) {
-        if (known > 0) PyErr_Format(PyExc_ValueError, "key %ld is in the lane already", key);
+    if (key_arg(args[0], &key) < 0) return NULL;
+    Py_ssize_t len = PyBytes_GET_SIZE(args[1]);
+    sa_family_t family = len >= (Py_ssize_t)sizeof(sa_family_t)
+                             ? ((const struct sockaddr *)PyBytes_AS_STRING(args[1]))->sa_family
+                             : AF_UNSPEC;
+    if (!(family == AF_INET && len == sizeof(struct sockaddr_in)) &&
+        !(family == AF_INET6 && len == sizeof(struct sockaddr_in6))) {
+        PyErr_SetString(PyExc_ValueError, "address: a packed sockaddr_in or sockaddr_in6");
         return NULL;
     }
-    if (L->nfree == 0 && L->n == L->cap && lane_grow(L) < 0) return PyErr_NoMemory();
-    Py_ssize_t i = L->nfree ? L->free_slots[--L->nfree] : L->n++;
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.u64 = (uint64_t)i};
-    if (epoll_ctl(L->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
-        L->free_slots[L->nfree++] = i;
-        return PyErr_SetFromErrno(PyExc_OSError);
-    }
-    PyObject *slot = PyLong_FromSsize_t(i);
-    if (slot == NULL || PyDict_SetItem(L->index, args[0], slot) < 0) {
-        Py_XDECREF(slot);
-        epoll_ctl(L->ep, EPOLL_CTL_DEL, fd, NULL);
-        L->free_slots[L->nfree++] = i;
-        return NULL;
-    }
-    Py_DECREF(slot);
-    Kept *k = &L->k[i];
-    k->key = key;
-    k->fd = fd;
-    k->lo = lo;
-    k->hi = hi;
-    k->sent = 0;
-    k->request = Py_NewRef(args[2]);
-    k->needle = Py_NewRef(args[8]);
-    k->interval = interval;
-    k->timeout = timeout;
-    k->due = due;
-    k->started = k->deadline = 0.0;
-    k->heap_at[0] = k->heap_at[1] = -1;
-    heap_push(L, 0, i);
-    Py_RETURN_NONE;
+    double interval = PyFloat_AsDouble(args[2]), timeout = PyFloat_AsDouble(args[3]),
+           due = PyFloat_AsDouble(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *none = PyBytes_FromStringAndSize(NULL, 0);
+    if (none == NULL) return NULL;
+    PyObject *r = lane_add(L, args[0], key, -1, 1, args[1], none, interval, timeout, due, 0, 0);
+    Py_DECREF(none);
+    return r;
 }
 
 /* leave(key): the key out of the lane (its spec changed, it is removed).
@@ -315,6 +442,7 @@ static PyObject *lane_leave(Lane *L, PyObject *key) {
 #define HANDBACK_TIMEOUT 1
 #define HANDBACK_IDLE 2    /* the idle connection spoke or closed */
 #define HANDBACK_UNSENT 3  /* the request could not be sent (data: b"", events: the errno) */
+#define HANDBACK_FAILED 4  /* a TCP check's connect failed (events: the errno; 0: closed) */
 static int hand_back(Lane *L, PyObject **out, Py_ssize_t i, int kind, const unsigned char *data,
                      Py_ssize_t len, long events) {
     Kept *k = &L->k[i];
@@ -340,9 +468,66 @@ static int body_has(Lane *L, Py_ssize_t len, PyObject *needle) {
                   (size_t)PyBytes_GET_SIZE(needle)) != NULL;
 }
 
+static void count_ok(Lane *L, double latency) {
+    int b = 0;
+    while (b < LANE_BUCKETS - 1 && latency > L->edges[b]) b++;
+    L->buckets[b]++;
+    L->ok_sum += latency;
+    L->finished++;
+}
+
+/* a steady success of slot i at `now`: its record kept for poll() to
+ * return, counted, and the key re-armed (probes/timetable.py's next_due) */
+static int lane_steady(Lane *L, Py_ssize_t i, double now, long status) {
+    Kept *k = &L->k[i];
+    if (L->nsteady == L->capsteady) {
+        Py_ssize_t cap = L->capsteady ? L->capsteady * 2 : 64;
+        SteadyRecord *grown = PyMem_Realloc(L->steady, cap * sizeof(SteadyRecord));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        L->steady = grown;
+        L->capsteady = cap;
+    }
+    double latency = now - k->started;
+    L->steady[L->nsteady++] = (SteadyRecord){(int32_t)k->key, (uint16_t)status, 0, latency};
+    count_ok(L, latency);
+    double offset = k->due - k->started;
+    k->due = offset < -k->interval / 2 ? now + lane_spread(L) * k->interval
+                                       : now + k->interval + offset;
+    k->sent = 0;
+    heap_remove(L, 1, i);
+    heap_push(L, 0, i);
+    return 0;
+}
+
+/* a TCP check of slot i begins (it has left the due heap): done at once
+ * (loopback, mostly: a steady success or a failure handed back), or under
+ * way (its socket in the epoll set, its deadline in the heap) */
+static int tcp_start(Lane *L, PyObject **out, Py_ssize_t i, double now) {
+    Kept *k = &L->k[i];
+    int family = key_family(k);
+    Py_ssize_t len = PyBytes_GET_SIZE(k->request);
+    int r = connect(k->fd, (const struct sockaddr *)PyBytes_AS_STRING(k->request), (socklen_t)len)
+                ? errno
+                : 0;
+    if (r == EINPROGRESS) { /* (loopback too: the SYN+ACK waits for the socket's lock) */
+        L->by_fd[k->fd] = i;
+        k->deadline = now + k->timeout;
+        heap_push(L, 1, i);
+        return 0;
+    }
+    tcp_release(L, family, k->fd);
+    k->fd = -1;
+    if (r == 0) return lane_steady(L, i, now, 0);
+    return hand_back(L, out, i, HANDBACK_FAILED, NULL, 0, r);
+}
+
 /* start(now, horizon, budget_end) -> (handed back or None, deferred): send
- * the request of every key due before `horizon`; stop (deferred) once the
- * monotonic clock passes budget_end */
+ * the request (TCP: connect) of every key due before `horizon`; stop
+ * (deferred) once the monotonic clock passes budget_end. A TCP check done
+ * at once is in the records the next poll() returns. */
 static PyObject *lane_start(Lane *L, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "start(now, horizon, budget_end)");
@@ -362,38 +547,58 @@ static PyObject *lane_start(Lane *L, PyObject *const *args, Py_ssize_t nargs) {
             break;
         }
         launched++;
-        Py_ssize_t len = PyBytes_GET_SIZE(k->request);
-        ssize_t sent = send(k->fd, PyBytes_AS_STRING(k->request), (size_t)len,
-                            MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (sent != len) { /* (a partial send on a health check: the Python path's) */
-            if (hand_back(L, &out, i, HANDBACK_UNSENT, NULL, 0, sent < 0 ? errno : 0) < 0) {
-                Py_XDECREF(out);
-                return NULL;
+        if (k->tcp) {
+            if ((k->fd = tcp_socket(L, key_family(k))) < 0) { /* (out of descriptors, say) */
+                if (hand_back(L, &out, i, HANDBACK_UNSENT, NULL, 0, errno) < 0) goto fail;
+                continue;
             }
-            continue;
+        } else {
+            Py_ssize_t len = PyBytes_GET_SIZE(k->request);
+            ssize_t sent = send(k->fd, PyBytes_AS_STRING(k->request), (size_t)len,
+                                MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (sent != len) { /* (a partial send on a health check: the Python path's) */
+                if (hand_back(L, &out, i, HANDBACK_UNSENT, NULL, 0, sent < 0 ? errno : 0) < 0)
+                    goto fail;
+                continue;
+            }
         }
         heap_remove(L, 0, i);
         k->sent = 1;
         k->started = now;
-        k->deadline = now + k->timeout;
-        heap_push(L, 1, i);
         L->started++;
         if (now - k->due > L->late_threshold) L->late++;
+        if (k->tcp) {
+            if (tcp_start(L, &out, i, now) < 0) goto fail;
+            continue;
+        }
+        k->deadline = now + k->timeout;
+        heap_push(L, 1, i);
     }
     return Py_BuildValue("(NO)", out ? out : Py_NewRef(Py_None), deferred ? Py_True : Py_False);
+fail:
+    Py_XDECREF(out);
+    return NULL;
 }
 
-static void count_ok(Lane *L, double latency) {
-    int b = 0;
-    while (b < LANE_BUCKETS - 1 && latency > L->edges[b]) b++;
-    L->buckets[b]++;
-    L->ok_sum += latency;
-    L->finished++;
+/* a TCP check's connect under way has ended (slot i, its events): a steady
+ * success, or a failure handed back */
+static int tcp_ended(Lane *L, PyObject **out, Py_ssize_t i, uint32_t ev, double now) {
+    Kept *k = &L->k[i];
+    if (ev & (EPOLLERR | EPOLLHUP)) { /* refused, unreachable, reset: as batch.py's _connected */
+        int err = 0;
+        socklen_t size = sizeof err;
+        if (getsockopt(k->fd, SOL_SOCKET, SO_ERROR, &err, &size) < 0) err = errno;
+        return hand_back(L, out, i, HANDBACK_FAILED, NULL, 0, err);
+    }
+    L->by_fd[k->fd] = -1;
+    tcp_release(L, key_family(k), k->fd);
+    k->fd = -1;
+    return lane_steady(L, i, now, 0);
 }
 
 /* poll(now, budget_end) -> (steady records: bytes, handed back or None,
  * backlog): read what the lane's connections said, then time out what is
- * past its deadline */
+ * past its deadline; the records include those of the last start() */
 static PyObject *lane_poll(Lane *L, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "poll(now, budget_end)");
@@ -402,21 +607,25 @@ static PyObject *lane_poll(Lane *L, PyObject *const *args, Py_ssize_t nargs) {
     double now = PyFloat_AsDouble(args[0]), budget_end = PyFloat_AsDouble(args[1]);
     if (PyErr_Occurred() || lane_open(L) < 0) return NULL;
     struct epoll_event events[LANE_EVENTS];
-    SteadyRecord *steady = NULL;
-    Py_ssize_t nsteady = 0, capsteady = 0;
     PyObject *out = NULL;
     int backlog = 0, got;
     do {
         got = epoll_wait(L->ep, events, LANE_EVENTS, 0);
         if (got < 0) {
             if (errno == EINTR) continue;
-            PyMem_Free(steady);
-            Py_XDECREF(out);
-            return PyErr_SetFromErrno(PyExc_OSError);
+            PyErr_SetFromErrno(PyExc_OSError);
+            goto fail;
         }
         for (int e = 0; e < got; e++) {
-            Py_ssize_t i = (Py_ssize_t)events[e].data.u64;
+            uint64_t data = events[e].data.u64;
             uint32_t ev = events[e].events;
+            if (data & TCP_EVENT) {
+                Py_ssize_t fd = (Py_ssize_t)(data & ~TCP_EVENT);
+                Py_ssize_t i = fd < L->nfd ? L->by_fd[fd] : -1;
+                if (i >= 0 && tcp_ended(L, &out, i, ev, now) < 0) goto fail;
+                continue; /* (-1: pooled, its own disconnect) */
+            }
+            Py_ssize_t i = (Py_ssize_t)data;
             if (i >= L->n || L->k[i].key < 0) continue; /* (left earlier in this batch) */
             Kept *k = &L->k[i];
             if (!k->sent) {
@@ -437,26 +646,7 @@ static PyObject *lane_poll(Lane *L, PyObject *const *args, Py_ssize_t nargs) {
                 if (hand_back(L, &out, i, HANDBACK_ANSWER, L->buf, len, ev) < 0) goto fail;
                 continue;
             }
-            if (nsteady == capsteady) {
-                Py_ssize_t cap = capsteady ? capsteady * 2 : 64;
-                SteadyRecord *grown = PyMem_Realloc(steady, cap * sizeof(SteadyRecord));
-                if (grown == NULL) {
-                    PyErr_NoMemory();
-                    goto fail;
-                }
-                steady = grown;
-                capsteady = cap;
-            }
-            double latency = now - k->started;
-            steady[nsteady++] = (SteadyRecord){(int32_t)k->key, (uint16_t)status, 0, latency};
-            count_ok(L, latency);
-            /* the next probe: probes/timetable.py's next_due */
-            double offset = k->due - k->started;
-            k->due = offset < -k->interval / 2 ? now + lane_spread(L) * k->interval
-                                               : now + k->interval + offset;
-            k->sent = 0;
-            heap_remove(L, 1, i);
-            heap_push(L, 0, i);
+            if (lane_steady(L, i, now, status) < 0) goto fail;
         }
         if (got == LANE_EVENTS && monotonic_now() > budget_end) {
             backlog = 1; /* (timeouts wait: an answer may be in but not yet read) */
@@ -466,17 +656,13 @@ static PyObject *lane_poll(Lane *L, PyObject *const *args, Py_ssize_t nargs) {
     while (!backlog && L->heap_n[1] > 0 && L->k[L->heap[1][0]].deadline <= now) {
         if (hand_back(L, &out, L->heap[1][0], HANDBACK_TIMEOUT, NULL, 0, 0) < 0) goto fail;
     }
-    PyObject *records =
-        PyBytes_FromStringAndSize((const char *)steady, nsteady * (Py_ssize_t)sizeof(SteadyRecord));
-    PyMem_Free(steady);
-    if (records == NULL) {
-        Py_XDECREF(out);
-        return NULL;
-    }
+    PyObject *records = PyBytes_FromStringAndSize((const char *)L->steady,
+                                                  L->nsteady * (Py_ssize_t)sizeof(SteadyRecord));
+    if (records == NULL) goto fail;
+    L->nsteady = 0;
     return Py_BuildValue("(NNO)", records, out ? out : Py_NewRef(Py_None),
                          backlog ? Py_True : Py_False);
 fail:
-    PyMem_Free(steady);
     Py_XDECREF(out);
     return NULL;
 }
@@ -525,6 +711,8 @@ static Py_ssize_t lane_len(Lane *L) { return L->ep >= 0 ? PyDict_Size(L->index) 
 static PyMethodDef lane_methods[] = {
     {"enter", (PyCFunction)(void (*)(void))lane_enter, METH_FASTCALL,
      "enter(key, fd, request, interval, timeout, due, lo, hi, needle): a kept connection joins."},
+    {"enter_tcp", (PyCFunction)(void (*)(void))lane_enter_tcp, METH_FASTCALL,
+     "enter_tcp(key, address, interval, timeout, due): a plain TCP check joins."},
     {"leave", (PyCFunction)lane_leave, METH_O,
      "leave(key): None if not in the lane, else whether a request of it was out."},
     {"start", (PyCFunction)(void (*)(void))lane_start, METH_FASTCALL,
@@ -550,7 +738,7 @@ static PyTypeObject LaneType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "healthgate._speedups.KeptLane",
     .tp_basicsize = sizeof(Lane),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Steady kept-alive HTTP checks, sent, read and re-armed in C (probes/lane.py).",
+    .tp_doc = "Steady kept-alive HTTP and plain TCP checks, whole in C (probes/lane.py).",
     .tp_new = lane_new,
     .tp_dealloc = (destructor)lane_dealloc,
     .tp_methods = lane_methods,

@@ -1,5 +1,5 @@
-"""Kept-alive checks through the scheduler, with and without the lane
-(probes/lane.py), against real servers on loopback.
+"""Kept-alive HTTP and plain TCP checks through the scheduler, with and
+without the lane (probes/lane.py), against real servers on loopback.
 
 Each scenario runs twice: with a steady sink (the lane holds steady keys,
 when the C speedups are built) and without one (every check on the Python
@@ -22,7 +22,7 @@ from healthgate.probes.scheduler import ProbeScheduler, SchedulerSettings
 from healthgate.probes.spec import ProbeSpec
 from tests.helpers import run_async
 from tests.integration import servers
-from tests.integration.servers import Server
+from tests.integration.servers import Server, free_port
 
 ANSWER = b"HTTP/1.1 %d X\r\nContent-Length: 2\r\n\r\nok"
 
@@ -330,3 +330,46 @@ def test_a_changed_check_and_a_removed_one_leave_at_once(lane: bool) -> None:
     paths, conns = run_async(go())
     assert paths.count(b"/changed") >= 2
     assert conns == 3  # key 1's connection was dropped with its old check
+
+
+@lanes
+def test_a_tcp_check_refused_and_then_answered_again(lane: bool) -> None:
+    """A plain TCP check: steady in the lane, handed back when the port
+    refuses (the result Python's), in the lane again once it answers."""
+    port = free_port()
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    async def until(p: Probing, outcome: Outcome, times: int) -> None:
+        for _ in range(200):  # (at 50 ms an interval: at most 10 s)
+            await p.results(1)
+            if [o for _, o, _ in p.seen[-times:]] == [outcome] * times:
+                return
+        raise AssertionError(f"no {times} x {outcome} in a row: {p.seen}")
+
+    async def go() -> tuple[list[Outcome], int, int]:
+        p = Probing(lane)
+        srv = await asyncio.start_server(accept, "127.0.0.1", port)
+        p.scheduler.start()
+        p.scheduler.upsert(1, ProbeSpec("TCP", "127.0.0.1", port, 0.5, 0.05))
+        await until(p, Outcome.OK, 4)
+        srv.close()
+        await srv.wait_closed()
+        await until(p, Outcome.REFUSED, 2)
+        steady_before = p.steady
+        srv = await asyncio.start_server(accept, "127.0.0.1", port)
+        await until(p, Outcome.OK, 4)
+        p.counted()
+        await p.close()
+        srv.close()
+        await srv.wait_closed()
+        return [o for _, o, _ in p.seen], steady_before, p.steady
+
+    seen, steady_before, steady = run_async(go())
+    runs = [o for i, o in enumerate(seen) if i == 0 or seen[i - 1] != o]
+    assert runs == [Outcome.OK, Outcome.REFUSED, Outcome.OK], seen
+    if lane and KeptLane is not None:
+        assert steady_before >= 3 and steady >= steady_before + 3  # (in the lane again)
+    else:
+        assert steady == 0

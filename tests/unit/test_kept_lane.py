@@ -11,8 +11,12 @@
 from __future__ import annotations
 
 import bisect
+import contextlib
+import errno
+import os
 import select
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,11 +26,19 @@ from healthgate.health import endpoints, history
 from healthgate.health.history import EXACT, OutcomeHistory
 from healthgate.health.probed import ProbedTable
 from healthgate.health.states import STEADY, HealthState, Outcome, ProbeResult, pack_steady
-from healthgate.probes.batch import LANE_ANSWER, LANE_IDLE, LANE_TIMEOUT, LANE_UNSENT
+from healthgate.probes.batch import (
+    LANE_ANSWER,
+    LANE_FAILED,
+    LANE_IDLE,
+    LANE_TIMEOUT,
+    LANE_UNSENT,
+    pack_sockaddr,
+)
 from healthgate.probes.http import BODY_SEARCHED
 from healthgate.probes.lane import KeptLane
 from healthgate.probes.stats import PROBE_BUCKETS
 from healthgate.probes.timetable import next_due
+from tests.integration.servers import FullBacklog, free_port
 from tests.unit.test_probed import BS, CHECK, PATHS
 
 needs_lane = pytest.mark.skipif(KeptLane is None, reason="the C speedups are not built")
@@ -214,6 +226,135 @@ def test_a_stalled_key_is_spread_again_within_its_interval(
     lane.poll(0.71, float("inf"))
     assert 0.71 <= lane.next_due < 1.71
     assert lane.take_counts()[1] == 1  # and it counted as late
+
+
+# ------------------------------------------------------------------ plain TCP checks
+
+
+@pytest.fixture
+def listener() -> Iterator[socket.socket]:
+    srv = socket.create_server(("127.0.0.1", 0))
+    srv.settimeout(3.0)
+    yield srv
+    srv.close()
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def poll_until(lane: Any, now: float, seconds: float = 4.0) -> tuple[bytes, Any]:
+    """Poll the lane until it has something to say. (What it waits for is
+    the kernel's SYN retransmission, 1 s after a dropped SYN: a timer with no
+    event outside the lane's own epoll set; so a bounded poll, 50 ms apart.)"""
+    for _ in range(int(seconds / 0.05)):
+        records, back, _ = lane.poll(now, float("inf"))
+        if records or back:
+            return records, back
+        time.sleep(0.05)
+    raise AssertionError(f"the lane said nothing in {seconds} s")
+
+
+def test_a_tcp_check_that_connects_is_a_steady_record_and_its_socket_is_reused(
+    lane: Any, listener: socket.socket
+) -> None:
+    port = listener.getsockname()[1]
+    lane.enter_tcp(3, pack_sockaddr("127.0.0.1", port), 1.0, 0.5, 10.0)
+    assert len(lane) == 1 and lane.next_due == 10.0
+    assert lane.start(10.002, 10.005, float("inf")) == (None, False)
+    records, back, _ = lane.poll(10.003, float("inf"))
+    assert back is None and list(STEADY.iter_unpack(records)) == [(3, 0, pytest.approx(0.001))]
+    assert lane.next_due == next_due(1.0, 10.0, 10.002, 10.003, 0.0)
+    first, _ = listener.accept()
+    with first, pytest.raises(ConnectionResetError):  # reset, not closed: no TIME_WAIT
+        first.recv(10)
+    fds = open_fds()
+    lane.start(11.0, 11.005, float("inf"))
+    assert list(STEADY.iter_unpack(lane.poll(11.0, float("inf"))[0])) == [(3, 0, 0.0)]
+    assert lane.in_flight == 0
+    second, _ = listener.accept()
+    second.close()
+    assert open_fds() == fds  # the socket of the first check, disconnected and reused
+    assert lane.take_counts()[:3] == (2, 0, 2)
+    lane.close()
+    assert open_fds() == fds - 2  # (the pooled socket closed with the lane, and its epoll set)
+
+
+def test_a_refused_tcp_check_is_handed_back_with_its_errno(lane: Any) -> None:
+    lane.enter_tcp(4, pack_sockaddr("127.0.0.1", free_port()), 1.0, 0.5, 1.0)
+    back, deferred = lane.start(1.0, 1.005, float("inf"))
+    if back is None:  # (Linux: the reset is read from the epoll set, not by the connect)
+        records, back, _ = lane.poll(1.001, float("inf"))
+        assert records == b""
+    assert [(k, what, s, due, d, e) for k, what, s, due, d, e in back] == [
+        (4, LANE_FAILED, 1.0, 1.0, b"", errno.ECONNREFUSED)
+    ]
+    assert not deferred and len(lane) == 0
+    assert lane.take_counts()[:3] == (1, 0, 0)  # started here, ended by Python
+
+
+def test_a_tcp_check_whose_handshake_waits_times_out_and_its_socket_is_reset(
+    lane: Any,
+) -> None:
+    fds = open_fds() - 1  # (less the lane's epoll set, which it closes)
+    with FullBacklog() as full:
+        lane.enter_tcp(5, pack_sockaddr("127.0.0.1", full.port), 1.0, 0.5, 0.0)
+        lane.enter_tcp(6, pack_sockaddr("127.0.0.1", full.port), 1.0, 0.5, 0.0)
+        assert lane.start(0.0, 0.005, float("inf")) == (None, False)
+        assert lane.in_flight == 2
+        assert lane.poll(0.49, float("inf"))[:2] == (b"", None)
+        assert lane.leave(6) is True  # (a key that leaves in flight: its socket closed)
+        records, back, _ = lane.poll(0.5, float("inf"))
+        assert records == b"" and [(k, what, s) for k, what, s, _d, _b, _e in back] == [
+            (5, LANE_TIMEOUT, 0.0)
+        ]
+    assert len(lane) == 0 and lane.in_flight == 0
+    assert open_fds() == fds + 3  # (both sockets disconnected, for the next checks)
+    lane.close()
+    assert open_fds() == fds
+
+
+def test_a_tcp_check_whose_handshake_ends_later_is_read_from_the_epoll_set(lane: Any) -> None:
+    """The path of every check beyond loopback: connect says EINPROGRESS."""
+    with FullBacklog() as full:
+        lane.enter_tcp(7, pack_sockaddr("127.0.0.1", full.port), 5.0, 5.0, 0.0)
+        lane.start(0.0, 0.005, float("inf"))
+        assert lane.in_flight == 1
+        full.listener.settimeout(0.1)
+        for _ in range(len(full.fillers)):  # room in the accept queue for the SYN, sent again
+            with contextlib.suppress(TimeoutError):
+                full.listener.accept()[0].close()
+        records, back = poll_until(lane, 1.5)
+    assert back is None and list(STEADY.iter_unpack(records)) == [(7, 0, 1.5)]
+    assert lane.in_flight == 0 and lane.next_due == 6.5
+
+
+def test_a_tcp_check_refused_after_it_began_is_handed_back_with_its_errno(lane: Any) -> None:
+    with FullBacklog() as full:
+        lane.enter_tcp(8, pack_sockaddr("127.0.0.1", full.port), 5.0, 5.0, 0.0)
+        lane.start(0.0, 0.005, float("inf"))
+        full.listener.close()  # the SYN sent again meets no listener: a reset
+        records, back = poll_until(lane, 1.2)
+    assert records == b"" and [(k, what, e) for k, what, _s, _d, _b, e in back] == [
+        (8, LANE_FAILED, errno.ECONNREFUSED)
+    ]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        (1, b"\x02\x00", 1.0, 0.5, 0.0),  # too short for its family
+        (1, bytes(pack_sockaddr("::1", 80) or b"")[:16], 1.0, 0.5, 0.0),  # IPv6 cut short
+        (1, bytes(16), 1.0, 0.5, 0.0),  # no family
+        (-1, pack_sockaddr("127.0.0.1", 80), 1.0, 0.5, 0.0),
+        (1, pack_sockaddr("127.0.0.1", 80), 0.0, 0.5, 0.0),  # no interval
+        (1, "127.0.0.1:80", 1.0, 0.5, 0.0),
+    ],
+)
+def test_a_tcp_check_the_lane_cannot_hold_is_refused(lane: Any, args: tuple[Any, ...]) -> None:
+    with pytest.raises((ValueError, TypeError)):
+        lane.enter_tcp(*args)
+    assert len(lane) == 0
 
 
 # ------------------------------------------------------------------ into a table and a history

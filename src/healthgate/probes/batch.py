@@ -165,6 +165,7 @@ LANE_ANSWER: Final = 0  # an answer that is not a steady success, to read here
 LANE_TIMEOUT: Final = 1
 LANE_IDLE: Final = 2  # the idle connection spoke or closed: dropped, due again at its time
 LANE_UNSENT: Final = 3  # the request could not be sent: dropped, due again at once
+LANE_FAILED: Final = 4  # a TCP check's connect failed (its errno; 0: closed)
 
 # a key the lane handed back: (key, what, started, due, its result if it ended)
 LaneHandback = tuple[Hashable, int, float, float, ProbeResult | None]
@@ -248,10 +249,11 @@ class BatchProber:
         self._by_seq: dict[int, _Probe] = {}  # raw SYNs in flight
         # by key: its spec, SYN and probe object (reused)
         self._packets: dict[Hashable, tuple[ProbeSpec, SynPacket, _Probe]] = {}
-        # the kept-alive lane (probes/lane.py), once opened, and the probe
-        # objects of its keys (their sockets: out of _fds and the epoll set)
+        # the lane (probes/lane.py), once opened, and the probe objects of its
+        # keys (their sockets: out of _fds and the epoll set; None for a TCP
+        # check, whose sockets the lane's own)
         self.lane: Any = None
-        self._laned: dict[Hashable, _Probe] = {}
+        self._laned: dict[Hashable, _Probe | None] = {}
 
     @staticmethod
     def handles(spec: ProbeSpec) -> bool:
@@ -747,10 +749,9 @@ class BatchProber:
     # ------------------------------------------------------------------ the lane
 
     def open_lane(self, late_threshold: float, seed: Callable[[], int]) -> bool:
-        """Hold steady kept-alive checks in the kept-alive lane
-        (probes/lane.py): True when there is one (the C speedups are built
-        and checks are kept alive). ``seed``: its random spreads' seed."""
-        if self.lane is None and KeptLane is not None and self.settings.keepalive:
+        """Hold steady checks in the lane (probes/lane.py): True when there
+        is one (the C speedups are built). ``seed``: its random spreads' seed."""
+        if self.lane is None and KeptLane is not None:
             self.lane = KeptLane(
                 late_threshold, self.settings.max_body_bytes, PROBE_BUCKETS, seed(), BODY_SEARCHED
             )
@@ -758,18 +759,17 @@ class BatchProber:
 
     def enter_lane(self, key: Hashable, spec: ProbeSpec, due: float) -> bool:
         """The probe of ``key`` just ended with a success: its kept
-        connection (idle) joins the lane, its next probe due at ``due``.
-        False when it cannot (no lane, no kept connection, a check that is
-        not plain): the caller arms it as before."""
+        connection (idle) joins the lane - or, for a plain TCP check, the
+        key -, its next probe due at ``due``. False when it cannot (no lane,
+        no kept connection, a check that is not plain): the caller arms it
+        as before."""
         lane = self.lane
+        if lane is None or type(key) is not int or not laneable(spec, self.settings):
+            return False
+        if spec.type == "TCP":
+            return self._enter_tcp(key, spec, due)
         p = self._idle.get(key)
-        if (
-            lane is None
-            or p is None
-            or p.spec is not spec
-            or type(key) is not int
-            or not laneable(spec, self.settings)
-        ):
+        if p is None or p.spec is not spec:
             return False
         lo, hi = spec.status_ranges[0]
         self._ep.unregister(p.fd)
@@ -786,25 +786,39 @@ class BatchProber:
         self._laned[key] = p
         return True
 
-    def _from_lane(self, key: Hashable) -> _Probe:
-        """A key's probe object back from the lane, its socket in the epoll set again."""
+    def _enter_tcp(self, key: int, spec: ProbeSpec, due: float) -> bool:
+        cached = self._addresses.get(key)
+        if cached is None or cached[0] is not spec:
+            cached = self._addresses[key] = (spec, pack_sockaddr(spec.ip, spec.port))
+        if cached[1] is None:  # (a scoped IPv6 address: Python's parsing)
+            return False
+        try:
+            self.lane.enter_tcp(key, cached[1], spec.interval, spec.timeout, due)
+        except (OSError, ValueError) as exc:
+            log.debug("a TCP check could not join the lane: %s", exc)
+            return False
+        self._laned[key] = None
+        return True
+
+    def _from_lane(self, key: Hashable) -> _Probe | None:
+        """A key's probe object back from the lane, its socket in the epoll
+        set again (None: a TCP check, which has none)."""
         p = self._laned.pop(key)
-        self._ep.register(p.fd, _MASK)
-        self._fds[p.fd] = p
+        if p is not None:
+            self._ep.register(p.fd, _MASK)
+            self._fds[p.fd] = p
         return p
 
     def lane_start(
         self, now: float, horizon: float, budget_end: float
-    ) -> tuple[list[tuple[Hashable, float]], bool]:
-        """Send the lane's requests due before ``horizon``: the keys it
-        handed back (their sends failed; connections dropped) with their due
-        times, and whether the budget ran out first."""
+    ) -> tuple[list[LaneHandback], bool]:
+        """Send the lane's requests (and make its TCP checks' connects) due
+        before ``horizon``: the keys it handed back - a send that failed
+        (the connection dropped), a TCP check that could not begin (both
+        ``LANE_UNSENT``, due again at once) or that failed at once (ended:
+        its result) -, and whether the budget ran out first."""
         handed, deferred = self.lane.start(now, horizon, budget_end)
-        back: list[tuple[Hashable, float]] = []
-        for key, _what, _started, due, _data, _errno in handed or ():
-            self._drop_idle(self._from_lane(key))
-            back.append((key, due))
-        return back, deferred
+        return self._taken_back(handed, now), deferred
 
     def lane_poll(self, now: float, budget_end: float) -> tuple[bytes, list[LaneHandback], bool]:
         """The lane's answers and timeouts: its steady records, the keys
@@ -812,11 +826,29 @@ class BatchProber:
         probe is in flight here then -, a timeout, an idle connection that
         spoke or closed), and whether events wait still (the budget ran out)."""
         records, handed, backlog = self.lane.poll(now, budget_end)
+        return records, self._taken_back(handed, now), backlog
+
+    def _taken_back(
+        self, handed: list[tuple[int, int, float, float, bytes, int]] | None, now: float
+    ) -> list[LaneHandback]:
+        """What the lane handed back, taken up: a timeout or a failed TCP
+        connect ended (its result); an answer read on here (still under way
+        perhaps: in flight here then); an idle or unsent key's connection
+        dropped (no result)."""
         back: list[LaneHandback] = []
         for key, what, started, due, data, ev in handed or ():
             p = self._from_lane(key)
             result: ProbeResult | None = None
-            if what == LANE_ANSWER:
+            if p is None:  # a TCP check: the lane has closed its socket
+                if what == LANE_TIMEOUT:
+                    result = ProbeResult(_TIMEOUT, now - started)
+                elif what == LANE_FAILED:
+                    result = (
+                        errno_result(ev, now - started)
+                        if ev
+                        else ProbeResult(Outcome.RESET, now - started, 0, "connection closed")
+                    )
+            elif what == LANE_ANSWER:
                 p.start, p.deadline, p.active, p.reused = (
                     started,
                     started + p.spec.timeout,
@@ -832,7 +864,7 @@ class BatchProber:
                 if what == LANE_TIMEOUT:
                     result = ProbeResult(_TIMEOUT, now - started)
             back.append((key, what, started, due, result))
-        return records, back, backlog
+        return back
 
     # ------------------------------------------------------------------ control
 
@@ -842,7 +874,9 @@ class BatchProber:
         sent = False
         if key in self._laned:
             sent = bool(self.lane.leave(key))
-            self._drop_idle(self._from_lane(key))
+            p = self._from_lane(key)
+            if p is not None:
+                self._drop_idle(p)
         self._requests.pop(key, None)
         self._addresses.pop(key, None)
         self._packets.pop(key, None)
@@ -859,7 +893,7 @@ class BatchProber:
         if self.lane is not None:
             self.lane.close()
         for p in self._laned.values():
-            if p.sock is not None:
+            if p is not None and p.sock is not None:
                 p.sock.close()
         self._laned.clear()
         for key in list(self._running):

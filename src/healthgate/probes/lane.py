@@ -1,4 +1,4 @@
-"""The kept-alive lane: a steady kept-alive HTTP check, whole, in C.
+"""The lane: a steady kept-alive HTTP check, or a plain TCP check, whole, in C.
 
 Why
 ---
@@ -7,18 +7,26 @@ server's wake-up, the answer, the read) and, before the lane, ~14 µs of
 Python: the scheduler's due times and bookkeeping, the batch prober's send,
 read and verdict, a result object, the engine's threshold step and the
 outcome history - for a result that, most of the time, changes nothing but
-a counter (issue 45). The lane does all of it for such checks in C
-(``_speedups.KeptLane``, src/healthgate/_kept.c), with no Python call per
-check.
+a counter (issue 45). A plain TCP check (a connect and the reset) is the
+same story with a handshake in place of the request. The lane does all of
+it for such checks in C (``_speedups.KeptLane``, src/healthgate/_kept.c),
+with no Python call per check.
 
 What is in the lane
 -------------------
-A key enters when its probe ends with a success on a kept connection (the
-scheduler asks the batch prober: :meth:`BatchProber.enter_lane`), if its
-check is plain enough - HTTP, no ``degradedStatusCodes``, not inverted, not
-HEAD, one range of expected statuses (``responseContains`` is searched for
-in C, in the same first 5,120 bytes of the body) - and the C speedups are
-built. From then on the lane holds its connection, its request and its
+A key enters when its probe ends with a success (the scheduler asks the
+batch prober: :meth:`BatchProber.enter_lane`), if the C speedups are built
+and its check is plain enough:
+
+* a kept-alive HTTP check on a kept connection, with no
+  ``degradedStatusCodes``, not inverted, not HEAD, one range of expected
+  statuses (``responseContains`` is searched for in C, in the same first
+  5,120 bytes of the body);
+* a TCP check that only connects (no send, expect or PROXY preamble), not
+  inverted, not half-open, from no set source address, to an address with
+  no IPv6 scope.
+
+**Kept-alive HTTP.** From then on the lane holds its connection, its request and its
 timing (probes/timetable.py's rule, the same arithmetic): it sends the
 request when due, reads the answer, and an answer that is one whole reusable
 response with an expected status (and the ``responseContains`` text) is a
@@ -31,7 +39,18 @@ outcome history (:meth:`OutcomeHistory.steady`), also in C; a record either
 cannot take (an endpoint not HEALTHY yet, a run that is not the same) takes
 the Python path as a result like any other.
 
-Anything else hands the key back to Python, where the batch prober goes on
+**Plain TCP.** The lane holds the endpoint's address and the key's timing.
+When due it connects a socket of its own (from its pool of disconnected
+sockets, which reset as they disconnect: no FIN, no TIME_WAIT, as the batch
+prober's); a connect that completes - at once, as on loopback, or later in
+its epoll set - is a steady success (status 0, the same record), and the
+socket is disconnected and pooled. A connect that fails (refused,
+unreachable, reset), at once or later, hands the key back with its errno,
+and Python makes the result as the batch prober's ``_connected`` would; a
+timeout hands it back too. Either way the lane has closed the socket, and
+the key is out of the lane until its next success.
+
+Anything else hands a kept-alive key back to Python, where the batch prober goes on
 as it always has: an answer that is partial, closing, unexpected or in
 several reads (``_read``, from the bytes already read), a timeout, a
 connection that spoke or closed while idle (dropped; the key is due again
@@ -58,6 +77,13 @@ KeptLane = getattr(http_scan.speedups, "KeptLane", None)
 
 def laneable(spec: ProbeSpec, settings: ProbeSettings) -> bool:
     """Can a check of ``spec`` be in the lane (see the module doc)?"""
+    if spec.type == "TCP":
+        return (
+            spec.plain_tcp
+            and not spec.invert
+            and not settings.tcp_half_open
+            and settings.source is None
+        )
     return (
         settings.keepalive
         and spec.type == "HTTP"

@@ -81,7 +81,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from healthgate.health.states import Outcome, ProbeResult, inverted
-from healthgate.probes.batch import LANE_IDLE, BatchProber
+from healthgate.probes.batch import LANE_IDLE, LANE_UNSENT, BatchProber, LaneHandback
 from healthgate.probes.clock import Clock, LoopClock, TimerHandle
 from healthgate.probes.prober import Prober
 from healthgate.probes.spec import ProbeSpec
@@ -348,7 +348,9 @@ class ProbeScheduler:
         deferred = self._start_due(loop, last, budget_end)
         batch = self.batch
         lane = batch.lane if self._lane and batch is not None else None
-        if lane is not None and len(lane):
+        # (a lane that empties as it starts is polled still: its counts)
+        laned = lane is not None and len(lane) > 0
+        if laned:
             deferred = self._lane_start(now, last, budget_end) or deferred
         if batch is not None and batch.in_flight:
             end = loop.time()  # (after the starts: some may have ended already)
@@ -356,7 +358,7 @@ class ProbeScheduler:
             if ended:
                 self._ended(ended, end, from_batch=True)
             deferred = deferred or batch.backlog
-        if lane is not None and len(lane):
+        if laned:
             deferred = self._lane_poll(loop, budget_end) or deferred
         if not deferred:
             self._start_waiting(loop)
@@ -383,18 +385,39 @@ class ProbeScheduler:
         return first
 
     def _lane_start(self, now: float, last: int, budget_end: float) -> bool:
-        """Send the lane's requests due by slot ``last``; True when the
-        budget ran out first. A key whose send failed is armed again here
-        (its connection dropped: a fresh one at once)."""
+        """Send the lane's requests (and connect its TCP checks) due by slot
+        ``last``; True when the budget ran out first. A key whose send
+        failed is armed again here (its connection dropped: a fresh one at
+        once); a TCP check that failed at once has ended here."""
         assert self.batch is not None
         horizon = (last + 0.5) * self._wheel.res  # (the end of slot `last`)
         back, deferred = self.batch.lane_start(now, horizon, budget_end)
-        for key, due in back:
-            entry = self._entries.get(key)
-            if entry is not None:
-                entry.laned = False
-                self._arm(key, entry, due)
+        if back:
+            ended = self._taken_back(back)
+            if ended:
+                self._ended(ended, now, from_batch=True)
         return deferred
+
+    def _taken_back(self, back: list[LaneHandback]) -> list[tuple[Hashable, ProbeResult]]:
+        """Keys the lane handed back, on the wheel again: an idle or unsent
+        one armed at its due time; any other was started by the lane and is
+        in flight in the batch prober, or ended (its result: returned)."""
+        ended: list[tuple[Hashable, ProbeResult]] = []
+        entries = self._entries
+        for key, what, started, due, result in back:
+            entry = entries.get(key)
+            if entry is None:  # (cannot be: a key removed leaves the lane)
+                continue
+            entry.laned = False
+            if what in (LANE_IDLE, LANE_UNSENT):
+                self._arm(key, entry, due)
+                continue
+            entry.in_flight = entry.in_batch = True
+            entry.due, entry.started, entry.lag_at_start = due, started, started - due
+            self._in_flight += 1
+            if result is not None:
+                ended.append((key, result))
+        return ended
 
     def _lane_poll(self, loop: Clock, budget_end: float) -> bool:
         """The lane's steady successes to the steady sink, and the keys it
@@ -406,21 +429,7 @@ class ProbeScheduler:
         assert batch is not None and self.steady is not None
         end = loop.time()
         records, back, backlog = batch.lane_poll(end, budget_end)
-        ended: list[tuple[Hashable, ProbeResult]] = []
-        entries = self._entries
-        for key, what, started, due, result in back:
-            entry = entries.get(key)
-            if entry is None:  # (cannot be: a key removed leaves the lane)
-                continue
-            entry.laned = False
-            if what == LANE_IDLE:
-                self._arm(key, entry, due)
-                continue
-            entry.in_flight = entry.in_batch = True
-            entry.due, entry.started, entry.lag_at_start = due, started, started - due
-            self._in_flight += 1
-            if result is not None:
-                ended.append((key, result))
+        ended = self._taken_back(back) if back else []
         started_n, late, finished, total, buckets = batch.lane.take_counts()
         stats = self.stats
         stats.started += started_n
@@ -482,7 +491,7 @@ class ProbeScheduler:
         done = self._started_done
         if done:
             self._started_done = []
-            self._ended(done, loop.time())
+            self._ended(done, loop.time(), from_batch=True)
 
     def _launch(self, loop: Clock, key: Hashable, entry: _Entry, now: float) -> None:
         entry.in_flight = True
