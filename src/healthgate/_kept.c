@@ -69,6 +69,7 @@ typedef struct {
     Py_ssize_t nsteady, capsteady;
     int pool[2][LANE_POOL], npool[2]; /* TCP sockets: [0] IPv4, [1] IPv6 */
     Py_ssize_t *by_fd, nfd;            /* a TCP socket's slot while it connects, else -1 */
+    Py_ssize_t connecting;             /* TCP connects under way (each a descriptor) */
 } Lane;
 
 /* a TCP socket is in the epoll set for as long as it lives (its events
@@ -194,6 +195,7 @@ static void lane_free(Lane *L, Py_ssize_t i) {
     Kept *k = &L->k[i];
     if (k->tcp && k->fd >= 0) { /* a connect under way, failed or timed out */
         L->by_fd[k->fd] = -1;
+        L->connecting--;
         tcp_release(L, key_family(k), k->fd);
     } else if (k->fd >= 0 && L->ep >= 0) {
         epoll_ctl(L->ep, EPOLL_CTL_DEL, k->fd, NULL);
@@ -282,6 +284,7 @@ static void lane_release(Lane *L) {
             L->by_fd[L->k[i].fd] = -1;
             close(L->k[i].fd);
         }
+        L->connecting = 0;
         Py_CLEAR(L->k[i].request);
         Py_CLEAR(L->k[i].needle);
     }
@@ -514,6 +517,7 @@ static int tcp_start(Lane *L, PyObject **out, Py_ssize_t i, double now) {
                 : 0;
     if (r == EINPROGRESS) { /* (loopback too: the SYN+ACK waits for the socket's lock) */
         L->by_fd[k->fd] = i;
+        L->connecting++;
         k->deadline = now + k->timeout;
         heap_push(L, 1, i);
         return 0;
@@ -524,17 +528,20 @@ static int tcp_start(Lane *L, PyObject **out, Py_ssize_t i, double now) {
     return hand_back(L, out, i, HANDBACK_FAILED, NULL, 0, r);
 }
 
-/* start(now, horizon, budget_end) -> (handed back or None, deferred): send
- * the request (TCP: connect) of every key due before `horizon`; stop
- * (deferred) once the monotonic clock passes budget_end. A TCP check done
- * at once is in the records the next poll() returns. */
+/* start(now, horizon, budget_end[, room]) -> (handed back or None,
+ * deferred): send the request (TCP: connect) of every key due before
+ * `horizon`; stop (deferred) once the monotonic clock passes budget_end, and
+ * (not deferred: until connects end) at a TCP key when `room` connects are
+ * under way. A TCP check done at once is in the records the next poll()
+ * returns. */
 static PyObject *lane_start(Lane *L, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "start(now, horizon, budget_end)");
+    if (nargs != 3 && nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "start(now, horizon, budget_end[, room])");
         return NULL;
     }
     double now = PyFloat_AsDouble(args[0]), horizon = PyFloat_AsDouble(args[1]),
            budget_end = PyFloat_AsDouble(args[2]);
+    Py_ssize_t room = nargs == 4 ? PyLong_AsSsize_t(args[3]) : PY_SSIZE_T_MAX;
     if (PyErr_Occurred() || lane_open(L) < 0) return NULL;
     PyObject *out = NULL;
     int deferred = 0, launched = 0;
@@ -546,6 +553,7 @@ static PyObject *lane_start(Lane *L, PyObject *const *args, Py_ssize_t nargs) {
             deferred = 1;
             break;
         }
+        if (k->tcp && L->connecting >= room) break; /* (late then, and counted late) */
         launched++;
         if (k->tcp) {
             if ((k->fd = tcp_socket(L, key_family(k))) < 0) { /* (out of descriptors, say) */
@@ -591,6 +599,7 @@ static int tcp_ended(Lane *L, PyObject **out, Py_ssize_t i, uint32_t ev, double 
         return hand_back(L, out, i, HANDBACK_FAILED, NULL, 0, err);
     }
     L->by_fd[k->fd] = -1;
+    L->connecting--;
     tcp_release(L, key_family(k), k->fd);
     k->fd = -1;
     return lane_steady(L, i, now, 0);
@@ -706,6 +715,11 @@ static PyObject *lane_in_flight(Lane *L, void *closure) {
     return PyLong_FromSsize_t(L->heap_n[1]);
 }
 
+static PyObject *lane_connecting(Lane *L, void *closure) {
+    (void)closure;
+    return PyLong_FromSsize_t(L->connecting);
+}
+
 static Py_ssize_t lane_len(Lane *L) { return L->ep >= 0 ? PyDict_Size(L->index) : 0; }
 
 static PyMethodDef lane_methods[] = {
@@ -716,7 +730,7 @@ static PyMethodDef lane_methods[] = {
     {"leave", (PyCFunction)lane_leave, METH_O,
      "leave(key): None if not in the lane, else whether a request of it was out."},
     {"start", (PyCFunction)(void (*)(void))lane_start, METH_FASTCALL,
-     "start(now, horizon, budget_end) -> (handed back or None, deferred)."},
+     "start(now, horizon, budget_end[, room]) -> (handed back or None, deferred)."},
     {"poll", (PyCFunction)(void (*)(void))lane_poll, METH_FASTCALL,
      "poll(now, budget_end) -> (steady records, handed back or None, backlog)."},
     {"take_counts", (PyCFunction)lane_take_counts, METH_NOARGS,
@@ -729,6 +743,8 @@ static PyGetSetDef lane_getset[] = {
     {"next_due", (getter)lane_next_due, NULL, "The earliest due time of an idle key, or None.",
      NULL},
     {"in_flight", (getter)lane_in_flight, NULL, "Keys whose request is out.", NULL},
+    {"connecting", (getter)lane_connecting, NULL,
+     "TCP checks whose connect is under way (each holds a descriptor).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

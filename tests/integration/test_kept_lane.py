@@ -290,7 +290,7 @@ def test_the_batch_prober_reads_on_from_what_the_lane_read() -> None:
             [(key, first)] = await poll_until(bool, lambda: batch.poll(0.01))
             assert (key, first.outcome) == (1, Outcome.OK)
             assert batch.enter_lane(1, s, 1.0) and batch.in_flight == 0
-            assert batch.lane_start(1.0, 1.001, float("inf")) == ([], False)
+            assert batch.lane_start(1.0, 1.001, float("inf"), 8) == ([], False)
             parts.put_nowait(whole[:12])
             records, back, _ = await poll_until(lambda r: r[1], lambda: batch.lane_poll(1.01, 9e9))
             assert records == b"" and back == [(1, 0, 1.0, 1.0, None)]  # in flight here now

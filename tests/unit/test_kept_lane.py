@@ -1,4 +1,4 @@
-"""The kept-alive lane's parts (probes/lane.py, src/healthgate/_kept.c).
+"""The lane's parts (probes/lane.py, src/healthgate/_kept.c).
 
 * The lane itself, on socket pairs, with the times given: when it sends,
   what it takes as a steady success, what it hands back and why, and the
@@ -312,6 +312,23 @@ def test_a_tcp_check_whose_handshake_waits_times_out_and_its_socket_is_reset(
     assert open_fds() == fds + 3  # (both sockets disconnected, for the next checks)
     lane.close()
     assert open_fds() == fds
+
+
+def test_tcp_connects_under_way_stay_within_the_room_given(lane: Any) -> None:
+    """Each connect under way holds a descriptor: the scheduler's cap on
+    probes in flight bounds them (a key past it waits, late)."""
+    with FullBacklog() as full:
+        for key in (1, 2, 3):
+            lane.enter_tcp(key, pack_sockaddr("127.0.0.1", full.port), 1.0, 0.2, key / 1000)
+        assert lane.start(0.003, 0.005, float("inf"), 2) == (None, False)
+        assert lane.connecting == 2 and lane.in_flight == 2 and lane.next_due == 0.003
+        assert lane.start(0.1, 0.105, float("inf"), 2) == (None, False)
+        assert lane.connecting == 2  # (still no room)
+        back = lane.poll(0.203, float("inf"))[1]
+        assert sorted(k for k, *_ in back) == [1, 2] and lane.connecting == 0
+        lane.start(0.21, 0.215, float("inf"), 2)
+        assert lane.connecting == 1 and lane.next_due is None
+        assert lane.take_counts()[:2] == (3, 1)  # key 3 started late
 
 
 def test_a_tcp_check_whose_handshake_ends_later_is_read_from_the_epoll_set(lane: Any) -> None:

@@ -198,7 +198,7 @@ class LocalProber:
         self.sink(now, cast("list[tuple[int, ProbeResult]]", results))
 
     def _on_steady(self, now: float, records: bytes) -> None:
-        """A tick's steady successes from the kept-alive lane: kept in the
+        """A tick's steady successes from the lane: kept in the
         history and taken into the table; those of an endpoint not HEALTHY
         yet go to the sink as results (no failure among them to log)."""
         assert self.table is not None

@@ -249,7 +249,7 @@ class EndpointTable:
 
     def on_steady(self, now: float, records: bytes) -> bytes:
         """Steady successes (health/states.py's ``STEADY`` records, made by
-        the kept-alive lane: probes/lane.py) of endpoints already HEALTHY,
+        the lane: probes/lane.py) of endpoints already HEALTHY,
         taken as :meth:`on_results` takes them, with no Python object per
         result (in C when built). The records not taken - of an endpoint
         not HEALTHY - are returned, for :meth:`on_results`."""

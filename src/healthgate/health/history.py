@@ -274,7 +274,7 @@ class OutcomeHistory:
 
     def steady(self, now: float, records: bytes, path_of: Callable[[Any], str]) -> None:
         """Steady successes (health/states.py's ``STEADY`` records: the
-        kept-alive lane's, probes/lane.py) at ``now``: what :meth:`record`
+        lane's, probes/lane.py) at ``now``: what :meth:`record`
         does with them, with no Python object per result for those that
         extend an open run past its exact part (in C when built)."""
         t = round(now * 1000)

@@ -117,8 +117,8 @@ class ProbeResult(NamedTuple):
                 return "error" + (f": {self.detail}" if self.detail else "")
 
 
-# A steady success as a 16-byte record - key (an endpoint slot), HTTP status,
-# latency - made by the kept-alive lane (probes/lane.py) in C, and taken into
+# A steady success as a 16-byte record - key (an endpoint slot), HTTP status
+# (0 for TCP), latency - made by the lane (probes/lane.py) in C, and taken into
 # an endpoint table and an outcome history without a ProbeResult per check
 # (EndpointTable.on_steady, OutcomeHistory.steady).
 STEADY: Final = struct.Struct("=iHxxd")

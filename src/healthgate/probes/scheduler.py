@@ -43,10 +43,11 @@ exactly the spec's.
   :meth:`remove` stops a key at once. Nothing else is touched.
 * **Concurrency cap.** At most ``max_in_flight`` probes run at once (bounded
   also by the open-file limit); due keys beyond it wait in a FIFO queue and
-  start as others finish - late, and counted as late.
-* **The kept-alive lane.** Given a steady sink (``steady``), a key whose
-  kept-alive HTTP check succeeds joins the lane (probes/lane.py): the
-  batch prober's C part then times, sends and reads its checks, and the
+  start as others finish - late, and counted as late. The lane's TCP
+  connects count within the cap (a key of the lane past it waits there).
+* **The lane.** Given a steady sink (``steady``), a key whose kept-alive
+  HTTP check or plain TCP check succeeds joins the lane (probes/lane.py):
+  the batch prober's C part then times, sends and reads its checks, and the
   tick only calls it (``_lane_start``, ``_lane_poll``); its steady
   successes go to the steady sink a tick's worth at a time, and any other
   answer hands the key back here, in flight in the batch prober or due
@@ -104,7 +105,7 @@ that ended then - a whole tick's worth in one call, so that the receiver
 (the engine) pays its per-call overhead once per tick, not per probe."""
 
 SteadySink = Callable[[float, bytes], None]
-"""Where the kept-alive lane's steady successes go (probes/lane.py): the
+"""Where the lane's steady successes go (probes/lane.py): the
 wall-clock time and a tick's records (health/states.py's ``STEADY``)."""
 
 SKIPPED_LOG_EVERY = 10.0  # seconds between log lines about probes that could not start
@@ -155,7 +156,7 @@ class _Entry:
         self.generation = 0
         self.in_flight = False
         self.in_batch = False  # in flight in the batch prober (not a coroutine)
-        self.laned = False  # in the kept-alive lane (probes/lane.py), which times it
+        self.laned = False  # in the lane (probes/lane.py), which times it
         self.due = 0.0
         self.started = 0.0
         self.lag_at_start = 0.0
@@ -391,7 +392,8 @@ class ProbeScheduler:
         once); a TCP check that failed at once has ended here."""
         assert self.batch is not None
         horizon = (last + 0.5) * self._wheel.res  # (the end of slot `last`)
-        back, deferred = self.batch.lane_start(now, horizon, budget_end)
+        room = self.max_in_flight - self._in_flight  # (the cap: the lane's connects within it)
+        back, deferred = self.batch.lane_start(now, horizon, budget_end, room)
         if back:
             ended = self._taken_back(back)
             if ended:
@@ -462,6 +464,7 @@ class ProbeScheduler:
         launched = 0
         wheel = self._wheel
         entries = self._entries
+        cap = self._cap()
         while (taken := wheel.take(last)) is not None:
             slot, keys = taken
             for i, (key, generation, at) in enumerate(keys):
@@ -470,9 +473,9 @@ class ProbeScheduler:
                     continue  # removed, changed or re-armed since
                 if entry.in_flight:
                     continue
-                if self._in_flight >= self.max_in_flight:
+                if self._in_flight >= cap:
                     self._end_started(loop)  # (what ended already is not in flight)
-                    if self._in_flight >= self.max_in_flight:
+                    if self._in_flight >= cap:
                         self._waiting.append((key, generation))
                         continue
                 self._launch(loop, key, entry, loop.time())
@@ -652,11 +655,20 @@ class ProbeScheduler:
         """``interval`` after the end, keeping the key's phase (probes/timetable.py)."""
         return self._timetable.next(entry.spec.interval, entry.due, entry.started, end)
 
+    def _cap(self) -> int:
+        """How many probes of the Python path may be in flight: the cap, less
+        the lane's TCP connects under way (each holds a descriptor too)."""
+        if self._lane:
+            assert self.batch is not None
+            return self.max_in_flight - int(self.batch.lane.connecting)
+        return self.max_in_flight
+
     def _start_waiting(self, loop: Clock) -> None:
+        cap = self._cap()
         while self._waiting:
-            if self._in_flight >= self.max_in_flight:
+            if self._in_flight >= cap:
                 self._end_started(loop)  # (what ended already is not in flight)
-                if self._in_flight >= self.max_in_flight:
+                if self._in_flight >= cap:
                     break
             key, generation = self._waiting.popleft()
             entry = self._entries.get(key)

@@ -47,7 +47,7 @@ class ProbeStats:
         self.sums[outcome] += latency
 
     def add(self, outcome: Outcome, counts: Sequence[int], total: float) -> None:
-        """Results counted elsewhere (the kept-alive lane's, probes/lane.py):
+        """Results counted elsewhere (the lane's, probes/lane.py):
         how many per bucket of PROBE_BUCKETS (+Inf last), and their sum."""
         mine = self.buckets.get(outcome)
         if mine is None:
