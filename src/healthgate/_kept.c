@@ -1,19 +1,23 @@
-/* The kept-alive lane: a steady kept-alive HTTP check's whole cycle in C
- * (probes/lane.py says what it is for and when a key is in it). Part of the
- * _speedups module: _speedups.c includes this file (it uses its `whole`).
+/* The lane: a steady check's whole cycle in C (probes/lane.py says what it
+ * is for and when a key is in it). Part of the _speedups module: _speedups.c
+ * includes this file (it uses its `whole_ex`).
  *
- * KeptLane holds keys whose kept connection answers as expected. For each it
- * keeps the connection's descriptor, the request, the timing of SPEC §2.1
- * (probes/timetable.py's rule, the same arithmetic) and a deadline. Its
- * start() sends the request of every key due; its poll() reads the answers
- * (one epoll set of its own), and an answer that is one whole reusable
- * response with an expected status (and, for responseContains, the text in
- * the first body_searched bytes of its body) is a steady success: packed into the
+ * KeptLane holds keys whose checks succeed, in three modes: an HTTP check on
+ * a kept connection (KEPT), a plain TCP check (TCP) and an HTTP check on a
+ * connection of its own per probe (FRESH). For each it keeps the request
+ * and the kept connection's descriptor or the endpoint's address, the timing
+ * of SPEC §2.1 (probes/timetable.py's rule, the same arithmetic) and a
+ * deadline. Its start() sends the request (or connects) of every key due;
+ * its poll() reads the answers (one epoll set of its own), and an answer
+ * that is one whole response with an expected status (and, for
+ * responseContains, the text in the first body_searched bytes of its body)
+ * - for TCP, the handshake's end - is a steady success: packed into the
  * bytes it returns (STEADY_RECORD), the key re-armed, no Python object made
  * per check. Anything else - a partial, unexpected or closing answer, a
- * timeout, a connection that spoke while idle, a send that failed - hands
- * the key back to Python (it leaves the lane), which finishes the probe as
- * the batch prober always has.
+ * refused or reset connection, a timeout, a connection that spoke while
+ * idle, a send that failed - hands the key back to Python (it leaves the
+ * lane; a FRESH check's socket with it when the probe goes on), which
+ * finishes the probe as the batch prober always has.
  *
  * steady_table() and steady_history() take those records into an endpoint
  * table's arrays (health/endpoints.py: EndpointTable.on_steady) and an
@@ -22,6 +26,7 @@
  * the run is not the same), which take the Python path. */
 #include <stdint.h>
 #include <sys/epoll.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -37,13 +42,20 @@ typedef struct {
 #define LANE_EVENTS 64
 #define LANE_POOL 256 /* disconnected TCP sockets kept for reuse, per address family */
 
+/* what a key's check is (its mode) */
+#define MODE_KEPT 0  /* HTTP on a kept connection, which Python's socket owns */
+#define MODE_TCP 1   /* connect: the handshake's end is the answer */
+#define MODE_FRESH 2 /* HTTP on a connection of its own: connect, send, read, reset */
+
+/* `sent`: 0 idle (due), 1 under way (KEPT: the request out; TCP and FRESH:
+ * connecting), 2 FRESH's request out */
 typedef struct {
     long key; /* -1: a free slot */
-    int fd;   /* HTTP: the kept connection's (Python's socket owns it); TCP: the
-                 lane's own socket while a connect is under way, else -1 */
-    int tcp;  /* a plain TCP check: connect, and the handshake's end is the answer */
-    int lo, hi, sent;
-    PyObject *request; /* bytes: HTTP's request; TCP's packed sockaddr */
+    int fd;   /* KEPT: the kept connection's; TCP and FRESH: the lane's own
+                 socket while a check is under way, else -1 */
+    int mode, lo, hi, sent;
+    PyObject *request; /* bytes: HTTP's request (TCP: b"") */
+    PyObject *address; /* bytes: TCP's and FRESH's packed sockaddr (KEPT: NULL) */
     PyObject *needle;  /* bytes: responseContains (b"": none) */
     double interval, timeout, due, started, deadline;
     Py_ssize_t heap_at[2]; /* where in each heap (due, deadline); -1: not in it */
@@ -137,9 +149,9 @@ static double lane_spread(Lane *L) { /* splitmix64, as a fraction in [0, 1) */
     return (double)((z ^ (z >> 31)) >> 11) * (1.0 / 9007199254740992.0);
 }
 
-/* a TCP check's socket: a pooled one (disconnected), else a new one that
- * resets as it closes or disconnects (no FIN exchange, no TIME_WAIT) */
-static int tcp_socket(Lane *L, int family) {
+/* a TCP or FRESH check's socket: a pooled one (disconnected), else a new one
+ * that resets as it closes or disconnects (no FIN exchange, no TIME_WAIT) */
+static int own_socket(Lane *L, int family) {
     int f = family == AF_INET6;
     if (L->npool[f] > 0) return L->pool[f][--L->npool[f]];
     int fd = socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -148,7 +160,7 @@ static int tcp_socket(Lane *L, int family) {
     /* edge-triggered: a connect's end is an edge; a disconnect's events
      * find no slot, and what a reused socket's new connect is not, the
      * kernel filters as it reports (SYN_SENT polls as nothing) */
-    struct epoll_event ev = {.events = EPOLLOUT | EPOLLRDHUP | EPOLLET,
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET,
                              .data.u64 = TCP_EVENT | (uint64_t)fd};
     if (fd >= L->nfd) {
         Py_ssize_t n = L->nfd ? L->nfd : 1024;
@@ -187,13 +199,13 @@ static void tcp_release(Lane *L, int family, int fd) {
 }
 
 static int key_family(Kept *k) {
-    return ((const struct sockaddr *)PyBytes_AS_STRING(k->request))->sa_family;
+    return ((const struct sockaddr *)PyBytes_AS_STRING(k->address))->sa_family;
 }
 
 /* a slot leaves the lane: out of its epoll set, its heaps and its index */
 static void lane_free(Lane *L, Py_ssize_t i) {
     Kept *k = &L->k[i];
-    if (k->tcp && k->fd >= 0) { /* a connect under way, failed or timed out */
+    if (k->mode != MODE_KEPT && k->fd >= 0) { /* a check under way, failed or timed out */
         L->by_fd[k->fd] = -1;
         L->connecting--;
         tcp_release(L, key_family(k), k->fd);
@@ -207,6 +219,7 @@ static void lane_free(Lane *L, Py_ssize_t i) {
     if (key == NULL || PyDict_DelItem(L->index, key) < 0) PyErr_Clear();
     Py_XDECREF(key);
     Py_CLEAR(k->request);
+    Py_CLEAR(k->address);
     Py_CLEAR(k->needle);
     k->key = -1;
     L->free_slots[L->nfree++] = i;
@@ -280,14 +293,15 @@ static PyObject *lane_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 
 static void lane_release(Lane *L) {
     for (Py_ssize_t i = 0; i < L->n; i++) {
-        if (L->k[i].key >= 0 && L->k[i].tcp && L->k[i].fd >= 0) {
+        if (L->k[i].key >= 0 && L->k[i].mode != MODE_KEPT && L->k[i].fd >= 0) {
             L->by_fd[L->k[i].fd] = -1;
             close(L->k[i].fd);
         }
-        L->connecting = 0;
         Py_CLEAR(L->k[i].request);
+        Py_CLEAR(L->k[i].address);
         Py_CLEAR(L->k[i].needle);
     }
+    L->connecting = 0;
     for (int f = 0; f < 2; f++) {
         while (L->npool[f] > 0) close(L->pool[f][--L->npool[f]]);
     }
@@ -328,11 +342,11 @@ static int key_arg(PyObject *arg, long *key) {
     return 0;
 }
 
-/* a key joins (enter, enter_tcp): its slot, its index entry, its connection
- * in the epoll set (fd >= 0), due at `due` */
-static PyObject *lane_add(Lane *L, PyObject *keyobj, long key, int fd, int tcp,
-                          PyObject *request, PyObject *needle, double interval, double timeout,
-                          double due, int lo, int hi) {
+/* a key joins (enter, enter_tcp, enter_fresh): its slot, its index entry,
+ * its kept connection in the epoll set (fd >= 0), due at `due` */
+static PyObject *lane_add(Lane *L, PyObject *keyobj, long key, int fd, int mode,
+                          PyObject *request, PyObject *address, PyObject *needle, double interval,
+                          double timeout, double due, int lo, int hi) {
     if (lane_open(L) < 0) return NULL;
     if (!(interval > 0) || !(timeout > 0)) {
         PyErr_SetString(PyExc_ValueError, "interval and timeout must be above 0");
@@ -361,11 +375,12 @@ static PyObject *lane_add(Lane *L, PyObject *keyobj, long key, int fd, int tcp,
     Kept *k = &L->k[i];
     k->key = key;
     k->fd = fd;
-    k->tcp = tcp;
+    k->mode = mode;
     k->lo = lo;
     k->hi = hi;
     k->sent = 0;
     k->request = Py_NewRef(request);
+    k->address = Py_XNewRef(address);
     k->needle = Py_NewRef(needle);
     k->interval = interval;
     k->timeout = timeout;
@@ -394,7 +409,21 @@ static PyObject *lane_enter(Lane *L, PyObject *const *args, Py_ssize_t nargs) {
     lo = (int)PyLong_AsLong(args[6]);
     hi = (int)PyLong_AsLong(args[7]);
     if (PyErr_Occurred()) return NULL;
-    return lane_add(L, args[0], key, fd, 0, args[2], args[8], interval, timeout, due, lo, hi);
+    return lane_add(L, args[0], key, fd, MODE_KEPT, args[2], NULL, args[8], interval, timeout, due,
+                    lo, hi);
+}
+
+static int address_arg(PyObject *arg) {
+    Py_ssize_t len = PyBytes_Check(arg) ? PyBytes_GET_SIZE(arg) : 0;
+    sa_family_t family = len >= (Py_ssize_t)sizeof(sa_family_t)
+                             ? ((const struct sockaddr *)PyBytes_AS_STRING(arg))->sa_family
+                             : AF_UNSPEC;
+    if (!(family == AF_INET && len == sizeof(struct sockaddr_in)) &&
+        !(family == AF_INET6 && len == sizeof(struct sockaddr_in6))) {
+        PyErr_SetString(PyExc_ValueError, "address: a packed sockaddr_in or sockaddr_in6");
+        return -1;
+    }
+    return 0;
 }
 
 /* enter_tcp(key, address, interval, timeout, due): a plain TCP check (a
@@ -402,28 +431,44 @@ static PyObject *lane_enter(Lane *L, PyObject *const *args, Py_ssize_t nargs) {
  * due at `due`; `address`: the endpoint as a packed sockaddr_in(6) */
 static PyObject *lane_enter_tcp(Lane *L, PyObject *const *args, Py_ssize_t nargs) {
     long key;
-    if (nargs != 5 || !PyBytes_Check(args[1])) {
+    if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "enter_tcp(key, address: bytes, interval, timeout, due)");
         return NULL;
     }
-    if (key_arg(args[0], &key) < 0) return NULL;
-    Py_ssize_t len = PyBytes_GET_SIZE(args[1]);
-    sa_family_t family = len >= (Py_ssize_t)sizeof(sa_family_t)
-                             ? ((const struct sockaddr *)PyBytes_AS_STRING(args[1]))->sa_family
-                             : AF_UNSPEC;
-    if (!(family == AF_INET && len == sizeof(struct sockaddr_in)) &&
-        !(family == AF_INET6 && len == sizeof(struct sockaddr_in6))) {
-        PyErr_SetString(PyExc_ValueError, "address: a packed sockaddr_in or sockaddr_in6");
-        return NULL;
-    }
+    if (key_arg(args[0], &key) < 0 || address_arg(args[1]) < 0) return NULL;
     double interval = PyFloat_AsDouble(args[2]), timeout = PyFloat_AsDouble(args[3]),
            due = PyFloat_AsDouble(args[4]);
     if (PyErr_Occurred()) return NULL;
     PyObject *none = PyBytes_FromStringAndSize(NULL, 0);
     if (none == NULL) return NULL;
-    PyObject *r = lane_add(L, args[0], key, -1, 1, args[1], none, interval, timeout, due, 0, 0);
+    PyObject *r = lane_add(L, args[0], key, -1, MODE_TCP, none, args[1], none, interval, timeout,
+                           due, 0, 0);
     Py_DECREF(none);
     return r;
+}
+
+/* enter_fresh(key, address, request, interval, timeout, due, lo, hi,
+ * needle): an HTTP check on a connection of its own per probe joins the
+ * lane, its next probe due at `due` */
+static PyObject *lane_enter_fresh(Lane *L, PyObject *const *args, Py_ssize_t nargs) {
+    long key;
+    if (nargs != 9 || !PyBytes_Check(args[2]) || !PyBytes_Check(args[8])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "enter_fresh(key, address: bytes, request: bytes, interval, timeout, due, "
+                        "lo, hi, needle: bytes)");
+        return NULL;
+    }
+    if (key_arg(args[0], &key) < 0 || address_arg(args[1]) < 0) return NULL;
+    double interval = PyFloat_AsDouble(args[3]), timeout = PyFloat_AsDouble(args[4]),
+           due = PyFloat_AsDouble(args[5]);
+    int lo = (int)PyLong_AsLong(args[6]), hi = (int)PyLong_AsLong(args[7]);
+    if (PyErr_Occurred()) return NULL;
+    if (PyBytes_GET_SIZE(args[2]) == 0) {
+        PyErr_SetString(PyExc_ValueError, "request: empty");
+        return NULL;
+    }
+    return lane_add(L, args[0], key, -1, MODE_FRESH, args[2], args[1], args[8], interval, timeout,
+                    due, lo, hi);
 }
 
 /* leave(key): the key out of the lane (its spec changed, it is removed).
@@ -445,17 +490,40 @@ static PyObject *lane_leave(Lane *L, PyObject *key) {
 #define HANDBACK_TIMEOUT 1
 #define HANDBACK_IDLE 2    /* the idle connection spoke or closed */
 #define HANDBACK_UNSENT 3  /* the request could not be sent (data: b"", events: the errno) */
-#define HANDBACK_FAILED 4  /* a TCP check's connect failed (events: the errno; 0: closed) */
-static int hand_back(Lane *L, PyObject **out, Py_ssize_t i, int kind, const unsigned char *data,
-                     Py_ssize_t len, long events) {
+#define HANDBACK_FAILED 4  /* TCP or FRESH: the connection failed (events: the errno; 0: closed) */
+#define HANDBACK_HANDED 5  /* FRESH: an answer to read on, on the lane's socket (fd), now Python's */
+#define HANDBACK_SENDING 6 /* FRESH: the request part sent (events: how much) on the socket (fd) */
+/* each as (key, kind, started, due, data, events, fd): fd -1 but for a
+ * socket handed over */
+static int hand_back_fd(Lane *L, PyObject **out, Py_ssize_t i, int kind,
+                        const unsigned char *data, Py_ssize_t len, long events, int fd) {
     Kept *k = &L->k[i];
     if (*out == NULL && (*out = PyList_New(0)) == NULL) return -1;
-    PyObject *item = Py_BuildValue("(liddy#l)", k->key, kind, k->started, k->due,
-                                   data ? (const char *)data : "", len, events);
-    if (item == NULL) return -1;
-    int r = PyList_Append(*out, item);
-    Py_DECREF(item);
+    PyObject *item = Py_BuildValue("(liddy#li)", k->key, kind, k->started, k->due,
+                                   data ? (const char *)data : "", len, events, fd);
+    int r = item == NULL ? -1 : PyList_Append(*out, item);
+    Py_XDECREF(item);
     lane_free(L, i);
+    return r;
+}
+
+static int hand_back(Lane *L, PyObject **out, Py_ssize_t i, int kind, const unsigned char *data,
+                     Py_ssize_t len, long events) {
+    return hand_back_fd(L, out, i, kind, data, len, events, -1);
+}
+
+/* a FRESH check goes on in Python, on the lane's socket, which leaves the
+ * lane's epoll set and its care (closed here if Python cannot be told) */
+static int hand_over(Lane *L, PyObject **out, Py_ssize_t i, int kind, const unsigned char *data,
+                     Py_ssize_t len, long events) {
+    Kept *k = &L->k[i];
+    int fd = k->fd;
+    epoll_ctl(L->ep, EPOLL_CTL_DEL, fd, NULL);
+    L->by_fd[fd] = -1;
+    L->connecting--;
+    k->fd = -1;
+    int r = hand_back_fd(L, out, i, kind, data, len, events, fd);
+    if (r < 0) close(fd);
     return r;
 }
 
@@ -505,24 +573,78 @@ static int lane_steady(Lane *L, Py_ssize_t i, double now, long status) {
     return 0;
 }
 
-/* a TCP check of slot i begins (it has left the due heap): done at once
- * (loopback, mostly: a steady success or a failure handed back), or under
- * way (its socket in the epoll set, its deadline in the heap) */
-static int tcp_start(Lane *L, PyObject **out, Py_ssize_t i, double now) {
+/* the status of the answer in L->buf[0:len] when it is a steady success of
+ * k's check: one whole response (FRESH: one that may close), an expected
+ * status, the responseContains text; else 0 (the Python path says why) */
+static long verdict(Lane *L, Kept *k, Py_ssize_t len) {
+    if (len <= 0 || len >= L->bufsize) return 0;
+    long status = whole_ex(L->buf, len, k->mode == MODE_FRESH);
+    if (status != 0 && PyBytes_GET_SIZE(k->needle) > 0 && !body_has(L, len, k->needle)) return 0;
+    return status >= k->lo && status <= k->hi ? status : 0;
+}
+
+/* the lane's own socket of slot i, done with: out of its care, reset and pooled */
+static void own_release(Lane *L, Kept *k) {
+    L->by_fd[k->fd] = -1;
+    L->connecting--;
+    tcp_release(L, key_family(k), k->fd);
+    k->fd = -1;
+}
+
+/* FRESH: the answer is in (or the connection spoke): a steady success, or
+ * the check handed over to Python with what was read */
+static int fresh_read(Lane *L, PyObject **out, Py_ssize_t i, uint32_t ev, double now) {
     Kept *k = &L->k[i];
-    int family = key_family(k);
+    ssize_t got = recv(k->fd, L->buf, (size_t)L->bufsize, MSG_DONTWAIT);
+    if (got < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+        return hand_back(L, out, i, HANDBACK_FAILED, NULL, 0, errno); /* (reset, say) */
+    }
+    long status = verdict(L, k, got);
+    if (status == 0) return hand_over(L, out, i, HANDBACK_HANDED, L->buf, got, ev);
+    own_release(L, k);
+    return lane_steady(L, i, now, status);
+}
+
+/* FRESH: connected; the request goes out whole (else Python sends the rest) */
+static int fresh_send(Lane *L, PyObject **out, Py_ssize_t i, uint32_t ev, double now) {
+    Kept *k = &L->k[i];
     Py_ssize_t len = PyBytes_GET_SIZE(k->request);
-    int r = connect(k->fd, (const struct sockaddr *)PyBytes_AS_STRING(k->request), (socklen_t)len)
+    ssize_t sent =
+        send(k->fd, PyBytes_AS_STRING(k->request), (size_t)len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOTCONN) return 0;
+        return hand_back(L, out, i, HANDBACK_FAILED, NULL, 0, errno);
+    }
+    if (sent < len) return hand_over(L, out, i, HANDBACK_SENDING, NULL, 0, (long)sent);
+    k->sent = 2;
+    /* (edge-triggered: what the peer said with the connect's end comes no more) */
+    return ev & (EPOLLIN | EPOLLRDHUP | EPOLLHUP) ? fresh_read(L, out, i, ev, now) : 0;
+}
+
+/* a TCP or FRESH check of slot i begins (it has left the due heap), on its
+ * socket: the connect done at once (TCP: a steady success; FRESH: the request
+ * sent), failed at once (handed back) or under way (its socket known by its
+ * descriptor, its deadline in the heap) */
+static int own_start(Lane *L, PyObject **out, Py_ssize_t i, double now) {
+    Kept *k = &L->k[i];
+    if (k->mode == MODE_FRESH) { /* (as batch.py: the handshake's ACK goes with the request) */
+        int no = 0;
+        setsockopt(k->fd, IPPROTO_TCP, TCP_QUICKACK, &no, sizeof no);
+    }
+    Py_ssize_t len = PyBytes_GET_SIZE(k->address);
+    int r = connect(k->fd, (const struct sockaddr *)PyBytes_AS_STRING(k->address), (socklen_t)len)
                 ? errno
                 : 0;
-    if (r == EINPROGRESS) { /* (loopback too: the SYN+ACK waits for the socket's lock) */
+    if (r == EINPROGRESS || (r == 0 && k->mode == MODE_FRESH)) {
+        /* (EINPROGRESS on loopback too: the SYN+ACK waits for the socket's lock) */
         L->by_fd[k->fd] = i;
         L->connecting++;
         k->deadline = now + k->timeout;
         heap_push(L, 1, i);
-        return 0;
+        return r == 0 ? fresh_send(L, out, i, 0, now) : 0;
     }
-    tcp_release(L, family, k->fd);
+    tcp_release(L, key_family(k), k->fd);
     k->fd = -1;
     if (r == 0) return lane_steady(L, i, now, 0);
     return hand_back(L, out, i, HANDBACK_FAILED, NULL, 0, r);
@@ -553,10 +675,11 @@ static PyObject *lane_start(Lane *L, PyObject *const *args, Py_ssize_t nargs) {
             deferred = 1;
             break;
         }
-        if (k->tcp && L->connecting >= room) break; /* (late then, and counted late) */
+        int own = k->mode != MODE_KEPT;
+        if (own && L->connecting >= room) break; /* (late then, and counted late) */
         launched++;
-        if (k->tcp) {
-            if ((k->fd = tcp_socket(L, key_family(k))) < 0) { /* (out of descriptors, say) */
+        if (own) {
+            if ((k->fd = own_socket(L, key_family(k))) < 0) { /* (out of descriptors, say) */
                 if (hand_back(L, &out, i, HANDBACK_UNSENT, NULL, 0, errno) < 0) goto fail;
                 continue;
             }
@@ -575,8 +698,8 @@ static PyObject *lane_start(Lane *L, PyObject *const *args, Py_ssize_t nargs) {
         k->started = now;
         L->started++;
         if (now - k->due > L->late_threshold) L->late++;
-        if (k->tcp) {
-            if (tcp_start(L, &out, i, now) < 0) goto fail;
+        if (own) {
+            if (own_start(L, &out, i, now) < 0) goto fail;
             continue;
         }
         k->deadline = now + k->timeout;
@@ -588,20 +711,19 @@ fail:
     return NULL;
 }
 
-/* a TCP check's connect under way has ended (slot i, its events): a steady
- * success, or a failure handed back */
-static int tcp_ended(Lane *L, PyObject **out, Py_ssize_t i, uint32_t ev, double now) {
+/* an event of a TCP or FRESH check's socket (slot i): its connect's end (TCP:
+ * a steady success; FRESH: the request sent) or failure, FRESH's answer */
+static int own_event(Lane *L, PyObject **out, Py_ssize_t i, uint32_t ev, double now) {
     Kept *k = &L->k[i];
+    if (k->sent == 2) return fresh_read(L, out, i, ev, now);
     if (ev & (EPOLLERR | EPOLLHUP)) { /* refused, unreachable, reset: as batch.py's _connected */
         int err = 0;
         socklen_t size = sizeof err;
         if (getsockopt(k->fd, SOL_SOCKET, SO_ERROR, &err, &size) < 0) err = errno;
         return hand_back(L, out, i, HANDBACK_FAILED, NULL, 0, err);
     }
-    L->by_fd[k->fd] = -1;
-    L->connecting--;
-    tcp_release(L, key_family(k), k->fd);
-    k->fd = -1;
+    if (k->mode == MODE_FRESH) return fresh_send(L, out, i, ev, now);
+    own_release(L, k);
     return lane_steady(L, i, now, 0);
 }
 
@@ -631,7 +753,7 @@ static PyObject *lane_poll(Lane *L, PyObject *const *args, Py_ssize_t nargs) {
             if (data & TCP_EVENT) {
                 Py_ssize_t fd = (Py_ssize_t)(data & ~TCP_EVENT);
                 Py_ssize_t i = fd < L->nfd ? L->by_fd[fd] : -1;
-                if (i >= 0 && tcp_ended(L, &out, i, ev, now) < 0) goto fail;
+                if (i >= 0 && own_event(L, &out, i, ev, now) < 0) goto fail;
                 continue; /* (-1: pooled, its own disconnect) */
             }
             Py_ssize_t i = (Py_ssize_t)data;
@@ -643,14 +765,9 @@ static PyObject *lane_poll(Lane *L, PyObject *const *args, Py_ssize_t nargs) {
             }
             ssize_t got_bytes = recv(k->fd, L->buf, (size_t)L->bufsize, MSG_DONTWAIT);
             if (got_bytes < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;
-            long status = 0;
-            if (got_bytes > 0 && got_bytes < L->bufsize &&
-                !(ev & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)))
-                status = whole(L->buf, got_bytes);
-            if (status != 0 && PyBytes_GET_SIZE(k->needle) > 0 &&
-                !body_has(L, got_bytes, k->needle))
-                status = 0; /* (the Python path says what was missing) */
-            if (status == 0 || status < k->lo || status > k->hi) {
+            /* (a closing connection is not kept: the Python path's) */
+            long status = ev & (EPOLLRDHUP | EPOLLHUP | EPOLLERR) ? 0 : verdict(L, k, got_bytes);
+            if (status == 0) {
                 Py_ssize_t len = got_bytes > 0 ? got_bytes : 0;
                 if (hand_back(L, &out, i, HANDBACK_ANSWER, L->buf, len, ev) < 0) goto fail;
                 continue;
@@ -727,6 +844,9 @@ static PyMethodDef lane_methods[] = {
      "enter(key, fd, request, interval, timeout, due, lo, hi, needle): a kept connection joins."},
     {"enter_tcp", (PyCFunction)(void (*)(void))lane_enter_tcp, METH_FASTCALL,
      "enter_tcp(key, address, interval, timeout, due): a plain TCP check joins."},
+    {"enter_fresh", (PyCFunction)(void (*)(void))lane_enter_fresh, METH_FASTCALL,
+     "enter_fresh(key, address, request, interval, timeout, due, lo, hi, needle): an HTTP "
+     "check on a connection of its own per probe joins."},
     {"leave", (PyCFunction)lane_leave, METH_O,
      "leave(key): None if not in the lane, else whether a request of it was out."},
     {"start", (PyCFunction)(void (*)(void))lane_start, METH_FASTCALL,

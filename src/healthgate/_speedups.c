@@ -119,7 +119,7 @@ static void trim(const unsigned char *s, Py_ssize_t *p, Py_ssize_t *n) {
     while (*n > 0 && (s[*p + *n - 1] == ' ' || s[*p + *n - 1] == '\t')) (*n)--;
 }
 
-static long whole(const unsigned char *s, Py_ssize_t len) {
+static long whole_ex(const unsigned char *s, Py_ssize_t len, int may_close) {
     Py_ssize_t i = 9;
     long status;
     long long length = -1;
@@ -151,7 +151,9 @@ static long whole(const unsigned char *s, Py_ssize_t len) {
             }
         } else if (name_is(s + name, name_len, "connection")) {
             trim(s, &value, &value_len);
-            if (!name_is(s + value, value_len, "keep-alive")) return 0;
+            if (!name_is(s + value, value_len, "keep-alive") &&
+                !(may_close && name_is(s + value, value_len, "close")))
+                return 0;
         } else if (name_is(s + name, name_len, "transfer-encoding")) {
             return 0;
         }
@@ -159,6 +161,8 @@ static long whole(const unsigned char *s, Py_ssize_t len) {
     if (length < 0 || (long long)(len - i) != length) return 0;
     return status;
 }
+
+static long whole(const unsigned char *s, Py_ssize_t len) { return whole_ex(s, len, 0); }
 
 static PyObject *plain_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from healthgate.health.states import STEADY, Outcome, ProbeResult
-from healthgate.probes.batch import BatchProber
+from healthgate.probes.batch import LANE_SENDING, BatchProber
 from healthgate.probes.lane import KeptLane
 from healthgate.probes.prober import Prober, ProbeSettings
 from healthgate.probes.scheduler import ProbeScheduler, SchedulerSettings
@@ -31,8 +31,8 @@ class Probing:
     """A scheduler with a kept-alive batch prober, its results by key in
     order (an Event when ``want`` of them are in)."""
 
-    def __init__(self, lane: bool) -> None:
-        settings = ProbeSettings(keepalive=True)
+    def __init__(self, lane: bool, keepalive: bool = True) -> None:
+        settings = ProbeSettings(keepalive=keepalive)
         self.seen: list[tuple[Any, Outcome, int]] = []
         self.steady = 0  # results that came as the lane's steady records
         self.want = 0
@@ -87,13 +87,13 @@ lanes = pytest.mark.parametrize("lane", [True, False], ids=["lane", "python"])
 
 
 def probe_one(
-    lane: bool, handler: servers.Handler, results: int, **kw: Any
+    lane: bool, handler: servers.Handler, results: int, keepalive: bool = True, **kw: Any
 ) -> tuple[list[tuple[Outcome, int]], int]:
     """One key probed until ``results`` results are in: what it saw, and
     how many connections the server accepted (the counters checked)."""
 
     async def go() -> tuple[list[tuple[Outcome, int]], int]:
-        p = Probing(lane)
+        p = Probing(lane, keepalive)
         async with Server(handler) as srv:
             p.scheduler.start()
             p.scheduler.upsert(1, spec(srv.port, **kw))
@@ -231,7 +231,8 @@ def test_a_server_that_closes_idle_connections_costs_no_failure(lane: bool) -> N
 
 
 @lanes
-def test_an_answer_in_two_parts_is_read_whole(lane: bool) -> None:
+@pytest.mark.parametrize("keepalive", [True, False], ids=["kept", "fresh"])
+def test_an_answer_in_two_parts_is_read_whole(lane: bool, keepalive: bool) -> None:
     async def in_two_parts(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
@@ -246,8 +247,9 @@ def test_an_answer_in_two_parts_is_read_whole(lane: bool) -> None:
         finally:
             writer.close()
 
-    seen, conns = probe_one(lane, in_two_parts, 5, interval=0.1)
-    assert seen == [(Outcome.OK, 200)] * len(seen) and conns == 1
+    seen, conns = probe_one(lane, in_two_parts, 5, keepalive, interval=0.1)
+    assert seen == [(Outcome.OK, 200)] * len(seen)
+    assert conns == 1 if keepalive else conns >= len(seen)
 
 
 def test_the_batch_prober_reads_on_from_what_the_lane_read() -> None:
@@ -300,6 +302,59 @@ def test_the_batch_prober_reads_on_from_what_the_lane_read() -> None:
             assert (key, second.outcome, second.latency) == (1, Outcome.OK, pytest.approx(0.02))
             assert srv.connections == 1
             assert batch.enter_lane(1, s, 2.0)  # (its connection kept: it may join again)
+        batch.close()
+
+    run_async(go())
+
+
+def test_the_batch_prober_sends_on_what_the_lane_could_not() -> None:
+    """A fresh check whose request the kernel did not take whole is handed
+    over with its socket (LANE_SENDING): the batch prober sends the rest,
+    and the answer ends the probe there."""
+    if KeptLane is None:
+        pytest.skip("the C speedups are not built")
+    body = b"x" * (8 << 20)  # (more than a new connection's send buffer takes at once)
+
+    async def read_all(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await servers.read_head(reader)
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                writer.write(ANSWER % 200)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def poll_until(poll: Any) -> Any:
+        for _ in range(500):  # bounded: 5 s
+            got = poll()
+            if got:
+                return got
+            await asyncio.sleep(0.01)
+        raise AssertionError("nothing came")
+
+    async def go() -> None:
+        batch = BatchProber(ProbeSettings(keepalive=False))
+        assert batch.open_lane(0.01, lambda: 1)
+        async with Server(read_all) as srv:
+            s = ProbeSpec("HTTP", "127.0.0.1", srv.port, 5.0, 1.0, method="POST", body=body)
+            assert batch.start(1, s, 0.0) is None
+            [(_, first)] = await poll_until(lambda: batch.poll(0.01))
+            assert first.outcome == Outcome.OK
+            assert batch.enter_lane(1, s, 1.0)
+            assert batch.lane_start(1.0, 1.001, float("inf"), 8) == ([], False)
+            back: list[Any] = []
+            for _ in range(500):  # bounded: 5 s
+                back = batch.lane_poll(1.01, 9e9)[1]
+                if back:
+                    break
+                await asyncio.sleep(0.01)
+            assert back == [(1, LANE_SENDING, 1.0, 1.0, None)] and batch.in_flight == 1
+            [(key, second)] = await poll_until(lambda: batch.poll(1.5))
+            assert (key, second.outcome, srv.connections) == (1, Outcome.OK, 2)
         batch.close()
 
     run_async(go())
@@ -373,3 +428,38 @@ def test_a_tcp_check_refused_and_then_answered_again(lane: bool) -> None:
         assert steady_before >= 3 and steady >= steady_before + 3  # (in the lane again)
     else:
         assert steady == 0
+
+
+@lanes
+def test_a_fresh_check_sees_a_status_change_at_once_and_is_steady_again(lane: bool) -> None:
+    """HTTP on a connection of its own per check (no --keepalive-probes):
+    steady in the lane, handed over with its socket when the status is not
+    expected (the result Python's), in the lane again once it is."""
+    state: dict[str, Any] = {"status": 200, "hang": False, "paths": []}
+
+    async def go() -> tuple[Probing, list[tuple[Outcome, int]], int]:
+        p = Probing(lane, keepalive=False)
+        async with Server(switchable(state)) as srv:
+            p.scheduler.start()
+            p.scheduler.upsert(1, spec(srv.port))
+            await p.results(6)
+            state["status"] = 503
+            before = len(p.seen)
+            await p.results(4)
+            state["status"] = 200
+            seen = await p.results(6)
+            p.counted()
+            conns = srv.connections
+            await p.close()
+        return p, seen[before:], conns
+
+    p, after_switch, conns = run_async(go())
+    changed = [o for o, _ in after_switch]
+    first_503 = changed.index(Outcome.STATUS)
+    assert first_503 <= 1 and changed[first_503 : first_503 + 3] == [Outcome.STATUS] * 3
+    assert changed[-3:] == [Outcome.OK] * 3
+    assert conns >= len(p.seen)  # a connection per check
+    if p.laned:
+        assert p.steady >= 8
+    else:
+        assert p.steady == 0

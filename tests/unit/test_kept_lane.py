@@ -29,6 +29,7 @@ from healthgate.health.states import STEADY, HealthState, Outcome, ProbeResult, 
 from healthgate.probes.batch import (
     LANE_ANSWER,
     LANE_FAILED,
+    LANE_HANDED,
     LANE_IDLE,
     LANE_TIMEOUT,
     LANE_UNSENT,
@@ -107,8 +108,8 @@ def test_anything_but_a_whole_expected_answer_is_handed_back_with_what_was_read(
     server.sendall(answer)
     records, back, _ = lane.poll(0.003, float("inf"))
     assert records == b"", why
-    [(key, what, started, due, data, events)] = back
-    assert (key, what, started, due, data) == (1, LANE_ANSWER, 0.001, 0.0, answer)
+    [(key, what, started, due, data, events, fd)] = back
+    assert (key, what, started, due, data, fd) == (1, LANE_ANSWER, 0.001, 0.0, answer, -1)
     assert events & select.EPOLLIN
     assert len(lane) == 0  # it left the lane
     assert lane.take_counts()[:3] == (1, 0, 0)  # started here, finished by the caller
@@ -143,7 +144,7 @@ def test_a_closed_connection_is_handed_back_with_nothing_read(
     lane.start(0.001, 0.005, float("inf"))
     server.close()
     _, back, _ = lane.poll(0.003, float("inf"))
-    assert [(k, what, data) for k, what, _s, _d, data, _e in back] == [(1, LANE_ANSWER, b"")]
+    assert [(k, what, data) for k, what, _s, _d, data, _e, _f in back] == [(1, LANE_ANSWER, b"")]
 
 
 def test_a_timeout_and_an_idle_connection_that_spoke_are_handed_back(
@@ -160,7 +161,7 @@ def test_a_timeout_and_an_idle_connection_that_spoke_are_handed_back(
         other_server.close()  # key 2's connection closes while idle
         records, back, _ = lane.poll(0.5, float("inf"))
         assert records == b""
-        assert sorted((k, what, started, due) for k, what, started, due, _d, _e in back) == [
+        assert sorted((k, what, started, due) for k, what, started, due, _d, _e, _f in back) == [
             (1, LANE_TIMEOUT, 0.0, 0.0),
             (2, LANE_IDLE, 0.0, 5.0),
         ]
@@ -178,7 +179,7 @@ def test_a_send_that_fails_hands_the_key_back_unsent(
     server.close()
     ours.shutdown(socket.SHUT_WR)  # (a send now fails: EPIPE)
     back, deferred = lane.start(1.0, 1.5, float("inf"))
-    assert [(k, what, due) for k, what, _s, due, _d, _e in back] == [(3, LANE_UNSENT, 1.0)]
+    assert [(k, what, due) for k, what, _s, due, _d, _e, _f in back] == [(3, LANE_UNSENT, 1.0)]
     assert not deferred and len(lane) == 0 and lane.take_counts()[0] == 0
 
 
@@ -286,8 +287,8 @@ def test_a_refused_tcp_check_is_handed_back_with_its_errno(lane: Any) -> None:
     if back is None:  # (Linux: the reset is read from the epoll set, not by the connect)
         records, back, _ = lane.poll(1.001, float("inf"))
         assert records == b""
-    assert [(k, what, s, due, d, e) for k, what, s, due, d, e in back] == [
-        (4, LANE_FAILED, 1.0, 1.0, b"", errno.ECONNREFUSED)
+    assert [(k, what, s, due, d, e, f) for k, what, s, due, d, e, f in back] == [
+        (4, LANE_FAILED, 1.0, 1.0, b"", errno.ECONNREFUSED, -1)
     ]
     assert not deferred and len(lane) == 0
     assert lane.take_counts()[:3] == (1, 0, 0)  # started here, ended by Python
@@ -305,7 +306,7 @@ def test_a_tcp_check_whose_handshake_waits_times_out_and_its_socket_is_reset(
         assert lane.poll(0.49, float("inf"))[:2] == (b"", None)
         assert lane.leave(6) is True  # (a key that leaves in flight: its socket closed)
         records, back, _ = lane.poll(0.5, float("inf"))
-        assert records == b"" and [(k, what, s) for k, what, s, _d, _b, _e in back] == [
+        assert records == b"" and [(k, what, s) for k, what, s, _d, _b, _e, _f in back] == [
             (5, LANE_TIMEOUT, 0.0)
         ]
     assert len(lane) == 0 and lane.in_flight == 0
@@ -352,7 +353,7 @@ def test_a_tcp_check_refused_after_it_began_is_handed_back_with_its_errno(lane: 
         lane.start(0.0, 0.005, float("inf"))
         full.listener.close()  # the SYN sent again meets no listener: a reset
         records, back = poll_until(lane, 1.2)
-    assert records == b"" and [(k, what, e) for k, what, _s, _d, _b, e in back] == [
+    assert records == b"" and [(k, what, e) for k, what, _s, _d, _b, e, _f in back] == [
         (8, LANE_FAILED, errno.ECONNREFUSED)
     ]
 
@@ -371,6 +372,101 @@ def test_a_tcp_check_refused_after_it_began_is_handed_back_with_its_errno(lane: 
 def test_a_tcp_check_the_lane_cannot_hold_is_refused(lane: Any, args: tuple[Any, ...]) -> None:
     with pytest.raises((ValueError, TypeError)):
         lane.enter_tcp(*args)
+    assert len(lane) == 0
+
+
+# ------------------------------------------------------------------ fresh HTTP checks
+
+CLOSING = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+
+
+def fresh_started(lane: Any, listener: socket.socket, key: int = 9) -> socket.socket:
+    """A fresh check of ``key`` begun at 0.0 and its request sent: the
+    server's side of its connection, the request read."""
+    lane.enter_fresh(
+        key, pack_sockaddr(*listener.getsockname()), REQUEST, 1.0, 0.5, 0.0, 200, 299, b""
+    )
+    assert lane.start(0.0, 0.005, float("inf")) == (None, False)
+    assert lane.connecting == 1
+    assert lane.poll(0.001, float("inf"))[:2] == (b"", None)  # connected: the request goes
+    conn, _ = listener.accept()
+    conn.settimeout(2.0)
+    assert conn.recv(1000) == REQUEST
+    return conn
+
+
+def test_a_fresh_check_answered_whole_is_a_steady_record_and_its_connection_reset(
+    lane: Any, listener: socket.socket
+) -> None:
+    conn = fresh_started(lane, listener)
+    with conn:
+        conn.sendall(CLOSING)  # (a fresh check's answer may close: it is not kept)
+        records, back, _ = lane.poll(0.002, float("inf"))
+        assert back is None and list(STEADY.iter_unpack(records)) == [(9, 200, 0.002)]
+        with pytest.raises(ConnectionResetError):
+            conn.recv(10)
+    assert lane.connecting == 0 and lane.in_flight == 0 and lane.next_due == 1.002
+    fds = open_fds()
+    with fresh_started(lane, listener, key=11) as again:  # (the same socket, from the pool)
+        assert open_fds() == fds + 1  # (the server's side of it)
+        again.sendall(CLOSING)
+        assert len(lane.poll(0.003, float("inf"))[0]) == STEADY.size
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 500 X\r\nContent-Length: 2\r\n\r\nno",  # not an expected status
+        CLOSING[:-1],  # a body still to come
+        b"",  # closed without a word
+    ],
+)
+def test_a_fresh_check_that_is_not_steady_is_handed_over_with_its_socket(
+    lane: Any, listener: socket.socket, answer: bytes
+) -> None:
+    conn = fresh_started(lane, listener)
+    with conn:
+        if answer:
+            conn.sendall(answer)
+        else:
+            conn.shutdown(socket.SHUT_WR)
+        records, back, _ = lane.poll(0.002, float("inf"))
+        [(key, what, started, due, data, events, fd)] = back
+        assert (records, key, what, started, due, data) == (b"", 9, LANE_HANDED, 0.0, 0.0, answer)
+        assert events & (select.EPOLLIN | select.EPOLLRDHUP)
+        assert len(lane) == 0 and lane.connecting == 0  # it is the caller's now
+        with socket.socket(fileno=fd) as sock:  # (connected still: the caller reads on)
+            assert sock.getpeername() == listener.getsockname()
+
+
+def test_a_fresh_check_with_no_answer_times_out_and_a_refused_one_fails(
+    lane: Any, listener: socket.socket
+) -> None:
+    with fresh_started(lane, listener):
+        lane.enter_fresh(
+            10, pack_sockaddr("127.0.0.1", free_port()), REQUEST, 1.0, 0.5, 0.0, 200, 200, b""
+        )
+        lane.start(0.1, 0.105, float("inf"))
+        records, back, _ = lane.poll(0.5, float("inf"))
+    assert records == b"" and sorted((k, what, e) for k, what, _s, _d, _b, e, _f in back) == [
+        (9, LANE_TIMEOUT, 0),
+        (10, LANE_FAILED, errno.ECONNREFUSED),
+    ]
+    assert lane.connecting == 0 and len(lane) == 0
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        (1, b"\x02\x00", REQUEST, 1.0, 0.5, 0.0, 200, 200, b""),  # not an address
+        (1, pack_sockaddr("127.0.0.1", 80), b"", 1.0, 0.5, 0.0, 200, 200, b""),  # no request
+        (1, pack_sockaddr("127.0.0.1", 80), REQUEST, 1.0, 0.0, 0.0, 200, 200, b""),  # no timeout
+        (1, pack_sockaddr("127.0.0.1", 80), REQUEST, 1.0, 0.5, 0.0, 200, 200),  # no needle
+    ],
+)
+def test_a_fresh_check_the_lane_cannot_hold_is_refused(lane: Any, args: tuple[Any, ...]) -> None:
+    with pytest.raises((ValueError, TypeError)):
+        lane.enter_fresh(*args)
     assert len(lane) == 0
 
 

@@ -165,7 +165,9 @@ LANE_ANSWER: Final = 0  # an answer that is not a steady success, to read here
 LANE_TIMEOUT: Final = 1
 LANE_IDLE: Final = 2  # the idle connection spoke or closed: dropped, due again at its time
 LANE_UNSENT: Final = 3  # the request could not be sent: dropped, due again at once
-LANE_FAILED: Final = 4  # a TCP check's connect failed (its errno; 0: closed)
+LANE_FAILED: Final = 4  # a TCP or fresh HTTP check's connection failed (its errno; 0: closed)
+LANE_HANDED: Final = 5  # a fresh HTTP check's answer, to read on here on the lane's socket
+LANE_SENDING: Final = 6  # a fresh HTTP check's request, part sent, to send on here (its socket)
 
 # a key the lane handed back: (key, what, started, due, its result if it ended)
 LaneHandback = tuple[Hashable, int, float, float, ProbeResult | None]
@@ -251,7 +253,7 @@ class BatchProber:
         self._packets: dict[Hashable, tuple[ProbeSpec, SynPacket, _Probe]] = {}
         # the lane (probes/lane.py), once opened, and the probe objects of its
         # keys (their sockets: out of _fds and the epoll set; None for a TCP
-        # check, whose sockets the lane's own)
+        # or fresh HTTP check, whose sockets are the lane's own)
         self.lane: Any = None
         self._laned: dict[Hashable, _Probe | None] = {}
 
@@ -769,6 +771,8 @@ class BatchProber:
             return False
         if spec.type == "TCP":
             return self._enter_tcp(key, spec, due)
+        if not self.settings.keepalive:
+            return self._enter_fresh(key, spec, due)
         p = self._idle.get(key)
         if p is None or p.spec is not spec:
             return False
@@ -787,19 +791,63 @@ class BatchProber:
         self._laned[key] = p
         return True
 
-    def _enter_tcp(self, key: int, spec: ProbeSpec, due: float) -> bool:
+    def _address(self, key: Hashable, spec: ProbeSpec) -> bytes | None:
+        """``key``'s endpoint as a packed sockaddr (None: a scoped IPv6
+        address, left to Python's parsing)."""
         cached = self._addresses.get(key)
         if cached is None or cached[0] is not spec:
             cached = self._addresses[key] = (spec, pack_sockaddr(spec.ip, spec.port))
-        if cached[1] is None:  # (a scoped IPv6 address: Python's parsing)
+        return cached[1]
+
+    def _enter_tcp(self, key: int, spec: ProbeSpec, due: float) -> bool:
+        address = self._address(key, spec)
+        if address is None:
             return False
         try:
-            self.lane.enter_tcp(key, cached[1], spec.interval, spec.timeout, due)
+            self.lane.enter_tcp(key, address, spec.interval, spec.timeout, due)
         except (OSError, ValueError) as exc:
             log.debug("a TCP check could not join the lane: %s", exc)
             return False
         self._laned[key] = None
         return True
+
+    def _enter_fresh(self, key: int, spec: ProbeSpec, due: float) -> bool:
+        cached = self._requests.get(key)
+        address = self._address(key, spec)
+        if cached is None or cached[0] is not spec or address is None:
+            return False
+        lo, hi = spec.status_ranges[0]
+        try:
+            self.lane.enter_fresh(
+                key, address, cached[1], spec.interval, spec.timeout, due, lo, hi, spec.contains
+            )
+        except (OSError, ValueError) as exc:
+            log.debug("an HTTP check could not join the lane: %s", exc)
+            return False
+        self._laned[key] = None
+        return True
+
+    def _go_on(
+        self, key: Hashable, what: int, started: float, data: bytes, ev: int, fd: int, now: float
+    ) -> ProbeResult | None:
+        """A fresh HTTP check the lane handed over with its socket: it goes
+        on here, as if it had begun here - reading on from what the lane
+        read (``LANE_HANDED``), or sending the rest of its request
+        (``LANE_SENDING``: ``ev`` bytes of it went out)."""
+        spec, request = self._requests[key]
+        sock = socket.socket(fileno=fd)
+        sock.setblocking(False)
+        p = _Probe(key, spec, started)
+        p.request, p.sock, p.fd = request, sock, fd
+        self._ep.register(fd, _MASK)
+        self._fds[fd] = p
+        self._running[key] = p
+        self._expire_at(p)
+        if what == LANE_SENDING:
+            p.pending = request[ev:]  # (state _CONNECTING: the rest goes when writable)
+            return None
+        p.state = _SENT
+        return self._read(p, ev, now, data)
 
     def _from_lane(self, key: Hashable) -> _Probe | None:
         """A key's probe object back from the lane, its socket in the epoll
@@ -830,17 +878,20 @@ class BatchProber:
         return records, self._taken_back(handed, now), backlog
 
     def _taken_back(
-        self, handed: list[tuple[int, int, float, float, bytes, int]] | None, now: float
+        self, handed: list[tuple[int, int, float, float, bytes, int, int]] | None, now: float
     ) -> list[LaneHandback]:
-        """What the lane handed back, taken up: a timeout or a failed TCP
-        connect ended (its result); an answer read on here (still under way
-        perhaps: in flight here then); an idle or unsent key's connection
-        dropped (no result)."""
+        """What the lane handed back, taken up: a timeout or a failed
+        connection ended (its result); an answer read on here, or a fresh
+        check gone on here on the lane's socket (under way still perhaps: in
+        flight here then); an idle or unsent key's connection dropped (no
+        result)."""
         back: list[LaneHandback] = []
-        for key, what, started, due, data, ev in handed or ():
+        for key, what, started, due, data, ev, fd in handed or ():
             p = self._from_lane(key)
             result: ProbeResult | None = None
-            if p is None:  # a TCP check: the lane has closed its socket
+            if fd >= 0:  # (LANE_HANDED, LANE_SENDING)
+                result = self._go_on(key, what, started, data, ev, fd, now)
+            elif p is None:  # a TCP or fresh check: the lane has reset its socket
                 if what == LANE_TIMEOUT:
                     result = ProbeResult(_TIMEOUT, now - started)
                 elif what == LANE_FAILED:

@@ -1,4 +1,4 @@
-"""The lane: a steady kept-alive HTTP check, or a plain TCP check, whole, in C.
+"""The lane: a steady HTTP check (kept alive or fresh) or plain TCP check, whole, in C.
 
 Why
 ---
@@ -7,8 +7,9 @@ server's wake-up, the answer, the read) and, before the lane, ~14 µs of
 Python: the scheduler's due times and bookkeeping, the batch prober's send,
 read and verdict, a result object, the engine's threshold step and the
 outcome history - for a result that, most of the time, changes nothing but
-a counter (issue 45). A plain TCP check (a connect and the reset) is the
-same story with a handshake in place of the request. The lane does all of
+a counter (issue 45). A plain TCP check (a connect and the reset) and an
+HTTP check on a fresh connection are the same story with a handshake. The
+lane does all of
 it for such checks in C (``_speedups.KeptLane``, src/healthgate/_kept.c),
 with no Python call per check.
 
@@ -18,10 +19,12 @@ A key enters when its probe ends with a success (the scheduler asks the
 batch prober: :meth:`BatchProber.enter_lane`), if the C speedups are built
 and its check is plain enough:
 
-* a kept-alive HTTP check on a kept connection, with no
-  ``degradedStatusCodes``, not inverted, not HEAD, one range of expected
-  statuses (``responseContains`` is searched for in C, in the same first
-  5,120 bytes of the body);
+* an HTTP check with no ``degradedStatusCodes``, not inverted, not HEAD,
+  one range of expected statuses (``responseContains`` is searched for in
+  C, in the same first 5,120 bytes of the body): kept alive, on its kept
+  connection; or on a fresh connection per check (no ``--keepalive-probes``)
+  with no PROXY preamble, from no set source address, to an address with
+  no IPv6 scope;
 * a TCP check that only connects (no send, expect or PROXY preamble), not
   inverted, not half-open, from no set source address, to an address with
   no IPv6 scope.
@@ -49,6 +52,16 @@ unreachable, reset), at once or later, hands the key back with its errno,
 and Python makes the result as the batch prober's ``_connected`` would; a
 timeout hands it back too. Either way the lane has closed the socket, and
 the key is out of the lane until its next success.
+
+**Fresh HTTP.** As a TCP check, and once connected the request goes out
+(whole, or the rest is Python's); an answer that is one whole response
+with an expected status (``Connection: close`` allowed: the connection is
+reset after it all the same) is a steady success, the socket disconnected
+and pooled. Anything else - another status, a partial answer, a closed
+connection - hands the check over to Python **with its socket** and what
+was read (:meth:`BatchProber._go_on`), where the batch prober reads on as if
+it had begun the probe itself; a refused or failed connection and a
+timeout are handed back as a TCP check's.
 
 Anything else hands a kept-alive key back to Python, where the batch prober goes on
 as it always has: an answer that is partial, closing, unexpected or in
@@ -85,8 +98,8 @@ def laneable(spec: ProbeSpec, settings: ProbeSettings) -> bool:
             and settings.source is None
         )
     return (
-        settings.keepalive
-        and spec.type == "HTTP"
+        spec.type == "HTTP"
+        and (settings.keepalive or (not spec.preamble and settings.source is None))
         and not spec.invert
         and not spec.degraded_ranges
         and spec.method != "HEAD"
