@@ -46,6 +46,8 @@ typedef struct {
 #define MODE_KEPT 0  /* HTTP on a kept connection, which Python's socket owns */
 #define MODE_TCP 1   /* connect: the handshake's end is the answer */
 #define MODE_FRESH 2 /* HTTP on a connection of its own: connect, send, read, reset */
+#define MODE_EXPECT 3 /* TCP with send or expect (SPEC §10): connect, send, the answer's first
+                         bytes, reset */
 
 /* `sent`: 0 idle (due), 1 under way (KEPT: the request out; TCP and FRESH:
  * connecting), 2 FRESH's request out */
@@ -81,7 +83,7 @@ typedef struct {
     Py_ssize_t nsteady, capsteady;
     int pool[2][LANE_POOL], npool[2]; /* TCP sockets: [0] IPv4, [1] IPv6 */
     Py_ssize_t *by_fd, nfd;            /* a TCP socket's slot while it connects, else -1 */
-    Py_ssize_t connecting;             /* TCP connects under way (each a descriptor) */
+    Py_ssize_t connecting;             /* TCP and FRESH checks under way (each a descriptor) */
 } Lane;
 
 /* a TCP socket is in the epoll set for as long as it lives (its events
@@ -426,19 +428,31 @@ static int address_arg(PyObject *arg) {
     return 0;
 }
 
-/* enter_tcp(key, address, interval, timeout, due): a plain TCP check (a
- * connect, its handshake's end the answer) joins the lane, its next probe
- * due at `due`; `address`: the endpoint as a packed sockaddr_in(6) */
+/* enter_tcp(key, address, interval, timeout, due[, send, expect]): a TCP
+ * check joins the lane, its next probe due at `due`; `address`: the
+ * endpoint as a packed sockaddr_in(6). Plain (a connect, its handshake's end
+ * the answer), or with bytes to send once connected and the answer's first
+ * bytes expected (either may be b"") */
 static PyObject *lane_enter_tcp(Lane *L, PyObject *const *args, Py_ssize_t nargs) {
     long key;
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "enter_tcp(key, address: bytes, interval, timeout, due)");
+    if ((nargs != 5 && nargs != 7) ||
+        (nargs == 7 && (!PyBytes_Check(args[5]) || !PyBytes_Check(args[6])))) {
+        PyErr_SetString(PyExc_TypeError, "enter_tcp(key, address: bytes, interval, timeout, due"
+                                         "[, send: bytes, expect: bytes])");
         return NULL;
     }
     if (key_arg(args[0], &key) < 0 || address_arg(args[1]) < 0) return NULL;
     double interval = PyFloat_AsDouble(args[2]), timeout = PyFloat_AsDouble(args[3]),
            due = PyFloat_AsDouble(args[4]);
     if (PyErr_Occurred()) return NULL;
+    if (nargs == 7 && (PyBytes_GET_SIZE(args[5]) || PyBytes_GET_SIZE(args[6]))) {
+        if (PyBytes_GET_SIZE(args[6]) >= L->bufsize) {
+            PyErr_SetString(PyExc_ValueError, "expect: longer than an answer read");
+            return NULL;
+        }
+        return lane_add(L, args[0], key, -1, MODE_EXPECT, args[5], args[1], args[6], interval,
+                        timeout, due, 0, 0);
+    }
     PyObject *none = PyBytes_FromStringAndSize(NULL, 0);
     if (none == NULL) return NULL;
     PyObject *r = lane_add(L, args[0], key, -1, MODE_TCP, none, args[1], none, interval, timeout,
@@ -591,8 +605,8 @@ static void own_release(Lane *L, Kept *k) {
     k->fd = -1;
 }
 
-/* FRESH: the answer is in (or the connection spoke): a steady success, or
- * the check handed over to Python with what was read */
+/* FRESH and EXPECT: the answer is in (or the connection spoke): a steady
+ * success, or the check handed over to Python with what was read */
 static int fresh_read(Lane *L, PyObject **out, Py_ssize_t i, uint32_t ev, double now) {
     Kept *k = &L->k[i];
     ssize_t got = recv(k->fd, L->buf, (size_t)L->bufsize, MSG_DONTWAIT);
@@ -600,23 +614,37 @@ static int fresh_read(Lane *L, PyObject **out, Py_ssize_t i, uint32_t ev, double
         if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
         return hand_back(L, out, i, HANDBACK_FAILED, NULL, 0, errno); /* (reset, say) */
     }
-    long status = verdict(L, k, got);
-    if (status == 0) return hand_over(L, out, i, HANDBACK_HANDED, L->buf, got, ev);
+    long status = 0;
+    int steady;
+    if (k->mode == MODE_EXPECT) { /* (fewer bytes than expected: Python reads on) */
+        Py_ssize_t want = PyBytes_GET_SIZE(k->needle);
+        steady = got >= want && memcmp(L->buf, PyBytes_AS_STRING(k->needle), (size_t)want) == 0;
+    } else {
+        steady = (status = verdict(L, k, got)) != 0;
+    }
+    if (!steady) return hand_over(L, out, i, HANDBACK_HANDED, L->buf, got, ev);
     own_release(L, k);
     return lane_steady(L, i, now, status);
 }
 
-/* FRESH: connected; the request goes out whole (else Python sends the rest) */
+/* FRESH and EXPECT: connected (or not yet: then EAGAIN, and again at the
+ * connect's end); the request goes out whole (else Python sends the rest);
+ * EXPECT with nothing expected is done then */
 static int fresh_send(Lane *L, PyObject **out, Py_ssize_t i, uint32_t ev, double now) {
     Kept *k = &L->k[i];
     Py_ssize_t len = PyBytes_GET_SIZE(k->request);
-    ssize_t sent =
-        send(k->fd, PyBytes_AS_STRING(k->request), (size_t)len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t sent = len ? send(k->fd, PyBytes_AS_STRING(k->request), (size_t)len,
+                              MSG_NOSIGNAL | MSG_DONTWAIT)
+                       : 0;
     if (sent < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOTCONN) return 0;
         return hand_back(L, out, i, HANDBACK_FAILED, NULL, 0, errno);
     }
     if (sent < len) return hand_over(L, out, i, HANDBACK_SENDING, NULL, 0, (long)sent);
+    if (k->mode == MODE_EXPECT && PyBytes_GET_SIZE(k->needle) == 0) { /* (sent: that was all) */
+        own_release(L, k);
+        return lane_steady(L, i, now, 0);
+    }
     k->sent = 2;
     /* (edge-triggered: what the peer said with the connect's end comes no more) */
     return ev & (EPOLLIN | EPOLLRDHUP | EPOLLHUP) ? fresh_read(L, out, i, ev, now) : 0;
@@ -628,7 +656,7 @@ static int fresh_send(Lane *L, PyObject **out, Py_ssize_t i, uint32_t ev, double
  * descriptor, its deadline in the heap) */
 static int own_start(Lane *L, PyObject **out, Py_ssize_t i, double now) {
     Kept *k = &L->k[i];
-    if (k->mode == MODE_FRESH) { /* (as batch.py: the handshake's ACK goes with the request) */
+    if (PyBytes_GET_SIZE(k->request)) { /* (as batch.py: the handshake's ACK goes with it) */
         int no = 0;
         setsockopt(k->fd, IPPROTO_TCP, TCP_QUICKACK, &no, sizeof no);
     }
@@ -636,13 +664,15 @@ static int own_start(Lane *L, PyObject **out, Py_ssize_t i, double now) {
     int r = connect(k->fd, (const struct sockaddr *)PyBytes_AS_STRING(k->address), (socklen_t)len)
                 ? errno
                 : 0;
-    if (r == EINPROGRESS || (r == 0 && k->mode == MODE_FRESH)) {
-        /* (EINPROGRESS on loopback too: the SYN+ACK waits for the socket's lock) */
+    if (r == EINPROGRESS || (r == 0 && k->mode != MODE_TCP)) {
+        /* (EINPROGRESS on loopback too: the SYN+ACK waits for the socket's lock,
+         * and is in once connect returns - so the request goes now, as
+         * batch.py's, and its answer may be read in this same tick) */
         L->by_fd[k->fd] = i;
         L->connecting++;
         k->deadline = now + k->timeout;
         heap_push(L, 1, i);
-        return r == 0 ? fresh_send(L, out, i, 0, now) : 0;
+        return k->mode == MODE_TCP ? 0 : fresh_send(L, out, i, 0, now);
     }
     tcp_release(L, key_family(k), k->fd);
     k->fd = -1;
@@ -651,11 +681,11 @@ static int own_start(Lane *L, PyObject **out, Py_ssize_t i, double now) {
 }
 
 /* start(now, horizon, budget_end[, room]) -> (handed back or None,
- * deferred): send the request (TCP: connect) of every key due before
- * `horizon`; stop (deferred) once the monotonic clock passes budget_end, and
- * (not deferred: until connects end) at a TCP key when `room` connects are
- * under way. A TCP check done at once is in the records the next poll()
- * returns. */
+ * deferred): send the request (TCP and FRESH: connect) of every key due
+ * before `horizon`; stop (deferred) once the monotonic clock passes
+ * budget_end, and (not deferred: until some end) at a TCP or FRESH key when
+ * `room` of them are under way. A TCP check done at once is in the records
+ * the next poll() returns. */
 static PyObject *lane_start(Lane *L, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3 && nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "start(now, horizon, budget_end[, room])");
@@ -715,14 +745,16 @@ fail:
  * a steady success; FRESH: the request sent) or failure, FRESH's answer */
 static int own_event(Lane *L, PyObject **out, Py_ssize_t i, uint32_t ev, double now) {
     Kept *k = &L->k[i];
-    if (k->sent == 2) return fresh_read(L, out, i, ev, now);
+    if (k->sent == 2) /* (writable only: the connect's end, the request sent already) */
+        return ev & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR) ? fresh_read(L, out, i, ev, now)
+                                                                 : 0;
     if (ev & (EPOLLERR | EPOLLHUP)) { /* refused, unreachable, reset: as batch.py's _connected */
         int err = 0;
         socklen_t size = sizeof err;
         if (getsockopt(k->fd, SOL_SOCKET, SO_ERROR, &err, &size) < 0) err = errno;
         return hand_back(L, out, i, HANDBACK_FAILED, NULL, 0, err);
     }
-    if (k->mode == MODE_FRESH) return fresh_send(L, out, i, ev, now);
+    if (k->mode != MODE_TCP) return fresh_send(L, out, i, ev, now);
     own_release(L, k);
     return lane_steady(L, i, now, 0);
 }
@@ -864,7 +896,7 @@ static PyGetSetDef lane_getset[] = {
      NULL},
     {"in_flight", (getter)lane_in_flight, NULL, "Keys whose request is out.", NULL},
     {"connecting", (getter)lane_connecting, NULL,
-     "TCP checks whose connect is under way (each holds a descriptor).", NULL},
+     "TCP and fresh HTTP checks under way (each holds a descriptor).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

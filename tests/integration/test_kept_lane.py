@@ -345,14 +345,15 @@ def test_the_batch_prober_sends_on_what_the_lane_could_not() -> None:
             [(_, first)] = await poll_until(lambda: batch.poll(0.01))
             assert first.outcome == Outcome.OK
             assert batch.enter_lane(1, s, 1.0)
-            assert batch.lane_start(1.0, 1.001, float("inf"), 8) == ([], False)
-            back: list[Any] = []
+            # (the request goes as soon as connect returns: on loopback, then)
+            back, deferred = batch.lane_start(1.0, 1.001, float("inf"), 8)
             for _ in range(500):  # bounded: 5 s
-                back = batch.lane_poll(1.01, 9e9)[1]
                 if back:
                     break
                 await asyncio.sleep(0.01)
-            assert back == [(1, LANE_SENDING, 1.0, 1.0, None)] and batch.in_flight == 1
+                back = batch.lane_poll(1.01, 9e9)[1]
+            assert back == [(1, LANE_SENDING, 1.0, 1.0, None)] and not deferred
+            assert batch.in_flight == 1
             [(key, second)] = await poll_until(lambda: batch.poll(1.5))
             assert (key, second.outcome, srv.connections) == (1, Outcome.OK, 2)
         batch.close()
@@ -461,5 +462,55 @@ def test_a_fresh_check_sees_a_status_change_at_once_and_is_steady_again(lane: bo
     assert conns >= len(p.seen)  # a connection per check
     if p.laned:
         assert p.steady >= 8
+    else:
+        assert p.steady == 0
+
+
+@lanes
+def test_a_tcp_check_with_send_and_expect_fails_on_another_answer_and_is_steady_again(
+    lane: bool,
+) -> None:
+    """SPEC §10's send/expect: steady in the lane while the answer begins as
+    expected; another answer (handed over with its socket, and the partial
+    one read on there) is the Python path's result."""
+    state: dict[str, Any] = {"answer": [b"+PONG\r\n"]}
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n")
+            for part in state["answer"]:
+                writer.write(part)
+                await writer.drain()
+                await asyncio.sleep(0.01)
+            await reader.read(1)  # until the prober goes
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def go() -> tuple[Probing, list[Outcome]]:
+        p = Probing(lane)
+        async with Server(answer) as srv:
+            p.scheduler.start()
+            s = ProbeSpec(
+                "TCP", "127.0.0.1", srv.port, 0.5, 0.05, send=b"PING\r\n", expect=b"+PONG"
+            )
+            p.scheduler.upsert(1, s)
+            await p.results(5)
+            state["answer"] = [b"-ERR\r\n"]
+            before = len(p.seen)
+            await p.results(4)
+            state["answer"] = [b"+PO", b"NG\r\n"]  # (in two parts: read on in Python)
+            await p.results(5)
+            p.counted()
+            await p.close()
+        return p, [o for _, o, _ in p.seen[before:]]
+
+    p, after = run_async(go())
+    first = after.index(Outcome.CONTENT)
+    assert first <= 1 and after[first : first + 3] == [Outcome.CONTENT] * 3
+    assert after[-3:] == [Outcome.OK] * 3
+    if p.laned:
+        assert p.steady >= 3
     else:
         assert p.steady == 0

@@ -446,8 +446,9 @@ def test_a_fresh_check_with_no_answer_times_out_and_a_refused_one_fails(
         lane.enter_fresh(
             10, pack_sockaddr("127.0.0.1", free_port()), REQUEST, 1.0, 0.5, 0.0, 200, 200, b""
         )
-        lane.start(0.1, 0.105, float("inf"))
+        refused, _ = lane.start(0.1, 0.105, float("inf"))  # (on loopback: as the request goes)
         records, back, _ = lane.poll(0.5, float("inf"))
+        back = (refused or []) + (back or [])
     assert records == b"" and sorted((k, what, e) for k, what, _s, _d, _b, e, _f in back) == [
         (9, LANE_TIMEOUT, 0),
         (10, LANE_FAILED, errno.ECONNREFUSED),
@@ -467,6 +468,78 @@ def test_a_fresh_check_with_no_answer_times_out_and_a_refused_one_fails(
 def test_a_fresh_check_the_lane_cannot_hold_is_refused(lane: Any, args: tuple[Any, ...]) -> None:
     with pytest.raises((ValueError, TypeError)):
         lane.enter_fresh(*args)
+    assert len(lane) == 0
+
+
+# ------------------------------------------------------------------ TCP checks with send and expect
+
+
+def expect_started(
+    lane: Any, listener: socket.socket, send: bytes, expect: bytes, key: int = 12
+) -> socket.socket:
+    """A TCP check of ``key`` with ``send`` and ``expect`` begun at 0.0 and
+    connected (what it sends sent): the server's side of its connection."""
+    address = pack_sockaddr(*listener.getsockname())
+    lane.enter_tcp(key, address, 1.0, 0.5, 0.0, send, expect)
+    assert lane.start(0.0, 0.005, float("inf")) == (None, False)
+    records, back, _ = lane.poll(0.001, float("inf"))
+    assert back is None and (records != b"") == (not expect)  # (nothing expected: done)
+    conn, _ = listener.accept()
+    conn.settimeout(2.0)
+    if send:
+        assert conn.recv(1000) == send
+    return conn
+
+
+@pytest.mark.parametrize(
+    ("send", "expect", "answer"),
+    [
+        (b"PING\r\n", b"+PONG", b"+PONG\r\n"),
+        (b"", b"220 ", b"220 mail ready\r\n"),  # a banner
+    ],
+)
+def test_a_tcp_check_answered_as_expected_is_a_steady_record(
+    lane: Any, listener: socket.socket, send: bytes, expect: bytes, answer: bytes
+) -> None:
+    with expect_started(lane, listener, send, expect) as conn:
+        conn.sendall(answer)
+        records, back, _ = lane.poll(0.002, float("inf"))
+        assert back is None and list(STEADY.iter_unpack(records)) == [(12, 0, 0.002)]
+        with pytest.raises(ConnectionResetError):
+            conn.recv(10)
+    assert lane.connecting == 0 and lane.next_due == 1.002
+
+
+def test_a_tcp_check_that_only_sends_is_done_once_it_has_sent(
+    lane: Any, listener: socket.socket
+) -> None:
+    with expect_started(lane, listener, b"hello\n", b""):
+        pass
+    assert lane.connecting == 0 and lane.take_counts()[:3] == (1, 0, 1)
+
+
+@pytest.mark.parametrize("answer", [b"+PO", b"-ERR unknown\r\n", b""])
+def test_a_tcp_check_not_answered_as_expected_is_handed_over_with_its_socket(
+    lane: Any, listener: socket.socket, answer: bytes
+) -> None:
+    with expect_started(lane, listener, b"PING\r\n", b"+PONG") as conn:
+        if answer:
+            conn.sendall(answer)
+        else:
+            conn.shutdown(socket.SHUT_WR)
+        records, back, _ = lane.poll(0.002, float("inf"))
+        [(key, what, _s, _d, data, _e, fd)] = back
+        assert (records, key, what, data) == (b"", 12, LANE_HANDED, answer)
+        os.close(fd)
+    assert len(lane) == 0 and lane.connecting == 0
+
+
+def test_a_tcp_check_expecting_more_than_an_answer_read_is_refused(lane: Any) -> None:
+    address = pack_sockaddr("127.0.0.1", 80)
+    with pytest.raises(ValueError, match="expect"):
+        lane.enter_tcp(1, address, 1.0, 0.5, 0.0, b"", b"x" * 70_000)  # (the fixture reads 64 KiB)
+    with pytest.raises(TypeError):
+        lane.enter_tcp(1, address, 1.0, 0.5, 0.0, "PING", b"")
     assert len(lane) == 0
 
 

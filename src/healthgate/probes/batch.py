@@ -762,10 +762,10 @@ class BatchProber:
 
     def enter_lane(self, key: Hashable, spec: ProbeSpec, due: float) -> bool:
         """The probe of ``key`` just ended with a success: its kept
-        connection (idle) joins the lane - or, for a plain TCP check, the
-        key -, its next probe due at ``due``. False when it cannot (no lane,
-        no kept connection, a check that is not plain): the caller arms it
-        as before."""
+        connection (idle) joins the lane - or, for a plain TCP check or an
+        HTTP check on fresh connections, the key -, its next probe due at
+        ``due``. False when it cannot (no lane, no kept connection, a check
+        that is not plain): the caller arms it as before."""
         lane = self.lane
         if lane is None or type(key) is not int or not laneable(spec, self.settings):
             return False
@@ -804,7 +804,9 @@ class BatchProber:
         if address is None:
             return False
         try:
-            self.lane.enter_tcp(key, address, spec.interval, spec.timeout, due)
+            self.lane.enter_tcp(
+                key, address, spec.interval, spec.timeout, due, spec.send, spec.expect
+            )
         except (OSError, ValueError) as exc:
             log.debug("a TCP check could not join the lane: %s", exc)
             return False
@@ -830,11 +832,16 @@ class BatchProber:
     def _go_on(
         self, key: Hashable, what: int, started: float, data: bytes, ev: int, fd: int, now: float
     ) -> ProbeResult | None:
-        """A fresh HTTP check the lane handed over with its socket: it goes
-        on here, as if it had begun here - reading on from what the lane
-        read (``LANE_HANDED``), or sending the rest of its request
-        (``LANE_SENDING``: ``ev`` bytes of it went out)."""
-        spec, request = self._requests[key]
+        """A fresh HTTP check, or a TCP check with send or expect, that the
+        lane handed over with its socket: it goes on here, as if it had begun
+        here - reading on from what the lane read (``LANE_HANDED``), or
+        sending the rest of its request (``LANE_SENDING``: ``ev`` bytes of it
+        went out)."""
+        if key in self._requests:
+            spec, request = self._requests[key]
+        else:  # a TCP check (no PROXY preamble in the lane: what it sends is all)
+            spec = self._addresses[key][0]
+            request = spec.send
         sock = socket.socket(fileno=fd)
         sock.setblocking(False)
         p = _Probe(key, spec, started)
@@ -847,11 +854,17 @@ class BatchProber:
             p.pending = request[ev:]  # (state _CONNECTING: the rest goes when writable)
             return None
         p.state = _SENT
+        if spec.type == "TCP":  # fewer bytes than expected, others, or none (closed)
+            p.buf = data
+            if data and len(data) >= len(spec.expect):
+                self._finish(p, False)
+                return expect_verdict(spec, data[: len(spec.expect)], now - started)
+            return self._read_expected(p, now)
         return self._read(p, ev, now, data)
 
     def _from_lane(self, key: Hashable) -> _Probe | None:
         """A key's probe object back from the lane, its socket in the epoll
-        set again (None: a TCP check, which has none)."""
+        set again (None: a TCP or fresh HTTP check, which has none)."""
         p = self._laned.pop(key)
         if p is not None:
             self._ep.register(p.fd, _MASK)
@@ -861,11 +874,12 @@ class BatchProber:
     def lane_start(
         self, now: float, horizon: float, budget_end: float, room: int
     ) -> tuple[list[LaneHandback], bool]:
-        """Send the lane's requests (and make its TCP checks' connects) due
-        before ``horizon``, with at most ``room`` connects under way: the keys it handed back - a send that failed
-        (the connection dropped), a TCP check that could not begin (both
-        ``LANE_UNSENT``, due again at once) or that failed at once (ended:
-        its result) -, and whether the budget ran out first."""
+        """Send the lane's requests (and connect its TCP and fresh HTTP
+        checks) due before ``horizon``, with at most ``room`` connections of
+        its own under way: the keys it handed back - a send that failed (the
+        connection dropped), a check that could not begin (both
+        ``LANE_UNSENT``, due again at once), one that failed at once (ended:
+        its result) or went on here -, and whether the budget ran out first."""
         handed, deferred = self.lane.start(now, horizon, budget_end, room)
         return self._taken_back(handed, now), deferred
 

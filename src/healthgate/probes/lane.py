@@ -25,9 +25,9 @@ and its check is plain enough:
   connection; or on a fresh connection per check (no ``--keepalive-probes``)
   with no PROXY preamble, from no set source address, to an address with
   no IPv6 scope;
-* a TCP check that only connects (no send, expect or PROXY preamble), not
-  inverted, not half-open, from no set source address, to an address with
-  no IPv6 scope.
+* a TCP check, not inverted, with no PROXY preamble, from no set source
+  address, to an address with no IPv6 scope: one that only connects (not
+  half-open), or one with ``send`` or ``expect`` (SPEC §10).
 
 **Kept-alive HTTP.** From then on the lane holds its connection, its request and its
 timing (probes/timetable.py's rule, the same arithmetic): it sends the
@@ -51,7 +51,9 @@ socket is disconnected and pooled. A connect that fails (refused,
 unreachable, reset), at once or later, hands the key back with its errno,
 and Python makes the result as the batch prober's ``_connected`` would; a
 timeout hands it back too. Either way the lane has closed the socket, and
-the key is out of the lane until its next success.
+the key is out of the lane until its next success. With ``send`` or
+``expect``, the connection then sends and reads as a fresh HTTP check's
+(below) does, and the answer's first bytes are the verdict.
 
 **Fresh HTTP.** As a TCP check, and once connected the request goes out
 (whole, or the rest is Python's); an answer that is one whole response
@@ -92,9 +94,9 @@ def laneable(spec: ProbeSpec, settings: ProbeSettings) -> bool:
     """Can a check of ``spec`` be in the lane (see the module doc)?"""
     if spec.type == "TCP":
         return (
-            spec.plain_tcp
+            not spec.preamble
             and not spec.invert
-            and not settings.tcp_half_open
+            and not (spec.plain_tcp and settings.tcp_half_open)
             and settings.source is None
         )
     return (

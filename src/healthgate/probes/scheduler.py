@@ -43,10 +43,11 @@ exactly the spec's.
   :meth:`remove` stops a key at once. Nothing else is touched.
 * **Concurrency cap.** At most ``max_in_flight`` probes run at once (bounded
   also by the open-file limit); due keys beyond it wait in a FIFO queue and
-  start as others finish - late, and counted as late. The lane's TCP
-  connects count within the cap (a key of the lane past it waits there).
-* **The lane.** Given a steady sink (``steady``), a key whose kept-alive
-  HTTP check or plain TCP check succeeds joins the lane (probes/lane.py):
+  start as others finish - late, and counted as late. The lane's own
+  connections under way (TCP and fresh HTTP checks) count within the cap
+  (a key of the lane past it waits there).
+* **The lane.** Given a steady sink (``steady``), a key whose plain HTTP
+  or TCP check succeeds joins the lane (probes/lane.py):
   the batch prober's C part then times, sends and reads its checks, and the
   tick only calls it (``_lane_start``, ``_lane_poll``); its steady
   successes go to the steady sink a tick's worth at a time, and any other
@@ -386,10 +387,10 @@ class ProbeScheduler:
         return first
 
     def _lane_start(self, now: float, last: int, budget_end: float) -> bool:
-        """Send the lane's requests (and connect its TCP checks) due by slot
-        ``last``; True when the budget ran out first. A key whose send
-        failed is armed again here (its connection dropped: a fresh one at
-        once); a TCP check that failed at once has ended here."""
+        """Send the lane's requests (and connect its TCP and fresh HTTP
+        checks) due by slot ``last``; True when the budget ran out first. A
+        key whose send failed is armed again here (its connection dropped: a
+        fresh one at once); a check that failed at once has ended here."""
         assert self.batch is not None
         horizon = (last + 0.5) * self._wheel.res  # (the end of slot `last`)
         room = self.max_in_flight - self._in_flight  # (the cap: the lane's connects within it)
@@ -657,7 +658,7 @@ class ProbeScheduler:
 
     def _cap(self) -> int:
         """How many probes of the Python path may be in flight: the cap, less
-        the lane's TCP connects under way (each holds a descriptor too)."""
+        the lane's own connections under way (each holds a descriptor too)."""
         if self._lane:
             assert self.batch is not None
             return self.max_in_flight - int(self.batch.lane.connecting)
