@@ -55,8 +55,9 @@ the key is out of the lane until its next success. With ``send`` or
 ``expect``, the connection then sends and reads as a fresh HTTP check's
 (below) does, and the answer's first bytes are the verdict.
 
-**Fresh HTTP.** As a TCP check, and once connected the request goes out
-(whole, or the rest is Python's); an answer that is one whole response
+**Fresh HTTP.** As a TCP check, and the request goes out as soon as
+connect returns (as the batch prober's: on loopback the handshake is in by
+then; elsewhere at the connect's end), whole, or the rest is Python's; an answer that is one whole response
 with an expected status (``Connection: close`` allowed: the connection is
 reset after it all the same) is a steady success, the socket disconnected
 and pooled. Anything else - another status, a partial answer, a closed
