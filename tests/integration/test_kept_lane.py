@@ -131,12 +131,14 @@ def switchable(state: dict[str, Any]) -> servers.Handler:
     return handler
 
 
-@lanes
-def test_a_status_that_changes_is_seen_at_once_and_steady_again_after(lane: bool) -> None:
+def status_switch(lane: bool, keepalive: bool) -> tuple[Probing, list[Outcome], int]:
+    """One key probed while its server answers 200, then 503, then 200
+    again: the probing, the outcomes from the switch to 503 on, and how many
+    connections the server accepted (the counters checked)."""
     state: dict[str, Any] = {"status": 200, "hang": False, "paths": []}
 
-    async def go() -> tuple[Probing, list[tuple[Outcome, int]], int]:
-        p = Probing(lane)
+    async def go() -> tuple[Probing, list[Outcome], int]:
+        p = Probing(lane, keepalive)
         async with Server(switchable(state)) as srv:
             p.scheduler.start()
             p.scheduler.upsert(1, spec(srv.port))
@@ -147,20 +149,26 @@ def test_a_status_that_changes_is_seen_at_once_and_steady_again_after(lane: bool
             state["status"] = 200
             seen = await p.results(6)
             p.counted()
-            assert srv.connections == 1  # one kept connection all along
+            conns = srv.connections
             await p.close()
-        return p, seen[before:], p.steady
+        return p, [o for o, _ in seen[before:]], conns
 
-    p, after_switch, steady = run_async(go())
+    result: tuple[Probing, list[Outcome], int] = run_async(go())
+    return result
+
+
+@lanes
+def test_a_status_that_changes_is_seen_at_once_and_steady_again_after(lane: bool) -> None:
+    p, changed, conns = status_switch(lane, keepalive=True)
+    assert conns == 1  # one kept connection all along
     # (one answer may have been on its way as the status changed)
-    changed = [o for o, _ in after_switch]
     first_503 = changed.index(Outcome.STATUS)
     assert first_503 <= 1 and changed[first_503 : first_503 + 3] == [Outcome.STATUS] * 3
     assert changed[-3:] == [Outcome.OK] * 3
     if p.laned:
-        assert steady >= 8  # the first result of each run of successes is the Python path's
+        assert p.steady >= 8  # the first result of each run of successes is the Python path's
     else:
-        assert steady == 0
+        assert p.steady == 0
 
 
 @lanes
@@ -436,26 +444,7 @@ def test_a_fresh_check_sees_a_status_change_at_once_and_is_steady_again(lane: bo
     """HTTP on a connection of its own per check (no --keepalive-probes):
     steady in the lane, handed over with its socket when the status is not
     expected (the result Python's), in the lane again once it is."""
-    state: dict[str, Any] = {"status": 200, "hang": False, "paths": []}
-
-    async def go() -> tuple[Probing, list[tuple[Outcome, int]], int]:
-        p = Probing(lane, keepalive=False)
-        async with Server(switchable(state)) as srv:
-            p.scheduler.start()
-            p.scheduler.upsert(1, spec(srv.port))
-            await p.results(6)
-            state["status"] = 503
-            before = len(p.seen)
-            await p.results(4)
-            state["status"] = 200
-            seen = await p.results(6)
-            p.counted()
-            conns = srv.connections
-            await p.close()
-        return p, seen[before:], conns
-
-    p, after_switch, conns = run_async(go())
-    changed = [o for o, _ in after_switch]
+    p, changed, conns = status_switch(lane, keepalive=False)
     first_503 = changed.index(Outcome.STATUS)
     assert first_503 <= 1 and changed[first_503 : first_503 + 3] == [Outcome.STATUS] * 3
     assert changed[-3:] == [Outcome.OK] * 3
