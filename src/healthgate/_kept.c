@@ -83,7 +83,7 @@ typedef struct {
     Py_ssize_t nsteady, capsteady;
     int pool[2][LANE_POOL], npool[2]; /* TCP sockets: [0] IPv4, [1] IPv6 */
     Py_ssize_t *by_fd, nfd;            /* a TCP socket's slot while it connects, else -1 */
-    Py_ssize_t connecting;             /* TCP and FRESH checks under way (each a descriptor) */
+    Py_ssize_t connecting;             /* own-socket checks under way (each a descriptor) */
 } Lane;
 
 /* a TCP socket is in the epoll set for as long as it lives (its events
@@ -151,7 +151,7 @@ static double lane_spread(Lane *L) { /* splitmix64, as a fraction in [0, 1) */
     return (double)((z ^ (z >> 31)) >> 11) * (1.0 / 9007199254740992.0);
 }
 
-/* a TCP or FRESH check's socket: a pooled one (disconnected), else a new one
+/* a TCP, FRESH or EXPECT check's socket: a pooled one (disconnected), else a new one
  * that resets as it closes or disconnects (no FIN exchange, no TIME_WAIT) */
 static int own_socket(Lane *L, int family) {
     int f = family == AF_INET6;
@@ -650,10 +650,10 @@ static int fresh_send(Lane *L, PyObject **out, Py_ssize_t i, uint32_t ev, double
     return ev & (EPOLLIN | EPOLLRDHUP | EPOLLHUP) ? fresh_read(L, out, i, ev, now) : 0;
 }
 
-/* a TCP or FRESH check of slot i begins (it has left the due heap), on its
- * socket: the connect done at once (TCP: a steady success; FRESH: the request
- * sent), failed at once (handed back) or under way (its socket known by its
- * descriptor, its deadline in the heap) */
+/* a TCP, FRESH or EXPECT check of slot i begins (it has left the due heap),
+ * on its socket: the connect done at once (TCP: a steady success; else the
+ * request sent), failed at once (handed back) or under way (its socket known
+ * by its descriptor, its deadline in the heap) */
 static int own_start(Lane *L, PyObject **out, Py_ssize_t i, double now) {
     Kept *k = &L->k[i];
     if (PyBytes_GET_SIZE(k->request)) { /* (as batch.py: the handshake's ACK goes with it) */
@@ -681,10 +681,10 @@ static int own_start(Lane *L, PyObject **out, Py_ssize_t i, double now) {
 }
 
 /* start(now, horizon, budget_end[, room]) -> (handed back or None,
- * deferred): send the request (TCP and FRESH: connect) of every key due
- * before `horizon`; stop (deferred) once the monotonic clock passes
- * budget_end, and (not deferred: until some end) at a TCP or FRESH key when
- * `room` of them are under way. A TCP check done at once is in the records
+ * deferred): send the request (TCP, FRESH, EXPECT: connect) of every key
+ * due before `horizon`; stop (deferred) once the monotonic clock passes
+ * budget_end, and (not deferred: until some end) at such a key when `room`
+ * of them are under way. A TCP check done at once is in the records
  * the next poll() returns. */
 static PyObject *lane_start(Lane *L, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3 && nargs != 4) {
@@ -741,8 +741,8 @@ fail:
     return NULL;
 }
 
-/* an event of a TCP or FRESH check's socket (slot i): its connect's end (TCP:
- * a steady success; FRESH: the request sent) or failure, FRESH's answer */
+/* an event of a TCP, FRESH or EXPECT check's socket (slot i): its connect's
+ * end (TCP: a steady success; else the request sent) or failure, the answer */
 static int own_event(Lane *L, PyObject **out, Py_ssize_t i, uint32_t ev, double now) {
     Kept *k = &L->k[i];
     if (k->sent == 2) /* (writable only: the connect's end, the request sent already) */

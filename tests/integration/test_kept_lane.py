@@ -260,6 +260,16 @@ def test_an_answer_in_two_parts_is_read_whole(lane: bool, keepalive: bool) -> No
     assert conns == 1 if keepalive else conns >= len(seen)
 
 
+async def poll_until(poll: Any, what: Any = bool) -> Any:
+    """Call ``poll`` until ``what`` holds of what it returns (bounded: 5 s)."""
+    for _ in range(500):
+        got = poll()
+        if what(got):
+            return got
+        await asyncio.sleep(0.01)
+    raise AssertionError("nothing came")
+
+
 def test_the_batch_prober_reads_on_from_what_the_lane_read() -> None:
     """A key handed back mid-answer is a probe in flight in the batch
     prober, from the bytes the lane read; the rest of the answer ends it,
@@ -280,14 +290,6 @@ def test_the_batch_prober_reads_on_from_what_the_lane_read() -> None:
         finally:
             writer.close()
 
-    async def poll_until(what: Any, poll: Any) -> Any:
-        for _ in range(500):  # bounded: 5 s
-            got = poll()
-            if what(got):
-                return got
-            await asyncio.sleep(0.01)
-        raise AssertionError("nothing came")
-
     async def go() -> None:
         batch = BatchProber(ProbeSettings(keepalive=True))
         assert batch.open_lane(0.01, lambda: 1)
@@ -297,16 +299,16 @@ def test_the_batch_prober_reads_on_from_what_the_lane_read() -> None:
             whole = ANSWER % 200
             parts.put_nowait(whole[:12])
             parts.put_nowait(whole[12:])
-            [(key, first)] = await poll_until(bool, lambda: batch.poll(0.01))
+            [(key, first)] = await poll_until(lambda: batch.poll(0.01))
             assert (key, first.outcome) == (1, Outcome.OK)
             assert batch.enter_lane(1, s, 1.0) and batch.in_flight == 0
             assert batch.lane_start(1.0, 1.001, float("inf"), 8) == ([], False)
             parts.put_nowait(whole[:12])
-            records, back, _ = await poll_until(lambda r: r[1], lambda: batch.lane_poll(1.01, 9e9))
+            records, back, _ = await poll_until(lambda: batch.lane_poll(1.01, 9e9), lambda r: r[1])
             assert records == b"" and back == [(1, 0, 1.0, 1.0, None)]  # in flight here now
             assert batch.in_flight == 1 and len(batch.lane) == 0
             parts.put_nowait(whole[12:])
-            [(key, second)] = await poll_until(bool, lambda: batch.poll(1.02))
+            [(key, second)] = await poll_until(lambda: batch.poll(1.02))
             assert (key, second.outcome, second.latency) == (1, Outcome.OK, pytest.approx(0.02))
             assert srv.connections == 1
             assert batch.enter_lane(1, s, 2.0)  # (its connection kept: it may join again)
@@ -335,14 +337,6 @@ def test_the_batch_prober_sends_on_what_the_lane_could_not() -> None:
             pass
         finally:
             writer.close()
-
-    async def poll_until(poll: Any) -> Any:
-        for _ in range(500):  # bounded: 5 s
-            got = poll()
-            if got:
-                return got
-            await asyncio.sleep(0.01)
-        raise AssertionError("nothing came")
 
     async def go() -> None:
         batch = BatchProber(ProbeSettings(keepalive=False))
