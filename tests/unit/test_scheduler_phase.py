@@ -148,6 +148,33 @@ def test_an_overloaded_tick_leaves_the_rest_for_the_next_one_due_at_once() -> No
     assert sched.stats.deferred_ticks == len(per_tick) - 1
 
 
+def test_probes_waiting_for_room_start_within_the_ticks_budget_too() -> None:
+    """A stall that times out every probe in flight frees room for all the
+    probes that waited under the cap at once: 1,000 of them at 200 µs each
+    start over several ticks, each within about one tick's budget, oldest
+    first, every one once - not in one 200 ms tick."""
+    batch = _SlowBatch()
+    loop = _FakeLoop(100.0)
+    sched = scheduler_on(loop, batch)
+    for key in range(1000):
+        sched.upsert(key, SPEC)
+        entry = sched._entries[key]
+        entry.due = -1.0  # (its place on the wheel stale: it waits instead)
+        sched._waiting.append((key, entry.generation))
+    per_tick = []
+    for _ in range(1000):  # bounded
+        before = len(batch.started)
+        sched._tick()
+        per_tick.append(len(batch.started) - before)
+        if not sched._waiting:
+            break
+        assert loop.timers[-1] <= loop.now  # the rest is due at once
+    assert batch.started == list(range(1000))  # oldest first, each once
+    assert len(per_tick) > 5
+    assert max(per_tick) < 400
+    assert sched.stats.deferred_ticks == len(per_tick) - 1
+
+
 @pytest.mark.parametrize(
     ("keys", "interval", "tick_ms"),
     [

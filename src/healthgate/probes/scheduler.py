@@ -76,6 +76,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+import math
 import random
 import time
 from collections import deque
@@ -362,8 +363,8 @@ class ProbeScheduler:
             deferred = deferred or batch.backlog
         if laned:
             deferred = self._lane_poll(loop, budget_end) or deferred
-        if not deferred:
-            self._start_waiting(loop)
+        if not deferred and self._waiting:
+            deferred = self._start_waiting(loop, budget_end)
         if deferred:
             self.stats.deferred_ticks += 1
             nxt = now  # due now: after whatever else the loop has ready
@@ -664,15 +665,29 @@ class ProbeScheduler:
             return self.max_in_flight - int(self.batch.lane.connecting)
         return self.max_in_flight
 
-    def _start_waiting(self, loop: Clock) -> None:
+    def _start_waiting(self, loop: Clock, budget_end: float = math.inf) -> bool:
+        """Start the probes that waited for room under the cap, oldest first,
+        while there is room; within the tick's CPU budget when one is given.
+        True when the budget ran out with some still waiting. (Room for
+        thousands comes at once when a stall times out every probe in
+        flight: started all in one go, each of them a fresh connection, they
+        stalled the tick for a second - three workers on 50,000 endpoints
+        against starved backends - and made the next stall.)"""
         cap = self._cap()
-        while self._waiting:
+        launched = 0
+        waiting = self._waiting
+        while waiting:
             if self._in_flight >= cap:
                 self._end_started(loop)  # (what ended already is not in flight)
                 if self._in_flight >= cap:
                     break
-            key, generation = self._waiting.popleft()
+            key, generation = waiting.popleft()
             entry = self._entries.get(key)
             if entry is not None and entry.generation == generation and not entry.in_flight:
                 self._launch(loop, key, entry, loop.time())
+                launched += 1
+                if not launched % 32 and waiting and time.perf_counter() > budget_end:
+                    self._end_started(loop)
+                    return True
         self._end_started(loop)
+        return False
