@@ -71,6 +71,30 @@ def test_endpoints_gone_are_stopped(gone: list[int], put: list[int], left: list[
             table.change(2.0, {}, PATHS[:1], [])
 
 
+def test_an_endpoint_path_finds_its_slot_while_its_backend_service_is_there() -> None:
+    """slot_of_path remembers a backend service's path as text: forgotten
+    when the backend service goes, so a path of it finds nothing then, and
+    the new slot when it comes back."""
+    table = ProbedTable()
+    first = table.change(0.0, given_checks(), PATHS[:2], []).added
+    slots = {endpoint_path(t.backend_service, t.ip, t.port): t.slot for t in first}
+    assert [table.slot_of_path(p) for p in PATHS[:2]] == [slots[p] for p in PATHS[:2]]
+    bs_text = PATHS[0].rpartition("/endpoints/")[0]
+    for bad in (
+        f"{bs_text}/endpoints/127.0.0.1:notaport",  # the name does not parse
+        f"{bs_text}/endpoints/203.0.113.9:80",  # no such endpoint
+        "projects/nope/regions/r/backendServices/x/endpoints/127.0.0.1:80",  # no such service
+        "projects/NOT A PATH/endpoints/127.0.0.1:80",  # the service's path does not parse
+        "no endpoints here",
+    ):
+        assert table.slot_of_path(bad) is None, bad
+    table.change(1.0, {}, [], PATHS[:2])  # all gone: the backend service is forgotten
+    assert table.slot_of_path(PATHS[0]) is None
+    back = table.change(2.0, given_checks(), PATHS[:1], []).added
+    assert table.slot_of_path(PATHS[0]) == back[0].slot
+    assert table.slot_of_path(PATHS[1]) is None
+
+
 def test_a_changed_check_probes_the_kept_endpoints_anew_under_its_thresholds() -> None:
     table = ProbedTable()
     slot = table.change(0.0, given_checks(), PATHS[:1], []).added[0].slot
