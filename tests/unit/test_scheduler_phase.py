@@ -175,6 +175,77 @@ def test_probes_waiting_for_room_start_within_the_ticks_budget_too() -> None:
     assert sched.stats.deferred_ticks == len(per_tick) - 1
 
 
+class _TimeoutBatch:
+    """A batch prober whose probes time out when the test says (``ends``);
+    ``backlog``: its last poll left answers unread."""
+
+    def __init__(self) -> None:
+        self.backlog = False
+        self.running: set[str] = set()
+        self.ends: list[str] = []
+
+    def handles(self, spec: ProbeSpec) -> bool:
+        return True
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.running)
+
+    def start(self, key: str, spec: ProbeSpec, now: float) -> None:
+        self.running.add(key)
+
+    def poll(self, now: float, until: float) -> list[tuple[str, ProbeResult]]:
+        ended, self.ends = self.ends, []
+        self.running -= set(ended)
+        return [(key, ProbeResult(Outcome.TIMEOUT, 1.0)) for key in ended]
+
+    def cancel(self, key: str) -> None:
+        self.running.discard(key)
+
+
+@pytest.mark.parametrize(
+    ("late_start", "lag", "unread", "expected"),
+    [
+        (0.0, 0.0, 0.0, Outcome.TIMEOUT),
+        # started 400 ms late (the prober overloaded): timed from its start,
+        # every answer in read before the timeout - evidence
+        (0.4, 0.0, 0.0, Outcome.TIMEOUT),
+        (0.0, 0.3, 0.0, Outcome.SUSPECT),  # a tick 300 ms late while it ran
+        (0.4, 0.1, 0.0, Outcome.TIMEOUT),  # ... 100 ms late: within lag_threshold
+        (0.0, 0.0, 0.3, Outcome.SUSPECT),  # ticks left answers unread for 300 ms
+        (0.4, 0.0, 0.1, Outcome.TIMEOUT),  # ... for 100 ms: within lag_threshold
+    ],
+)
+def test_a_timeout_is_no_evidence_only_when_the_prober_was_behind_while_the_probe_ran(
+    late_start: float, lag: float, unread: float, expected: Outcome
+) -> None:
+    batch = _TimeoutBatch()
+    loop = _FakeLoop(100.0 + late_start)
+    sched = scheduler_on(loop, batch)
+    got: list[ProbeResult] = []
+    sched.sink = lambda t, ended: got.extend(r for _, r in ended)
+    sched.upsert("k", SPEC)
+    entry = sched._entries["k"]
+    sched._arm("k", entry, 100.0)  # due at 100.0
+    sched._tick_at = loop.now
+    sched._tick()
+    assert batch.running == {"k"} and entry.started == loop.now
+    loop.now += 0.2
+    sched._tick_at = loop.now - lag  # a tick, `lag` late
+    batch.backlog = unread > 0  # ... that left answers unread, as the next `unread` later
+    sched._tick()
+    loop.now += unread or 0.2
+    sched._tick_at = loop.now
+    sched._tick()
+    batch.backlog = False
+    loop.now = entry.started + 1.0
+    sched._tick_at = loop.now
+    batch.ends = ["k"]
+    sched._tick()
+    assert [r.outcome for r in got] == [expected]
+    assert sched.stats.suspect == (expected is Outcome.SUSPECT)
+
+
 @pytest.mark.parametrize(
     ("keys", "interval", "tick_ms"),
     [

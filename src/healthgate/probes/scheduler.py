@@ -54,17 +54,22 @@ exactly the spec's.
   answer hands the key back here, in flight in the batch prober or due
   again. Its counters join this scheduler's every tick.
 * **Self-protection.** Each tick measures how late it runs. When the loop runs
-  late by more than ``lag_threshold``, a probe that timed out during that time
-  may have timed out because of *us*, not the endpoint: its result becomes
-  SUSPECT, which the engine treats as no evidence at all. It is counted and
-  logged. (A refusal or a wrong status is real evidence whatever our lag;
-  only timeouts are converted.)
+  late by more than ``lag_threshold``, or a tick leaves answers unread (its
+  budget spent, below), a probe in flight then that times out may have
+  timed out because of *us*, not the endpoint: its result becomes SUSPECT,
+  which the engine treats as no evidence at all. It is counted and logged.
+  (A refusal or a wrong status is real evidence whatever our lag; only
+  timeouts are converted.) A probe that merely *started* late is timed from
+  its start, and the batch prober and the lane read every answer that is in
+  before they call anything a timeout: its timeout is evidence. (It was
+  not, once; then a prober overloaded by the reconnects of hung endpoints -
+  20,000 of them stopped at once - called a third of their timeouts no
+  result, and the last endpoints took 24 s, not 6, to be UNHEALTHY.)
 * **Bounded ticks.** A tick starts probes for at most one tick of CPU, then
   reads results in batches until that budget is spent. When more is due (the
   prober is overloaded), the rest waits for the next tick, due at once, and
   the event loop serves the API and the listeners in between instead of
-  stalling; the probes started late have a large lag at start, so their
-  timeouts are SUSPECT as above. Counted in ``stats.deferred_ticks``.
+  stalling. Counted in ``stats.deferred_ticks``.
 
 All times are the event loop's monotonic clock (``loop.time()``), or the
 clock given to :meth:`ProbeScheduler.start`; the timing rules themselves are
@@ -147,7 +152,6 @@ class _Entry:
         "generation",
         "in_batch",
         "in_flight",
-        "lag_at_start",
         "laned",
         "spec",
         "started",
@@ -161,7 +165,6 @@ class _Entry:
         self.laned = False  # in the lane (probes/lane.py), which times it
         self.due = 0.0
         self.started = 0.0
-        self.lag_at_start = 0.0
 
 
 class ProbeScheduler:
@@ -205,7 +208,12 @@ class ProbeScheduler:
         self._tick_handle: TimerHandle | None = None
         self._tick_at = float("inf")  # when the armed tick is due
         self._ticking = False  # inside _tick
-        self._last_lag_at = float("-inf")
+        # when the prober was last behind - a tick late by more than
+        # lag_threshold, or one that left answers unread - and how: a
+        # timeout of a probe started before then is SUSPECT
+        self._behind_at = float("-inf")
+        self._behind = ""
+        self._unread_since = math.inf  # since when ticks have left answers unread
         self._closed = False
         # (the limit is raised once, at the process's start: process/limits.py)
         self.max_in_flight = max(
@@ -349,6 +357,7 @@ class ProbeScheduler:
         budget_end = time.perf_counter() + wheel.tick
         last = wheel.last_due(now)
         deferred = self._start_due(loop, last, budget_end)
+        unread = False
         batch = self.batch
         lane = batch.lane if self._lane and batch is not None else None
         # (a lane that empties as it starts is polled still: its counts)
@@ -360,9 +369,11 @@ class ProbeScheduler:
             ended = batch.poll(end, budget_end)
             if ended:
                 self._ended(ended, end, from_batch=True)
-            deferred = deferred or batch.backlog
-        if laned:
-            deferred = self._lane_poll(loop, budget_end) or deferred
+            unread = batch.backlog
+        if laned and self._lane_poll(loop, budget_end):
+            unread = True
+        self._unread(now, unread)
+        deferred = deferred or unread
         if not deferred and self._waiting:
             deferred = self._start_waiting(loop, budget_end)
         if deferred:
@@ -417,7 +428,7 @@ class ProbeScheduler:
                 self._arm(key, entry, due)
                 continue
             entry.in_flight = entry.in_batch = True
-            entry.due, entry.started, entry.lag_at_start = due, started, started - due
+            entry.due, entry.started = due, started
             self._in_flight += 1
             if result is not None:
                 ended.append((key, result))
@@ -447,6 +458,19 @@ class ProbeScheduler:
             self._ended(ended, end, from_batch=True)
         return bool(backlog)
 
+    def _unread(self, now: float, unread: bool) -> None:
+        """Did this tick leave answers (or connects' ends) unread, its budget
+        spent? The next reads them, due at once; but when some have waited
+        for more than lag_threshold, a fresh connection's request may have
+        gone that late, and a timeout then is no evidence (as a lag)."""
+        if not unread:
+            self._unread_since = math.inf
+        elif now - min(self._unread_since, now) > self.settings.lag_threshold:
+            waited = (now - self._unread_since) * 1000
+            self._behind_at, self._behind = now, f"answers waited unread for {waited:.0f} ms"
+        else:
+            self._unread_since = min(self._unread_since, now)
+
     def _measure_lag(self, now: float) -> None:
         """How late this tick runs: counted, and remembered when it makes timeouts suspect."""
         stats = self.stats
@@ -457,7 +481,7 @@ class ProbeScheduler:
         stats.lag_buckets[bisect.bisect_left(LAG_BUCKETS, lag)] += 1
         stats.lag_sum += max(lag, 0.0)
         if lag > self.settings.lag_threshold:
-            self._last_lag_at = now
+            self._behind_at, self._behind = now, f"its loop lagged {lag * 1000:.0f} ms"
             log.warning("prober event loop lagged %.0f ms behind", lag * 1000)
 
     def _start_due(self, loop: Clock, last: int, budget_end: float) -> bool:
@@ -501,7 +525,6 @@ class ProbeScheduler:
     def _launch(self, loop: Clock, key: Hashable, entry: _Entry, now: float) -> None:
         entry.in_flight = True
         entry.started = now
-        entry.lag_at_start = now - entry.due
         self._in_flight += 1
         self.stats.started += 1
         if now - entry.due > self.settings.late_threshold:
@@ -553,7 +576,6 @@ class ProbeScheduler:
         no longer in the batch - removed, changed - is dropped.)"""
         entries = self._entries
         stats = self.stats
-        lag_threshold = self.settings.lag_threshold
         count = self.durations.count
         batch = self.batch if self._lane and from_batch else None
         laned = False
@@ -567,9 +589,7 @@ class ProbeScheduler:
             if result.outcome is _SUSPECT:  # the prober could not make it (no descriptor)
                 self._skipped(end, result)
                 out.append((key, result))
-            elif result.outcome is _TIMEOUT and (
-                entry.lag_at_start > lag_threshold or self._last_lag_at >= entry.started
-            ):
+            elif result.outcome is _TIMEOUT and self._behind_at >= entry.started:
                 self._suspected(end, entry)
                 out.append(
                     (key, ProbeResult(Outcome.SUSPECT, result.latency, 0, "prober overloaded"))
@@ -627,10 +647,10 @@ class ProbeScheduler:
         stats.suspect += 1
         if now - self._suspect_logged_at >= SKIPPED_LOG_EVERY:
             log.warning(
-                "probe of %s timed out while the prober lagged (%.0f ms): counted as no result"
+                "probe of %s timed out while the prober was behind (%s): counted as no result"
                 " (%d more such since the last line)",
                 entry.spec.address,
-                max(entry.lag_at_start, stats.max_lag) * 1000,
+                self._behind,
                 stats.suspect - self._suspect_logged - 1,
             )
             self._suspect_logged_at = now
