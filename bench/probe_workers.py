@@ -2,6 +2,9 @@
 
     python bench/probe_workers.py                      # 50,000 HTTP kept-alive endpoints at 1 s
     python bench/probe_workers.py --endpoints 20000 --workers 0,2
+    python bench/probe_workers.py --workers 3 --renice-backends 19   # backends below serve, once settled
+    python bench/probe_workers.py --workers 3 --serve-cpu 0          # serve on one core, backends on the other
+    python bench/probe_workers.py --endpoints 20000 --workers 2 --stop-backends   # then every backend hangs
 
 The endpoints are split over several bench/backends.py processes (a process
 here may hold at most 20,000 open files, and so may a prober: 50,000
@@ -17,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -28,7 +33,7 @@ import httpx
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Proc, backend_endpoints, cpu_seconds, free_port, rss_mb, wait_until
+from common import Proc, backend_endpoints, cpu_seconds, free_port, pinned, rss_mb, wait_until
 
 # endpoints per backend process: a listener and a kept connection each, under
 # its 20,000 files (10,000 left ~0.1 % of them unserved), one address each
@@ -96,6 +101,9 @@ def run(
     warmup: float,
     duration: float,
     backends: list[Proc],
+    serve_cpu: int | None = None,
+    renice: int | None = None,
+    stop_backends: bool = False,
 ) -> dict[str, Any]:
     for old in work.glob(f"w{workers}.db*"):  # every run starts from UNKNOWN
         old.unlink()
@@ -109,6 +117,9 @@ def run(
         "--keepalive-probes", "--probe-failure-log-rate", "0", "--log-level", "warning",
         "--probe-workers", str(workers),
     ]  # fmt: skip
+    if serve_cpu is not None:
+        cmd = pinned(cmd, serve_cpu)  # (its workers too: they inherit it)
+    niced = [os.getpriority(os.PRIO_PROCESS, b.p.pid) for b in backends]
     began = time.monotonic()
     proc = Proc(cmd, work / f"serve-{workers}.log")
     try:
@@ -116,6 +127,9 @@ def run(
         ready = time.monotonic() - began
         wait_until(lambda: _healthy(url) == count, 120, "every endpoint HEALTHY", every=0.05)
         decided = time.monotonic() - began
+        if renice is not None:  # (back as they were for the next run: below)
+            for b in backends:
+                os.setpriority(os.PRIO_PROCESS, b.p.pid, renice)
         time.sleep(warmup)
         c0 = cpu_seconds(proc.p.pid, children=True)
         b0 = sum(cpu_seconds(b.p.pid) for b in backends)
@@ -134,8 +148,14 @@ def run(
         elapsed = time.monotonic() - t0
         rss = rss_mb(proc.p.pid, children=True)
         healthy = _healthy(url)
+        failed = recovered = None
+        if stop_backends:
+            failed, recovered = _hang(url, count, backends)
     finally:
         proc.stop()
+        if renice is not None:
+            for b, nice in zip(backends, niced, strict=True):
+                os.setpriority(os.PRIO_PROCESS, b.p.pid, nice)
     started = s1 - s0
     return {
         "workers": workers,
@@ -151,7 +171,27 @@ def run(
         "ready_s": ready,
         "decided_s": decided,
         "rss_mb": rss,
+        "failed_s": failed,
+        "recovered_s": recovered,
     }
+
+
+def _hang(url: str, count: int, backends: list[Proc]) -> tuple[float, float]:
+    """Every backend stopped (SIGSTOP: connections still accepted by the
+    kernel, never answered - a hang): seconds until every endpoint is
+    UNHEALTHY; then resumed: seconds until every one is HEALTHY again."""
+    began = time.monotonic()
+    try:
+        for b in backends:
+            os.kill(b.p.pid, signal.SIGSTOP)
+        wait_until(lambda: _healthy(url) == 0, 120, "every endpoint UNHEALTHY", every=0.25)
+        failed = time.monotonic() - began
+    finally:
+        for b in backends:
+            os.kill(b.p.pid, signal.SIGCONT)
+    began = time.monotonic()
+    wait_until(lambda: _healthy(url) == count, 120, "every endpoint HEALTHY again", every=0.25)
+    return failed, time.monotonic() - began
 
 
 def _healthy(url: str) -> int:
@@ -175,6 +215,24 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=15.0)
     ap.add_argument("--base-port", type=int, default=21000)
     ap.add_argument("--logs", type=Path, help="keep each serve's log in this directory")
+    ap.add_argument(
+        "--serve-cpu",
+        type=int,
+        help="pin serve and its workers to this core (the backends are on core 1: use 0)",
+    )
+    ap.add_argument(
+        "--renice-backends",
+        type=int,
+        help="once every endpoint is HEALTHY, run the backends at this nice value for the "
+        "measurement (started at 10 or 19, 50,000 endpoints never settle here: see "
+        "docs/benchmarks.md)",
+    )
+    ap.add_argument(
+        "--stop-backends",
+        action="store_true",
+        help="after the measurement, stop every backend (a hang) and time until every "
+        "endpoint is UNHEALTHY, then resume them and time until every one is HEALTHY",
+    )
     ap.add_argument(
         "--backend-nice",
         type=int,
@@ -200,7 +258,16 @@ def main() -> None:
         for w in (int(x) for x in args.workers.split(",")):
             try:
                 row = run(
-                    args.endpoints, w, args.base_port, work, args.warmup, args.duration, backends
+                    args.endpoints,
+                    w,
+                    args.base_port,
+                    work,
+                    args.warmup,
+                    args.duration,
+                    backends,
+                    args.serve_cpu,
+                    args.renice_backends,
+                    args.stop_backends,
                 )
             except (httpx.HTTPError, TimeoutError) as exc:
                 tail = (work / f"serve-{w}.log").read_text(errors="replace")[-1500:]
@@ -210,17 +277,25 @@ def main() -> None:
                 if args.logs is not None:
                     args.logs.mkdir(parents=True, exist_ok=True)
                     shutil.copy(work / f"serve-{w}.log", args.logs / f"serve-{w}.log")
+            nice = args.backend_nice if args.renice_backends is None else args.renice_backends
             print(
                 f"{row['endpoints']:,} HTTP kept-alive endpoints, {w} workers: "
                 f"{row['checks_per_s']:,.0f} checks/s, {row['on_time'] * 100:.2f} % on time "
                 f"(goal >= 99 %), {row['us_per_check']:.1f} us/check, {row['cores']:.2f} cores "
-                f"(backends {row['backend_cores']:.2f}, nice {args.backend_nice}), "
+                f"(backends {row['backend_cores']:.2f}, nice {nice}), "
                 f"{row['ticks_per_s']:,.0f} ticks/s ({row['deferred_per_s']:,.0f} deferred), "
                 f"{row['healthy']:,} HEALTHY; API ready after {row['ready_s']:.1f} s, every "
                 f"endpoint HEALTHY after {row['decided_s']:.1f} s; {row['rss_mb']:.0f} MB "
                 "resident (with the workers)",
                 flush=True,
             )
+            if row["failed_s"] is not None:
+                print(
+                    f"  every backend stopped: every endpoint UNHEALTHY after "
+                    f"{row['failed_s']:.1f} s; resumed: every endpoint HEALTHY after "
+                    f"{row['recovered_s']:.1f} s",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":
