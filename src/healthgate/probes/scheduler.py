@@ -54,17 +54,18 @@ exactly the spec's.
   answer hands the key back here, in flight in the batch prober or due
   again. Its counters join this scheduler's every tick.
 * **Self-protection.** Each tick measures how late it runs. When the loop runs
-  late by more than ``lag_threshold``, or a tick leaves answers unread (its
-  budget spent, below), a probe in flight then that times out may have
-  timed out because of *us*, not the endpoint: its result becomes SUSPECT,
-  which the engine treats as no evidence at all. It is counted and logged.
+  late by more than ``lag_threshold``, or ticks leave answers unread (their
+  budget spent, below) for longer than that, a probe in flight then that
+  times out may have timed out because of *us*, not the endpoint: its
+  result becomes SUSPECT, which the engine treats as no evidence at all.
+  It is counted and logged.
   (A refusal or a wrong status is real evidence whatever our lag; only
   timeouts are converted.) A probe that merely *started* late is timed from
   its start, and the batch prober and the lane read every answer that is in
   before they call anything a timeout: its timeout is evidence. (It was
   not, once; then a prober overloaded by the reconnects of hung endpoints -
   20,000 of them stopped at once - called a third of their timeouts no
-  result, and the last endpoints took 24 s, not 6, to be UNHEALTHY.)
+  result, and the last endpoints took 22-24 s, not ~8, to be UNHEALTHY.)
 * **Bounded ticks.** A tick starts probes for at most one tick of CPU, then
   reads results in batches until that budget is spent. When more is due (the
   prober is overloaded), the rest waits for the next tick, due at once, and
