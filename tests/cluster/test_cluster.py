@@ -724,3 +724,39 @@ def test_the_opinions_of_an_endpoint_gone_are_deleted_and_it_comes_back_clean(
         assert all(fresh.route_target(n) == US for n in fresh.live())
     finally:
         store.close()
+
+
+def test_the_opinions_of_a_vantage_dropped_are_deleted(fresh: ClusterStack) -> None:
+    """A health check that stops listing a vantage region leaves none of
+    that vantage's opinions behind in etcd (cluster/sweeper.py: nobody
+    probes from there any more, and the quorum no longer counts them); the
+    endpoints' own region's opinions stay, and nothing moves."""
+    a = fresh.nodes["a"]
+    body = a.get(f"/v1/projects/shop/regions/{US}/backendServices/web/health")
+    endpoints = len(body["healthStatus"])
+    prefix = f"o/{body['backendService']}/endpoints/"
+    widened = [
+        dict(d, vantageRegions=[EU]) if d["kind"] == "HealthCheck" and d["region"] == US else d
+        for d in fresh.world
+    ]
+    store = EtcdStore(fresh.etcd.endpoints)
+    try:
+
+        def opinions(vantage: str) -> int:
+            keys = [kv.key for kv in store.client.list_prefix(prefix)[1]]
+            return sum(key.rsplit("/", 1)[1] == vantage for key in keys)
+
+        after = fresh.last_event_id(a)
+        fresh.apply(widened, node=a)
+        try:
+            wait_for(lambda: opinions(EU) == endpoints, 15,
+                     what="europe-west1's opinion of every us-east1 endpoint")  # fmt: skip
+        finally:
+            fresh.apply(fresh.world, node=a)
+        wait_for(lambda: opinions(EU) == 0, 15, what="europe-west1's opinions deleted")
+        assert opinions(US) == endpoints
+        moved = [e for e in transitions_since(fresh, a, after) if e["kind"] != "Change"]
+        assert moved == [], moved
+        assert all(fresh.route_target(n) == US for n in fresh.live())
+    finally:
+        store.close()

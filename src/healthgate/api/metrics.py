@@ -284,7 +284,8 @@ class ClusterCollector(Collector):
         swept = s.get("opinionsSwept")
         yield CounterMetricFamily(
             "healthgate_cluster_opinions_swept",
-            "Opinions of endpoints gone from the world that this node deleted as the leader",
+            "Opinions of endpoints gone from the world, or of vantages they no longer have,"
+            " that this node deleted as the leader",
             value=swept if isinstance(swept, int) else 0,
         )
         breaks, stuck = s.get("etcdWatchBreaks"), s.get("etcdWatchesStuck")

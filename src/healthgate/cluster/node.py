@@ -79,11 +79,12 @@ class ClusterNode:
             probing.clock,
         )  # fmt: skip
         self.election = Election(self.client, ELECTION, settings.node, self._elected, self._deposed)
-        # the leader deletes the opinions of endpoints that left the world
+        # the leader deletes the opinions of endpoints that left the world,
+        # and of vantages their checks no longer have
         self.sweeper = OpinionSweeper(
             self.client,
             lambda: probing.opinions,
-            lambda path: path in probing.endpoints,  # (a new dict at each placement)
+            probing.endpoint_vantages,
             lambda: self.election.guard if self.leading else None,
             settings.sweep_every,
         )
@@ -295,7 +296,7 @@ class ClusterNode:
             "opinionWrites": self.writer.writes,
             "trafficVerdictWrites": self.traffic.writes,
             "opinionsDropped": self.writer.dropped,
-            "opinionsSwept": self.sweeper.swept,  # of endpoints gone from the world
+            "opinionsSwept": self.sweeper.swept,  # of endpoints or vantages gone
             # etcd watches that broke, and those broken again and again at one
             # revision (this node sees nothing past it there: docs/cluster.md)
             "etcdWatchBreaks": self.client.watch_breaks,

@@ -198,6 +198,11 @@ class ClusterProbing:
         if self.local is not None:
             await self.local.close()
 
+    def endpoint_vantages(self, path: str) -> tuple[str, ...] | None:
+        """The vantage regions of an endpoint in the world now (None: it is not)."""
+        ep = self.endpoints.get(path)  # (a new dict at each placement)
+        return None if ep is None else ep.vantages
+
     def totals(self) -> ProbeTotals:
         if self.pool is not None:
             return self.pool.totals()

@@ -1,4 +1,5 @@
-"""Opinions of endpoints that left the world, deleted by the leader.
+"""Opinions of endpoints that left the world, or of vantages they no longer
+have, deleted by the leader.
 
 An opinion (``o/<endpoint path>/<vantage region>``: cluster/opinions.py)
 is written by the endpoint's prober, and by no one else. When an endpoint
@@ -6,17 +7,22 @@ leaves the world (its NEG, its instance or its backend service removed),
 nobody probes it and nobody would ever delete its opinions: they would stay
 in etcd for ever - listed by every node when it starts or joins again, held
 in every node's memory, in etcd's space - and a world whose endpoints come
-and go (autoscaled groups) would grow them without end.
+and go (autoscaled groups) would grow them without end. The same holds for
+the opinions of a vantage region taken out of a health check's
+``vantageRegions``: nobody probes from there any more, and nothing counts
+them (health/vantage.py counts the endpoint's vantages only).
 
 The elected node sweeps them (:class:`OpinionSweeper`), every ``every``
 seconds (``--opinion-sweep-sec``, 300 by default):
 
 * it looks for opinions whose endpoint is in no backend service of the
-  world as the serving engine has it now;
+  world as the serving engine has it now, or whose vantage is not one of
+  that endpoint's vantages now (its own region and its check's
+  ``vantageRegions``);
 * it deletes only those it found at its previous look too, at the same
   revision: an endpoint gone for a whole sweep interval, never one that a
   reload or a quick remove-and-add hid for a moment (so an opinion goes
-  one to two intervals after its endpoint);
+  one to two intervals after its endpoint or its vantage);
 * each delete compares, inside its transaction, every key's revision and
   the leader's election key: an opinion written meanwhile (the endpoint is
   back and probed), or a leader that was deposed, deletes nothing. A batch
@@ -30,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from healthgate.cluster.opinions import Opinion, opinion_key
 from healthgate.store.base import Guard, StoreError
@@ -39,6 +45,7 @@ from healthgate.store.etcd_client import MAX_OPS, EtcdClient
 log = logging.getLogger("healthgate.cluster")
 
 SWEEP_EVERY = 300.0
+LOOK_STEP = 10_000  # endpoints looked at between two turns of the event loop
 
 
 class OpinionSweeper:
@@ -46,13 +53,14 @@ class OpinionSweeper:
         self,
         client: EtcdClient,
         opinions: Callable[[], Mapping[str, Mapping[str, Opinion]]],
-        in_world: Callable[[str], bool],
+        vantages: Callable[[str], Collection[str] | None],
         guard: Callable[[], Guard | None],
         every: float = SWEEP_EVERY,
     ) -> None:
         self.client = client
         self.opinions = opinions  # endpoint path -> vantage -> opinion, as this node holds them
-        self.in_world = in_world  # is this endpoint path in the world now?
+        # an endpoint path's vantage regions in the world now (None: not in it)
+        self.vantages = vantages
         self.guard = guard  # the election's, while this node leads
         self.every = every
         self.swept = 0  # opinions deleted by this node
@@ -69,29 +77,44 @@ class OpinionSweeper:
         if guard is None:
             self._suspects = {}
             return 0
-        due = self.due(self.look())
+        due = self.due(await self.look())
         if not due:
             return 0
         try:
             deleted = await asyncio.to_thread(self.delete, due, guard)
         except StoreError as exc:
-            log.warning("could not delete the opinions of endpoints gone from the world: %s", exc)
+            log.warning("could not delete the opinions nothing counts any more: %s", exc)
             return 0
         if deleted:
-            log.info("deleted %d opinions of endpoints gone from the world", deleted)
+            log.info(
+                "deleted %d opinions of endpoints gone from the world or of vantages "
+                "they no longer have",
+                deleted,
+            )
         self.swept += deleted
         return deleted
 
-    def look(self) -> dict[str, int]:
-        """(On the event loop: it reads this node's opinions.) The opinions
-        whose endpoint is not in the world: key -> revision."""
-        in_world = self.in_world
-        return {
-            opinion_key(path, vantage): op.revision
-            for path, ops in list(self.opinions().items())
-            if not in_world(path)
-            for vantage, op in ops.items()
-        }
+    async def look(self) -> dict[str, int]:
+        """The opinions whose endpoint is not in the world, or whose vantage
+        is not one of its vantages: key -> revision. (On the event loop,
+        where this node's opinions live, LOOK_STEP endpoints at a time: a
+        look at 200,000 endpoints is ~0.15 s of Python.)"""
+        vantages_of = self.vantages
+        paths = list(self.opinions())
+        found: dict[str, int] = {}
+        for start in range(0, len(paths), LOOK_STEP):
+            if start:
+                await asyncio.sleep(0)
+            held = self.opinions()  # (as it is now: a watch's restart replaces it)
+            for path in paths[start : start + LOOK_STEP]:
+                ops = held.get(path)
+                if ops is None:
+                    continue
+                vantages = vantages_of(path)
+                for vantage, op in ops.items():
+                    if vantages is None or vantage not in vantages:
+                        found[opinion_key(path, vantage)] = op.revision
+        return found
 
     def due(self, found: dict[str, int]) -> dict[str, int]:
         """Of the opinions found now, those found at the last look too, at
