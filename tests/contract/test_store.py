@@ -303,12 +303,32 @@ def test_two_watchers_see_the_same_changes(store: Store) -> None:
 # ---------------------------------------------------------------------- states
 
 
-def test_states_upsert_and_delete_by_prefix(store: Store) -> None:
+def test_states_upsert_and_delete_by_key_or_prefix(store: Store) -> None:
     store.save_states({"endpoint/a/1": {"s": 1}, "endpoint/a/2": {"s": 2}, "node/b": {"s": 3}})
     store.save_states({"endpoint/a/1": {"s": 9}}, deletes=["endpoint/a/2"])
     assert store.load_states() == {"endpoint/a/1": {"s": 9}, "node/b": {"s": 3}}
     store.save_states({}, deletes=["endpoint/"])
     assert store.load_states() == {"node/b": {"s": 3}}
+
+
+def test_a_state_delete_takes_its_own_key_only_and_a_put_beside_it_stays(store: Store) -> None:
+    """A removed resource's state goes, never the state of another whose
+    name it begins (web, web-2; :80, :8080); deleted and put in one batch
+    (removed and added again before the writer ran), a state is kept."""
+    store.save_states(
+        {"node/p/web": {"s": 1}, "node/p/web-2": {"s": 2}, "endpoint/e/h:80": {"s": 3},
+         "endpoint/e/h:8080": {"s": 4}, "route/r": {"s": 5}}
+    )  # fmt: skip
+    store.save_states({"route/r": {"s": 6}}, deletes=["node/p/web", "endpoint/e/h:80", "route/r"])
+    assert store.load_states() == {
+        "node/p/web-2": {"s": 2}, "endpoint/e/h:8080": {"s": 4}, "route/r": {"s": 6}
+    }  # fmt: skip
+    # a prefix over a key put beside it, a key under it, a delete twice
+    store.save_states(
+        {"endpoint/e/h:9": {"s": 7}},
+        deletes=["endpoint/e/", "endpoint/e/h:8080", "route/r", "route/r"],
+    )
+    assert store.load_states() == {"node/p/web-2": {"s": 2}, "endpoint/e/h:9": {"s": 7}}
 
 
 # ---------------------------------------------------------------------- the log

@@ -214,7 +214,11 @@ class StateStore(Protocol):
     def save_states(
         self, puts: Mapping[str, Any], deletes: Iterable[str] = (), guard: Guard | None = None
     ) -> None:
-        """Upsert ``puts``; delete every key starting with one of ``deletes`` (prefixes)."""
+        """Delete ``deletes``, then upsert ``puts`` (a key both deleted and put
+        is kept, as put), in one transaction. A delete that ends with ``/``
+        deletes every key under it (``endpoint/<bs>/endpoints/``); any other
+        deletes that one key: ``node/.../web`` never takes ``node/.../web-2``
+        with it (state keys never end with ``/``)."""
 
     def load_states(self, prefix: str = "") -> dict[str, Any]:
         """Every stored state whose key starts with ``prefix``."""

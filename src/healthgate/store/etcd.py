@@ -424,15 +424,20 @@ class EtcdStore:
     ) -> None:
         client = self.client
         compares = [client.created_at(guard.key, guard.revision)] if guard else []
-        ops = [
+        # (StateStore.save_states: deletes first, a "/" at the end a prefix.)
+        # etcd refuses a transaction that puts a key it also deletes: a key
+        # put needs no delete, and the deletes go in transactions of their own
+        deleted = [
             pb.RequestOp(
                 request_delete_range=pb.DeleteRangeRequest(
-                    key=client.key("s/" + p), range_end=prefix_end(client.key("s/" + p))
+                    key=client.key("s/" + p),
+                    range_end=prefix_end(client.key("s/" + p)) if p.endswith("/") else b"",
                 )
             )
-            for p in deletes
+            for p in dict.fromkeys(deletes)
+            if p.endswith("/") or p not in puts
         ]
-        ops += [
+        put = [
             pb.RequestOp(
                 request_put=pb.PutRequest(
                     key=client.key("s/" + k), value=json.dumps(v, separators=(",", ":")).encode()
@@ -440,9 +445,10 @@ class EtcdStore:
             )
             for k, v in puts.items()
         ]
-        for i in range(0, len(ops), MAX_OPS):
-            if not client.txn(compares, ops[i : i + MAX_OPS]).succeeded:
-                raise NotLeader("this node's election key is gone: it is not the leader")
+        for ops in (deleted, put):
+            for i in range(0, len(ops), MAX_OPS):
+                if not client.txn(compares, ops[i : i + MAX_OPS]).succeeded:
+                    raise NotLeader("this node's election key is gone: it is not the leader")
 
     def load_states(self, prefix: str = "") -> dict[str, Any]:
         _, kvs = self.client.list_prefix("s/" + prefix)

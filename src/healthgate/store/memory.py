@@ -115,10 +115,13 @@ class MemoryStore:
         self, puts: Mapping[str, Any], deletes: Iterable[str] = (), guard: Guard | None = None
     ) -> None:
         with self._lock:
+            for gone in deletes:
+                if gone.endswith("/"):  # (StateStore.save_states: a prefix)
+                    for key in [k for k in self._states if k.startswith(gone)]:
+                        del self._states[key]
+                else:
+                    self._states.pop(gone, None)
             self._states.update(puts)
-            for prefix in deletes:
-                for key in [k for k in self._states if k.startswith(prefix)]:
-                    del self._states[key]
 
     def load_states(self, prefix: str = "") -> dict[str, Any]:
         with self._lock:

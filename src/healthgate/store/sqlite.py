@@ -332,19 +332,24 @@ class SqliteStore:
     def save_states(
         self, puts: Mapping[str, Any], deletes: Iterable[str] = (), guard: Guard | None = None
     ) -> None:
-        """Upsert ``puts``; delete every key that starts with one of ``deletes``."""
+        """(StateStore.save_states: deletes first, a ``/`` at the end a prefix.)"""
+        deletes = list(deletes)
         with self._lock:
             db = self._db
             db.execute("BEGIN IMMEDIATE")
             try:
                 db.executemany(
+                    "DELETE FROM states WHERE key >= ? AND key < ?",
+                    [(k, k + "\U0010ffff") for k in deletes if k.endswith("/")],
+                )
+                db.executemany(
+                    "DELETE FROM states WHERE key = ?",
+                    [(k,) for k in deletes if not k.endswith("/")],
+                )
+                db.executemany(
                     "INSERT INTO states (key, value) VALUES (?, ?) "
                     "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
                     [(k, json.dumps(v)) for k, v in puts.items()],
-                )
-                db.executemany(
-                    "DELETE FROM states WHERE key >= ? AND key < ?",
-                    [(k, k + "\U0010ffff") for k in deletes],
                 )
                 db.execute("COMMIT")
             except sqlite3.OperationalError as exc:
