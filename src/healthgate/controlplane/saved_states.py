@@ -12,7 +12,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from healthgate.health.engine import Route
+from healthgate.health.engine import HealthEngine, Route
 from healthgate.health.routing import Share
 from healthgate.health.states import HealthState, RouteMode
 from healthgate.store.base import sane_time
@@ -107,13 +107,13 @@ def _ramps(value: Any) -> dict[str, float]:
     return out
 
 
-def engine_states(engine: Any) -> dict[str, Any]:
+def engine_states(engine: HealthEngine) -> dict[str, Any]:
     """Every source, composite, NEG and route state the engine holds now, as
     state-store puts: what a newly elected leader writes once, so that the
     stored states are whole even if transitions fell between two leaders."""
     puts: dict[str, Any] = {}
-    for path, status in engine.node_states():
-        puts["node/" + path] = {
+    for _kind, status in engine.node_states():
+        puts["node/" + status.path] = {
             "state": status.state.name,
             "reason": status.reason,
             "since": status.since,
