@@ -760,3 +760,32 @@ def test_the_opinions_of_a_vantage_dropped_are_deleted(fresh: ClusterStack) -> N
         assert all(fresh.route_target(n) == US for n in fresh.live())
     finally:
         store.close()
+
+
+def test_saved_states_of_resources_gone_while_no_node_led_are_deleted(
+    fresh: ClusterStack,
+) -> None:
+    """Saved states the leader's forgetting never saw (their resources left
+    while no node led: written here straight into etcd) are deleted by the
+    leader's sweep; the states of resources in the world stay."""
+    a = fresh.nodes["a"]
+    body = a.get(f"/v1/projects/shop/regions/{US}/backendServices/web/health")
+    bs = body["backendService"]
+    live = {f"endpoint/{bs}/endpoints/{e['ipAddress']}:{e['port']}" for e in body["healthStatus"]}
+    stale = {
+        f"endpoint/{bs}/endpoints/10.9.9.9:80": {"state": "HEALTHY", "since": 1.7e9},
+        f"node/projects/shop/regions/{US}/networkEndpointGroups/gone": {
+            "state": "HEALTHY", "reason": "long gone", "since": 1.7e9
+        },
+    }  # fmt: skip
+    store = EtcdStore(fresh.etcd.endpoints)
+    try:
+        kept = live & set(store.load_states())  # (us-east1's endpoints: in the world)
+        assert kept, store.load_states().keys()
+        store.save_states(stale)
+        wait_for(lambda: not set(stale) & set(store.load_states()), 15,
+                 what="the stale saved states deleted")  # fmt: skip
+        assert kept <= set(store.load_states())
+        assert sum(n.cluster()["statesSwept"] for n in fresh.live()) >= len(stale)
+    finally:
+        store.close()

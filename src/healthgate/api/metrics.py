@@ -288,6 +288,13 @@ class ClusterCollector(Collector):
             " that this node deleted as the leader",
             value=swept if isinstance(swept, int) else 0,
         )
+        states_swept = s.get("statesSwept")
+        yield CounterMetricFamily(
+            "healthgate_cluster_states_swept",
+            "Saved states of resources that left the world while no node led, that this node"
+            " deleted as the leader",
+            value=states_swept if isinstance(states_swept, int) else 0,
+        )
         breaks, stuck = s.get("etcdWatchBreaks"), s.get("etcdWatchesStuck")
         yield CounterMetricFamily(
             "healthgate_etcd_watch_breaks",

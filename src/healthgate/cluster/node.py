@@ -34,7 +34,7 @@ from healthgate.cluster.membership import MEMBERS, api_of, join, member_of, memb
 from healthgate.cluster.opinions import OPINIONS, OpinionWriter
 from healthgate.cluster.probing import ClusterProbing, ClusterSettings
 from healthgate.cluster.session import Session
-from healthgate.cluster.sweeper import OpinionSweeper
+from healthgate.cluster.sweeper import OpinionSweeper, StateSweeper
 from healthgate.cluster.traffic import TRAFFIC, ClusterTraffic
 from healthgate.controlplane.recorder import TransitionRecorder
 from healthgate.controlplane.saved_states import engine_states
@@ -86,6 +86,14 @@ class ClusterNode:
             lambda: probing.opinions,
             probing.endpoint_vantages,
             lambda: self.election.guard if self.leading else None,
+            settings.sweep_every,
+        )
+        # ... and the saved states of resources that left while no node led
+        self.state_sweeper = StateSweeper(
+            lambda: store.load_states().keys(),
+            probing.feed.engine.knows,
+            recorder.delete_states,
+            lambda: self.leading,
             settings.sweep_every,
         )
         self._tasks: list[asyncio.Task[Any]] = []
@@ -153,6 +161,7 @@ class ClusterNode:
         spawn(self._keep_session(), "session")
         spawn(self._resync(), "resync")
         spawn(self.sweeper.run(), "opinion-sweeper")
+        spawn(self.state_sweeper.run(), "state-sweeper")
         spawn(self._compact(), "compaction")
         self._campaign = spawn(self.election.campaign(self.session), "election")
 
@@ -297,6 +306,7 @@ class ClusterNode:
             "trafficVerdictWrites": self.traffic.writes,
             "opinionsDropped": self.writer.dropped,
             "opinionsSwept": self.sweeper.swept,  # of endpoints or vantages gone
+            "statesSwept": self.state_sweeper.swept,  # of resources gone while no node led
             # etcd watches that broke, and those broken again and again at one
             # revision (this node sees nothing past it there: docs/cluster.md)
             "etcdWatchBreaks": self.client.watch_breaks,

@@ -30,13 +30,24 @@ seconds (``--opinion-sweep-sec``, 300 by default):
 
 Every node's opinion watch then drops them (cluster/probing.py). A node that
 does not lead forgets what it suspected: a new leader looks twice.
+
+**Saved states** (:class:`StateSweeper`, at the same interval): the leader
+deletes a resource's saved states when the resource leaves the world
+(controlplane/recorder.py ``on_forget``); one that left while no node led
+(between a leader's end and the next one's election) left them behind for
+ever. The leader lists the saved states at each look and deletes, through
+its recorder (in order with its other writes, under the election's guard),
+those of endpoints, sources, composites, NEGs and front ends absent from
+its engine at this look and the previous one, and still absent as the
+delete is queued. Other saved states (a webhook's deliveries) are not its
+to judge.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from healthgate.cluster.opinions import Opinion, opinion_key
 from healthgate.store.base import Guard, StoreError
@@ -141,3 +152,59 @@ class OpinionSweeper:
                 break  # deposed meanwhile: the next leader looks again
             deleted += sum(client.delete_unchanged([one], held) for one in batch)
         return deleted
+
+
+# the saved states of the engine's resources (controlplane/saved_states.py)
+ENGINE_STATES = ("endpoint", "node", "route", "ramp")
+
+
+class StateSweeper:
+    def __init__(
+        self,
+        keys: Callable[[], Iterable[str]],
+        knows: Callable[[str], bool],
+        delete: Callable[[Sequence[str]], None],
+        leading: Callable[[], bool],
+        every: float = SWEEP_EVERY,
+    ) -> None:
+        self.keys = keys  # (in a worker thread) every saved state's key
+        self.knows = knows  # is a resource of this path in the engine now?
+        self.delete = delete  # queue these keys' deletes with the leader's writes
+        self.leading = leading
+        self.every = every
+        self.swept = 0  # saved states this node deleted
+        self._suspects: set[str] = set()
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.every)
+            try:
+                await self.sweep()
+            except StoreError as exc:
+                log.warning("could not list the saved states: %s", exc)
+
+    def _gone(self, key: str) -> bool:
+        kind, _, path = key.partition("/")
+        return kind in ENGINE_STATES and not self.knows(path)
+
+    async def sweep(self) -> int:
+        """One look, and the deletes it makes due; how many were queued."""
+        if not self.leading():
+            self._suspects = set()
+            return 0
+        keys = list(await asyncio.to_thread(self.keys))
+        found: set[str] = set()
+        for start in range(0, len(keys), LOOK_STEP):
+            if start:
+                await asyncio.sleep(0)
+            found.update(k for k in keys[start : start + LOOK_STEP] if self._gone(k))
+        # due: found at the last look too, and gone still now (no await from
+        # here to the queued delete: a resource back meanwhile keeps its state)
+        due = sorted(k for k in found & self._suspects if self._gone(k))
+        self._suspects = found - set(due)
+        if not due or not self.leading():
+            return 0
+        self.delete(due)
+        self.swept += len(due)
+        log.info("deleting %d saved states of resources gone from the world", len(due))
+        return len(due)

@@ -213,6 +213,13 @@ class TransitionRecorder(HealthListener):
         self._pending_states.update(states)
         self._kick()
 
+    def delete_states(self, keys: Sequence[str]) -> None:
+        """Delete these saved states (whole keys) with the next batch - if
+        this node still writes (a cluster node: leads)."""
+        if self.persist and keys:
+            self._pending_deletes += keys
+            self._kick()
+
     def on_forget(self, paths: Sequence[str]) -> None:
         if not self.persist:
             return

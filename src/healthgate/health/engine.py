@@ -332,6 +332,10 @@ class HealthEngine:
     def node_states(self) -> Iterator[tuple[str, NodeStatus]]:
         return self.graph.node_states()
 
+    def knows(self, path: str) -> bool:
+        """Is there an endpoint, source, composite, attachment, NEG or front end of this path?"""
+        return self.graph.knows(path) or self.table.slot_of_path(path) is not None
+
     def node_status(self, path: ResourcePath | str) -> NodeStatus | None:
         return self.graph.node_status(path)
 

@@ -962,6 +962,19 @@ class HealthGraph:
             for node in table.values():
                 yield kind, NodeStatus(node.path, node.state, node.reason, node.since)
 
+    def knows(self, path: str) -> bool:
+        """Is there a source, composite, attachment, NEG or front end of this path?"""
+        return any(
+            path in nodes
+            for nodes in (
+                self._sources,
+                self._composites,
+                self._negs,
+                self._attachments,
+                self._routes,
+            )
+        )
+
     def node_status(self, path: ResourcePath | str) -> NodeStatus | None:
         key = str(path)
         for nodes in (self._sources, self._composites, self._negs, self._attachments):
