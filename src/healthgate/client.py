@@ -32,6 +32,13 @@ import httpx
 import yaml
 
 DEFAULT_SERVER = "http://127.0.0.1:7400"
+# Seconds a kept-alive connection may wait idle for its next request. The
+# server closes one idle for 5 s (api/listener.py IDLE_TIMEOUT), and httpx's
+# default expiry is those same 5 s: a request sent on a connection as the
+# server closed it met a reset (ECONNRESET) - a script polling every ~5 s
+# now and then, and CI once. Letting it go well before rules that out.
+KEEPALIVE_EXPIRY = 2.0
+KEEPALIVE = httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY)
 
 __all__ = [
     "DEFAULT_SERVER",
@@ -174,7 +181,10 @@ class Client:
         secret = _token(token, token_file)
         headers = {"Authorization": f"Bearer {secret}"} if secret else {}
         self.http = httpx.Client(
-            base_url=self.server, headers=headers, timeout=httpx.Timeout(timeout, connect=5.0)
+            base_url=self.server,
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=5.0),
+            limits=KEEPALIVE,
         )
 
     def __enter__(self) -> Client:

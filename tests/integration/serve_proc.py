@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from healthgate.client import KEEPALIVE
 from tests.integration.servers import free_port
 
 
@@ -73,7 +74,7 @@ class ServeProcess:
 
     def client(self, token: str | None = None) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=10.0)
+        return httpx.Client(base_url=self.url, headers=headers, timeout=10.0, limits=KEEPALIVE)
 
     def __enter__(self) -> ServeProcess:
         return self.start()

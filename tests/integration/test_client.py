@@ -10,10 +10,23 @@ from pathlib import Path
 
 import pytest
 
-from healthgate.client import Client, Event, HealthgateError, Unreachable
+from healthgate.api.listener import IDLE_TIMEOUT
+from healthgate.client import KEEPALIVE_EXPIRY, Client, Event, HealthgateError, Unreachable
 from tests.helpers import example_world
 from tests.integration.serve_proc import ServeProcess, wait_for
 from tests.integration.servers import free_port
+
+
+def test_the_client_lets_an_idle_connection_go_well_before_the_server_does() -> None:
+    """A request sent on a kept-alive connection just as serve closes it for
+    idleness meets a reset; httpx's default expiry equals serve's idle
+    timeout (5 s), so a client polling every ~5 s met one now and then
+    (the partition tests' client did, on CI). Ours lets go at half of it
+    at most."""
+    assert KEEPALIVE_EXPIRY <= IDLE_TIMEOUT / 2
+    with Client("http://127.0.0.1:9") as hg:
+        pool = hg.http._transport._pool  # type: ignore[attr-defined]  # (httpx keeps it private)
+        assert pool._keepalive_expiry == KEEPALIVE_EXPIRY
 
 
 def test_apply_get_list_replace_delete(tmp_path: Path) -> None:

@@ -38,6 +38,7 @@ import yaml
 from tests.integration.serve_proc import wait_for, wait_ready
 from tests.partitions.netns import SUBNET, Lab
 
+from healthgate.client import KEEPALIVE
 from healthgate.fixtures.etcd_local import EtcdCluster
 
 REGIONS = (("us", "us-east1"), ("eu", "europe-west1"), ("asia", "asia-east1"))
@@ -228,7 +229,10 @@ class Node:
         self.log = ground.tmp / f"node-{short}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.http = httpx.Client(
-            base_url=self.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=2.0
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=2.0,
+            limits=KEEPALIVE,  # (let a connection go before serve closes it)
         )
 
     def start(self, *extra: str) -> None:

@@ -32,6 +32,10 @@ from healthgate.api.app import ApiSettings
 from healthgate.api.capacity import OpenConnections, SourceConnections, is_health_request_line
 from healthgate.api.errors import error_body
 
+# seconds an idle kept-alive connection stays open (clients must let theirs
+# go sooner: healthgate.client.KEEPALIVE_EXPIRY)
+IDLE_TIMEOUT = 5
+
 
 class _H11WithHeadTimeout(H11Protocol):
     """uvicorn's h11 protocol with a header timeout: a request head must be
@@ -204,7 +208,7 @@ class ApiListener:
                 },
             ),
             h11_max_incomplete_event_size=s.max_head_bytes,
-            timeout_keep_alive=5,
+            timeout_keep_alive=IDLE_TIMEOUT,
             # (no limit of uvicorn's: it would answer 503 to health requests too;
             # the protocol bounds connections with a reserve for health answers,
             # the API's middleware requests in flight: api/capacity.py)
